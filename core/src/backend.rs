@@ -1,0 +1,368 @@
+//! The backend contract: two small traits, [`KvStore`] and [`LogStore`].
+//!
+//! Everything that means something to MCP (key layout, record schemas,
+//! validation, compare-and-swap loops) lives once, in the typed stores of this
+//! crate. A backend only stores bytes, and proves it with the
+//! [`conformance`](crate::conformance) suite (feature `conformance`).
+//!
+//! # Keys
+//!
+//! A key is a non-empty UTF-8 string of at most [`MAX_KEY_BYTES`] bytes with no
+//! NUL character; any other character, `/`, `..`, spaces and non-ASCII text
+//! included, is allowed and must round-trip exactly through
+//! [`KvStore::list`]. Backends check keys with [`validate_key`] and reject
+//! others with [`Error::InvalidInput`]. Log names follow the same rules.
+//!
+//! # Versions
+//!
+//! Every successful write of a key returns a [`Version`]. Versions of one key
+//! strictly increase over its lifetime in the backend, across restarts and
+//! deletes, so a version once seen is never handed out again for that key
+//! (the ABA problem cannot arise). Versions of different keys are unrelated.
+//!
+//! # Time to live
+//!
+//! A write may carry a TTL. Once it has passed, the record is **never returned**
+//! by `get` or `list`, whatever the backend does about reclaiming its space, and
+//! the key behaves as absent: `Create` succeeds, `Update` gives `Conflict`.
+//!
+//! # Durability
+//!
+//! A write that returned `Ok` is committed: a durable backend keeps it through
+//! a `kill -9` of the writer. A crash at any instant leaves old value or new
+//! value, never a mix.
+//!
+//! # Writing a backend
+//!
+//! ```
+//! use std::{collections::HashMap, sync::Mutex, time::Duration};
+//! use async_trait::async_trait;
+//! use mcp_persist_core::{backend::{validate_key, validate_value, DEFAULT_MAX_VALUE_BYTES},
+//!     Error, KvEntry, KvStore, PutMode, Result, Version};
+//!
+//! /// A store without TTL support: it refuses writes that ask for one.
+//! #[derive(Default)]
+//! struct TinyStore { map: Mutex<HashMap<String, (Vec<u8>, u64)>>, clock: Mutex<u64> }
+//!
+//! #[async_trait]
+//! impl KvStore for TinyStore {
+//!     fn backend_name(&self) -> &'static str { "tiny" }
+//!     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+//!         validate_key(key)?;
+//!         let map = self.map.lock().expect("not poisoned");
+//!         Ok(map.get(key).map(|(v, n)| KvEntry { value: v.clone(), version: Version::new(*n) }))
+//!     }
+//!     async fn put(&self, key: &str, value: Vec<u8>, mode: PutMode, ttl: Option<Duration>)
+//!         -> Result<Version> {
+//!         validate_key(key)?;
+//!         validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+//!         if ttl.is_some() {
+//!             return Err(Error::Unsupported { operation: "ttl", backend: "tiny" });
+//!         }
+//!         let mut map = self.map.lock().expect("not poisoned");
+//!         let current = map.get(key).map(|(_, n)| Version::new(*n));
+//!         mode.check(key, current)?;
+//!         let mut clock = self.clock.lock().expect("not poisoned");
+//!         *clock += 1;
+//!         map.insert(key.to_owned(), (value, *clock));
+//!         Ok(Version::new(*clock))
+//!     }
+//!     async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
+//!         validate_key(key)?;
+//!         let mut map = self.map.lock().expect("not poisoned");
+//!         let current = map.get(key).map(|(_, n)| Version::new(*n));
+//!         match (if_version, current) {
+//!             (Some(want), have) if have != Some(want) => Err(Error::Conflict { key: key.into() }),
+//!             _ => Ok(map.remove(key).is_some()),
+//!         }
+//!     }
+//!     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+//!         let map = self.map.lock().expect("not poisoned");
+//!         let mut keys: Vec<String> = map.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+//!         keys.sort();
+//!         Ok(keys)
+//!     }
+//! }
+//! # tokio_test_block_on(async {
+//! let store = TinyStore::default();
+//! let v1 = store.put("a", b"1".to_vec(), PutMode::Create, None).await.unwrap();
+//! let v2 = store.put("a", b"2".to_vec(), PutMode::Update(v1), None).await.unwrap();
+//! assert!(v2 > v1);
+//! assert!(matches!(store.put("a", b"3".to_vec(), PutMode::Update(v1), None).await,
+//!                  Err(Error::Conflict { .. })));
+//! # });
+//! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+//! # }
+//! ```
+
+use std::{fmt, time::Duration};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The longest key (and log name) in bytes that every backend must accept.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The value size every general-purpose backend accepts (16 MiB). A backend
+/// with a smaller service limit says so through [`KvStore::max_value_bytes`].
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Checks a key or log name against the rules in the [module docs](self).
+pub fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("key", "must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::TooLarge {
+            what: "key",
+            size: key.len(),
+            limit: MAX_KEY_BYTES,
+        });
+    }
+    if key.contains('\0') {
+        return Err(Error::invalid("key", "must not contain NUL"));
+    }
+    Ok(())
+}
+
+/// Checks a value against a backend's size limit.
+pub fn validate_value(value: &[u8], limit: usize) -> Result<()> {
+    if value.len() > limit {
+        return Err(Error::TooLarge {
+            what: "value",
+            size: value.len(),
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// The version of a key's record, as returned by every write.
+///
+/// Opaque except for order: for one key, a later write has a greater version.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(u64);
+
+impl Version {
+    /// Wraps a backend's version counter.
+    pub const fn new(n: u64) -> Self {
+        Version(n)
+    }
+
+    /// The backend's version counter.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Debug for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// How a [`KvStore::put`] treats an existing record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Write whatever is there.
+    Overwrite,
+    /// Write only if no live record exists; otherwise [`Error::AlreadyExists`].
+    Create,
+    /// Write only if the live record is at exactly this version (compare-and-swap);
+    /// otherwise, including when the key is absent or expired, [`Error::Conflict`].
+    Update(Version),
+}
+
+impl PutMode {
+    /// Applies this mode's precondition to the live record's version (`None`
+    /// when the key is absent or expired). Backends that read and write under
+    /// one lock or transaction call this between the two.
+    pub fn check(self, key: &str, current: Option<Version>) -> Result<()> {
+        match (self, current) {
+            (PutMode::Overwrite, _) | (PutMode::Create, None) => Ok(()),
+            (PutMode::Create, Some(_)) => Err(Error::AlreadyExists { key: key.into() }),
+            (PutMode::Update(want), Some(have)) if want == have => Ok(()),
+            (PutMode::Update(_), _) => Err(Error::Conflict { key: key.into() }),
+        }
+    }
+}
+
+/// A record read from a [`KvStore`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct KvEntry {
+    /// The bytes written.
+    pub value: Vec<u8>,
+    /// The version the write returned.
+    pub version: Version,
+}
+
+impl fmt::Debug for KvEntry {
+    // Values may hold secrets: show their size only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KvEntry")
+            .field("value", &format_args!("<{} bytes>", self.value.len()))
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// A key-value backend with compare-and-swap and TTL.
+///
+/// Contract (every point is checked by [`conformance`](crate::conformance)):
+///
+/// * **Atomicity.** Each call is atomic per key: `put` with
+///   [`PutMode::Update`] and `delete` with a version are linearizable
+///   compare-and-swaps, across tasks and across processes sharing the backend.
+///   N writers doing M read-modify-write increments end at exactly N x M.
+/// * **Versions** strictly increase per key (see the [module docs](self)).
+/// * **`Conflict` and `AlreadyExists`** are the only outcomes of a failed
+///   precondition; a precondition never fails silently into an overwrite.
+/// * **TTL**: an expired record is never returned and counts as absent.
+/// * **Durability**: an `Ok` write is committed before the call returns.
+/// * **Limits**: keys per [`validate_key`], values up to
+///   [`max_value_bytes`](KvStore::max_value_bytes), else [`Error::TooLarge`].
+#[async_trait]
+pub trait KvStore: Send + Sync + 'static {
+    /// A short, stable name for errors and traces (`"sqlite"`, `"redis"`, ...).
+    fn backend_name(&self) -> &'static str;
+
+    /// The largest value this backend accepts, in bytes.
+    fn max_value_bytes(&self) -> usize {
+        DEFAULT_MAX_VALUE_BYTES
+    }
+
+    /// Reads the live record under `key`, or `None` when absent or expired.
+    async fn get(&self, key: &str) -> Result<Option<KvEntry>>;
+
+    /// Writes `value` under `key` according to `mode`, optionally expiring
+    /// after `ttl`, and returns the new version. A write without a TTL
+    /// clears any TTL the key had.
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        mode: PutMode,
+        ttl: Option<Duration>,
+    ) -> Result<Version>;
+
+    /// Deletes the record under `key`. With `if_version`, deletes only if the
+    /// live record is at that version, else [`Error::Conflict`] (also when the
+    /// key is absent). Returns whether a live record was deleted.
+    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool>;
+
+    /// Every live key starting with `prefix` (empty: all keys), sorted
+    /// bytewise. Meant for tools and sweeps, not hot paths.
+    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+
+    /// Reclaims the space of expired records, returning how many were removed.
+    /// Correctness never depends on it: expired records are invisible anyway.
+    async fn sweep_expired(&self) -> Result<u64> {
+        Ok(0)
+    }
+}
+
+/// One record of a log, as read back.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Its sequence number in the log.
+    pub seq: u64,
+    /// The bytes appended.
+    pub data: Vec<u8>,
+}
+
+impl fmt::Debug for LogRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogRecord")
+            .field("seq", &self.seq)
+            .field("data", &format_args!("<{} bytes>", self.data.len()))
+            .finish()
+    }
+}
+
+/// An append-only log backend: many named logs of records.
+///
+/// Contract (checked by [`conformance`](crate::conformance)):
+///
+/// * **Sequence numbers** are assigned by the backend, start above 0, and
+///   strictly increase within a log in append order, also under concurrent
+///   appends from many tasks or processes. They need not be contiguous.
+/// * **Append** commits all of its records, in the order given, before it
+///   returns; it returns their sequence numbers in the same order. The records
+///   of one call are contiguous in the log.
+/// * **`read_after(log, after, limit)`** returns the records with a sequence
+///   number strictly greater than `after` (exclusive; `0` reads from the
+///   start), in order, at most `limit` of them.
+/// * **TTL** belongs to the log as a whole: an append with a TTL makes the
+///   whole log expire once that TTL has passed since this append. An expired
+///   log reads as empty. After an expiry or a [`delete`](LogStore::delete),
+///   sequence numbers may start again.
+/// * Records are at most [`max_record_bytes`](LogStore::max_record_bytes).
+#[async_trait]
+pub trait LogStore: Send + Sync + 'static {
+    /// A short, stable name for errors and traces.
+    fn backend_name(&self) -> &'static str;
+
+    /// The largest record this backend accepts, in bytes.
+    fn max_record_bytes(&self) -> usize {
+        DEFAULT_MAX_VALUE_BYTES
+    }
+
+    /// Appends `records` to `log` and returns their sequence numbers.
+    async fn append(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>>;
+
+    /// Reads up to `limit` records with sequence numbers strictly after `after`.
+    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>>;
+
+    /// Like [`read_after`](LogStore::read_after), but when nothing is there yet,
+    /// waits up to `timeout` for another task or process to append, and returns
+    /// an empty vector if nothing came. The default polls; backends that can be
+    /// told about appends (Redis `XREAD BLOCK`, an in-process notifier) override it.
+    async fn wait_after(
+        &self,
+        log: &str,
+        after: u64,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<LogRecord>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let records = self.read_after(log, after, limit).await?;
+            let now = tokio::time::Instant::now();
+            if !records.is_empty() || now >= deadline {
+                return Ok(records);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// Drops the records of `log` with sequence numbers below `before`; they
+    /// are never returned again. Later appends still get greater numbers.
+    /// Returns how many were dropped (a backend that reclaims whole segments
+    /// may report them later, when the space is freed).
+    async fn trim(&self, log: &str, before: u64) -> Result<u64>;
+
+    /// Deletes the whole log. Deleting an absent log is not an error.
+    async fn delete(&self, log: &str) -> Result<()>;
+
+    /// Reclaims expired logs, returning how many were removed.
+    async fn sweep_expired(&self) -> Result<u64> {
+        Ok(0)
+    }
+}

@@ -1,0 +1,167 @@
+//! The conformance suite every backend must pass (feature `conformance`).
+//!
+//! Public async test functions over the backend traits and the typed stores,
+//! and macros that stamp them as tokio tests for a backend's fixture. A
+//! backend's test file builds a fixture and invokes the macros; nothing else:
+//!
+//! ```ignore
+//! // tests/conformance.rs of a backend crate (tokio is a dev-dependency)
+//! async fn fixture() -> my_backend::TestFixture { /* a fresh, empty store */ }
+//! mcp_persist_core::kv_conformance!(fixture());
+//! mcp_persist_core::log_conformance!(fixture());
+//! ```
+//!
+//! A fixture names one store. [`KvFixture::open_kv`] opens it; every later
+//! call opens it **again**, the way a restarted process would (a new
+//! connection, a new file handle), so durable backends prove that what was
+//! acknowledged survives. Each call of the fixture expression must give a
+//! fresh, empty store (a new folder, database or key prefix), because the
+//! tests run concurrently.
+//!
+//! Every function panics with a message on the first broken promise.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{KvStore, LogStore, MemoryStore};
+
+pub mod kv;
+pub mod log;
+pub mod typed;
+
+/// A way to open (and reopen) one key-value store under test.
+#[async_trait]
+pub trait KvFixture: Send + Sync {
+    /// Opens the store. The first call may create it; later calls reopen the
+    /// same store from scratch, as a restarted process would.
+    async fn open_kv(&self) -> Arc<dyn KvStore>;
+}
+
+/// A way to open (and reopen) one log store under test, together with the
+/// key-value store the typed event store keeps its stream metadata in.
+#[async_trait]
+pub trait LogFixture: KvFixture {
+    /// Opens the log store; later calls reopen it, as with [`KvFixture::open_kv`].
+    async fn open_log(&self) -> Arc<dyn LogStore>;
+}
+
+/// The fixture of the memory backend: every open returns the same store.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryFixture(pub MemoryStore);
+
+#[async_trait]
+impl KvFixture for MemoryFixture {
+    async fn open_kv(&self) -> Arc<dyn KvStore> {
+        Arc::new(self.0.clone())
+    }
+}
+
+#[async_trait]
+impl LogFixture for MemoryFixture {
+    async fn open_log(&self) -> Arc<dyn LogStore> {
+        Arc::new(self.0.clone())
+    }
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($module:ident, $fixture:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let fixture = $fixture.await;
+                $crate::conformance::$module::$name(&fixture).await;
+            }
+        )+
+    };
+}
+
+/// Stamps every [`KvStore`] conformance test, and the typed stores that need
+/// only a key-value store, as tokio tests. The argument is an expression that
+/// evaluates to a future of a fresh [`KvFixture`].
+#[macro_export]
+macro_rules! kv_conformance {
+    ($fixture:expr) => {
+        mod kv_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__conformance_tests!(kv, $fixture;
+                get_missing_is_none,
+                put_get_roundtrip,
+                versions_strictly_increase,
+                create_on_existing_is_already_exists,
+                update_with_stale_version_is_conflict,
+                update_on_missing_is_conflict,
+                overwrite_ignores_versions,
+                delete_with_version,
+                versions_never_repeat_after_delete,
+                cas_race_ends_exact,
+                create_race_has_one_winner,
+                expired_record_is_never_returned,
+                expired_record_counts_as_absent,
+                put_without_ttl_clears_ttl,
+                list_by_prefix,
+                unicode_and_odd_keys_roundtrip,
+                large_values,
+                oversized_value_is_too_large,
+                invalid_keys_are_rejected,
+                reopen_keeps_acknowledged_writes,
+            );
+        }
+        mod kv_typed_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__conformance_tests!(typed, $fixture;
+                client_state_roundtrip,
+                client_state_is_per_server_key,
+                request_ids_continue_across_reopen,
+                inflight_journal_roundtrip,
+                credentials_roundtrip_and_issuer_isolation,
+                refresh_rotation_race_newer_token_wins,
+                refresh_lease_has_one_holder,
+                pending_authorization_taken_once,
+                server_session_roundtrip,
+                newer_schema_is_typed_error,
+                corrupt_record_is_typed_error,
+            );
+        }
+    };
+}
+
+/// Stamps every [`LogStore`] conformance test, and the typed event store's, as
+/// tokio tests. The argument evaluates to a future of a fresh [`LogFixture`].
+#[macro_export]
+macro_rules! log_conformance {
+    ($fixture:expr) => {
+        mod log_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__conformance_tests!(log, $fixture;
+                read_empty_log,
+                append_assigns_increasing_seqs,
+                read_after_is_exclusive_and_limited,
+                concurrent_appends_strictly_increase,
+                logs_are_independent,
+                expired_log_reads_empty,
+                trim_drops_older_records,
+                delete_log,
+                wait_after_sees_later_append,
+                wait_after_times_out_empty,
+                large_records,
+                reopen_keeps_acknowledged_appends,
+            );
+        }
+        mod log_typed_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::__conformance_tests!(typed, $fixture;
+                event_replay_roundtrip,
+                event_replay_never_crosses_streams,
+                event_replay_after_reopen,
+                forged_event_id_is_rejected,
+            );
+        }
+    };
+}

@@ -1,0 +1,123 @@
+//! The core of mcp-persist: what an MCP client and server keep across
+//! crashes, redeploys and cold starts, and the backend contract it is kept
+//! through.
+//!
+//! # What is persisted
+//!
+//! **Client side**, per server ([`ServerKey`]: canonical endpoint URL plus a
+//! profile name), in a [`ClientStateStore`]:
+//!
+//! * [`ServerProfile`]: the protocol era the server speaks and the version in
+//!   use, and a cached `server/discover` result with its TTL, so a restart
+//!   does not probe again.
+//! * [`LegacySession`]: the `Mcp-Session-Id`, the server's whole
+//!   `InitializeResult` (capabilities, server info, instructions), the
+//!   request-id high-water mark (ids never repeat within a session) and the
+//!   last SSE event id of every open stream.
+//! * [`InFlightRequest`]: the journal of requests sent and not yet answered,
+//!   so that after a restart the answer can be collected instead of the work
+//!   running again.
+//!
+//! **Credentials**, per authorization-server issuer and resource
+//! ([`CredentialKey`]), in a [`CredentialStore`]: [`Credentials`] (access
+//! token with an absolute expiry, refresh token, scopes, the
+//! [`ClientRegistration`]) and, for a short TTL, [`PendingAuthorization`]s.
+//! Refreshes are guarded so that processes sharing a store spend a refresh
+//! token once, and the rotated token is never lost.
+//!
+//! **Server side**: [`ServerSession`]s in a [`SessionStore`] (the client's
+//! `initialize` params and the principal the session is bound to, expiring
+//! after an idle TTL), and the SSE event log in an [`EventStore`], whose
+//! [`EventId`]s carry an unguessable per-stream token.
+//!
+//! Every record is written with its kind and schema version (see
+//! [`records`]); one written by a newer version of this crate is
+//! [`Error::NewerSchema`], a damaged one [`Error::Corrupt`] naming its key.
+//! Tokens and secrets are [`Secret`]s, which never print.
+//!
+//! # Where
+//!
+//! The typed stores sit on two backend traits, [`KvStore`] (get, put with
+//! compare-and-swap and TTL, delete, list) and [`LogStore`] (append, read
+//! after, trim, delete). This crate has an in-memory backend,
+//! [`MemoryStore`]; `mcp-persist-store-file`, `-store-sqlite`, `-store-redis`
+//! and `-store-vault` add durable ones. A [`Stores`] bundle routes each kind
+//! of state to a backend.
+//!
+//! # Example
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use std::collections::BTreeMap;
+//! use mcp_persist_core::*;
+//!
+//! let stores = Stores::new(MemoryStore::new());
+//! let client = stores.client_state();
+//! let server = ServerKey::new("https://mcp.example.com/mcp", "default")?;
+//!
+//! // After a real `initialize`, keep the session...
+//! let session = LegacySession {
+//!     session_id: SessionId::new("5f0c8a61-1d3e-4b0e-9a51-3c8f0b2d7e44")?,
+//!     protocol_version: ProtocolVersion::new("2025-11-25")?,
+//!     initialize_result: serde_json::json!({
+//!         "protocolVersion": "2025-11-25",
+//!         "capabilities": {"tools": {}},
+//!         "serverInfo": {"name": "example", "version": "1.0"},
+//!     }),
+//!     request_id_high_water: 0,
+//!     last_event_ids: BTreeMap::new(),
+//!     created_at: Timestamp::now(),
+//!     updated_at: Timestamp::now(),
+//! };
+//! client.save_session(&server, &session, PutMode::Create).await?;
+//! let ids = client.reserve_request_ids(&server, 100).await?;
+//! assert_eq!(ids, 0..100);
+//!
+//! // ...and after a restart, read it back before any network call.
+//! let restored = client.session(&server).await?.expect("stored");
+//! assert_eq!(restored.record.initialize_result["serverInfo"]["name"], "example");
+//! // Request numbering continues above every id reserved before.
+//! assert_eq!(client.reserve_request_ids(&server, 100).await?, 100..200);
+//!
+//! // Server side: events are replayed after a Last-Event-ID, with their ids.
+//! let events = stores.events(EventStoreConfig::default())?;
+//! let first = events.append("stream-1", None, &serde_json::json!({"n": 1})).await?;
+//! let second = events.append("stream-1", None, &serde_json::json!({"n": 2})).await?;
+//! let replayed = events.replay_after(&first.to_string(), None).await?;
+//! assert_eq!(replayed.len(), 1);
+//! assert_eq!(replayed[0].id, second);
+//! # Ok::<_, Error>(()) }).unwrap();
+//! ```
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `conformance` | [`conformance`]: the test suite every backend must pass, and its macros |
+
+pub mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+pub mod memory;
+pub mod records;
+mod secret;
+pub mod stores;
+mod types;
+
+pub use backend::{KvEntry, KvStore, LogRecord, LogStore, PutMode, Version};
+pub use error::{BoxError, Error, Result};
+pub use memory::MemoryStore;
+pub use records::{
+    ClientRegistration, CredentialKey, Credentials, DiscoverCache, InFlightRequest, LegacySession,
+    PendingAuthorization, ServerProfile, ServerSession,
+};
+pub use secret::Secret;
+pub use stores::{
+    ClientStateStore, CredentialStore, EventStore, EventStoreConfig, RefreshLease, RefreshOutcome,
+    SessionStore, Stored, StoredEvent, Stores,
+};
+pub use types::{
+    EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,
+    ProtocolVersion, RequestId, ServerKey, SessionId, Timestamp, canonical_url,
+};

@@ -1,0 +1,286 @@
+//! [`MemoryStore`]: both backend traits in process memory.
+//!
+//! For tests, examples and single-process deployments that need no
+//! durability. Everything is lost when the last clone is dropped.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use tokio::{sync::Notify, time::Instant};
+
+use crate::{
+    Result,
+    backend::{
+        DEFAULT_MAX_VALUE_BYTES, KvEntry, KvStore, LogRecord, LogStore, PutMode, Version,
+        validate_key, validate_value,
+    },
+};
+
+const NAME: &str = "memory";
+
+/// An in-memory [`KvStore`] and [`LogStore`]. Clones share the same data.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// use mcp_persist_core::{KvStore, LogStore, MemoryStore, PutMode};
+/// let store = MemoryStore::new();
+/// let v = store.put("k", b"hello".to_vec(), PutMode::Create, None).await?;
+/// assert_eq!(store.get("k").await?.unwrap().version, v);
+/// let seqs = store.append("log", vec![b"a".to_vec(), b"b".to_vec()], None).await?;
+/// assert_eq!(store.read_after("log", seqs[0], 10).await?[0].data, b"b");
+/// # Ok::<_, mcp_persist_core::Error>(()) }).unwrap();
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    appended: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    kv: HashMap<String, KvSlot>,
+    /// Last version handed out per key, kept after deletes so versions never repeat.
+    versions: HashMap<String, u64>,
+    logs: HashMap<String, Log>,
+}
+
+struct KvSlot {
+    value: Vec<u8>,
+    version: u64,
+    expires: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Log {
+    records: BTreeMap<u64, Vec<u8>>,
+    last_seq: u64,
+    expires: Option<Instant>,
+}
+
+fn live(expires: Option<Instant>, now: Instant) -> bool {
+    expires.is_none_or(|at| at > now)
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied write:
+        // every mutation below is a single insert or remove.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl State {
+    fn live_kv(&mut self, key: &str, now: Instant) -> Option<&KvSlot> {
+        if self.kv.get(key).is_some_and(|slot| !live(slot.expires, now)) {
+            self.kv.remove(key);
+        }
+        self.kv.get(key)
+    }
+
+    fn live_log(&mut self, log: &str, now: Instant) -> Option<&mut Log> {
+        if self.logs.get(log).is_some_and(|l| !live(l.expires, now)) {
+            self.logs.remove(log);
+        }
+        self.logs.get_mut(log)
+    }
+}
+
+#[async_trait]
+impl KvStore for MemoryStore {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+        validate_key(key)?;
+        let mut state = self.state();
+        Ok(state.live_kv(key, Instant::now()).map(|slot| KvEntry {
+            value: slot.value.clone(),
+            version: Version::new(slot.version),
+        }))
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        mode: PutMode,
+        ttl: Option<Duration>,
+    ) -> Result<Version> {
+        validate_key(key)?;
+        validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+        let now = Instant::now();
+        let mut state = self.state();
+        let current = state.live_kv(key, now).map(|s| Version::new(s.version));
+        mode.check(key, current)?;
+        let version = state.versions.entry(key.to_owned()).or_default();
+        *version += 1;
+        let version = *version;
+        state.kv.insert(
+            key.to_owned(),
+            KvSlot {
+                value,
+                version,
+                expires: ttl.map(|ttl| now + ttl),
+            },
+        );
+        Ok(Version::new(version))
+    }
+
+    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
+        validate_key(key)?;
+        let mut state = self.state();
+        let current = state
+            .live_kv(key, Instant::now())
+            .map(|s| Version::new(s.version));
+        if let Some(want) = if_version {
+            PutMode::Update(want).check(key, current)?;
+        }
+        Ok(state.kv.remove(key).is_some() && current.is_some())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let now = Instant::now();
+        let state = self.state();
+        let mut keys: Vec<String> = state
+            .kv
+            .iter()
+            .filter(|(k, slot)| k.starts_with(prefix) && live(slot.expires, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let before = state.kv.len() + state.logs.len();
+        state.kv.retain(|_, slot| live(slot.expires, now));
+        state.logs.retain(|_, log| live(log.expires, now));
+        Ok((before - state.kv.len() - state.logs.len()) as u64)
+    }
+}
+
+#[async_trait]
+impl LogStore for MemoryStore {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn append(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        validate_key(log)?;
+        for record in &records {
+            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+        }
+        let now = Instant::now();
+        let seqs = {
+            let mut state = self.state();
+            if state.live_log(log, now).is_none() {
+                state.logs.insert(log.to_owned(), Log::default());
+            }
+            let entry = state.live_log(log, now).expect("inserted above");
+            let mut seqs = Vec::with_capacity(records.len());
+            for record in records {
+                entry.last_seq += 1;
+                entry.records.insert(entry.last_seq, record);
+                seqs.push(entry.last_seq);
+            }
+            if let Some(ttl) = ttl {
+                entry.expires = Some(now + ttl);
+            }
+            seqs
+        };
+        self.inner.appended.notify_waiters();
+        Ok(seqs)
+    }
+
+    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+        validate_key(log)?;
+        let mut state = self.state();
+        Ok(state
+            .live_log(log, Instant::now())
+            .map(|l| {
+                l.records
+                    .range(after.saturating_add(1)..)
+                    .take(limit)
+                    .map(|(seq, data)| LogRecord {
+                        seq: *seq,
+                        data: data.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn wait_after(
+        &self,
+        log: &str,
+        after: u64,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<LogRecord>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Register before reading, so an append between the read and the
+            // wait still wakes us.
+            let notified = self.inner.appended.notified();
+            let records = self.read_after(log, after, limit).await?;
+            if !records.is_empty() {
+                return Ok(records);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
+        validate_key(log)?;
+        let mut state = self.state();
+        let Some(l) = state.live_log(log, Instant::now()) else {
+            return Ok(0);
+        };
+        let kept = l.records.split_off(&before);
+        let dropped = std::mem::replace(&mut l.records, kept).len();
+        Ok(dropped as u64)
+    }
+
+    async fn delete(&self, log: &str) -> Result<()> {
+        validate_key(log)?;
+        self.state().logs.remove(log);
+        Ok(())
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        KvStore::sweep_expired(self).await
+    }
+}

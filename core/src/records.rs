@@ -1,0 +1,412 @@
+//! The records mcp-persist keeps, and how they are encoded.
+//!
+//! Every record is stored as JSON inside an envelope that names its kind and
+//! the schema version it was written with:
+//!
+//! ```json
+//! {"kind":"legacy_session","schema":1,"record":{ ... }}
+//! ```
+//!
+//! Reading a record checks the envelope first: a schema newer than this build
+//! knows is [`Error::NewerSchema`], a wrong kind or unparsable bytes are
+//! [`Error::Corrupt`] naming the key. Nothing is ever misread or overwritten
+//! on the way. A future schema change adds a migration from older versions
+//! here, in one place.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::{
+    Error, Result, Secret,
+    types::{ProtocolEra, ProtocolVersion, RequestId, SessionId, Timestamp},
+};
+
+/// A kind of persisted record.
+pub trait Record: Serialize + DeserializeOwned {
+    /// The name written into the envelope.
+    const KIND: &'static str;
+    /// The schema version this build writes and the newest it reads.
+    const SCHEMA: u32;
+}
+
+#[derive(Serialize)]
+struct EnvelopeOut<'a, T> {
+    kind: &'static str,
+    schema: u32,
+    record: &'a T,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn {
+    kind: String,
+    schema: u32,
+    record: serde_json::Value,
+}
+
+/// Encodes a record in its envelope.
+pub fn encode<T: Record>(record: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(&EnvelopeOut {
+        kind: T::KIND,
+        schema: T::SCHEMA,
+        record,
+    })
+    .map_err(|e| Error::invalid("record", format!("{} does not serialize: {e}", T::KIND)))
+}
+
+/// Decodes a record read from `key`, checking kind and schema version.
+pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T> {
+    let envelope: EnvelopeIn = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+        key: key.to_owned(),
+        reason: format!("not a {} record envelope", T::KIND),
+        source: Some(Box::new(e)),
+    })?;
+    if envelope.kind != T::KIND {
+        return Err(Error::corrupt(
+            key,
+            format!("holds a {:?} record where a {} was expected", envelope.kind, T::KIND),
+        ));
+    }
+    if envelope.schema > T::SCHEMA {
+        return Err(Error::NewerSchema {
+            key: key.to_owned(),
+            found: envelope.schema,
+            supported: T::SCHEMA,
+        });
+    }
+    // Schema 1 is the only one so far: older versions would be migrated here.
+    serde_json::from_value(envelope.record).map_err(|e| Error::Corrupt {
+        key: key.to_owned(),
+        reason: format!("{} record does not match schema {}", T::KIND, envelope.schema),
+        source: Some(Box::new(e)),
+    })
+}
+
+// ---------------------------------------------------------------- client side
+
+/// What a client knows about one server: its era and the version in use.
+///
+/// Kept per [`ServerKey`](crate::ServerKey) so a restarted client neither
+/// probes the era again nor fetches `server/discover` while its cache holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerProfile {
+    /// Which era the server was found to speak.
+    pub era: ProtocolEra,
+    /// The protocol version agreed with it.
+    pub protocol_version: ProtocolVersion,
+    /// When the era verdict was reached.
+    pub verdict_at: Timestamp,
+    /// The last `server/discover` result (modern servers), if any.
+    pub discover: Option<DiscoverCache>,
+}
+
+impl Record for ServerProfile {
+    const KIND: &'static str = "server_profile";
+    const SCHEMA: u32 = 1;
+}
+
+/// A cached `server/discover` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiscoverCache {
+    /// The result as the server sent it (`supportedVersions`, `capabilities`, ...).
+    pub result: serde_json::Value,
+    /// When it was fetched.
+    pub fetched_at: Timestamp,
+    /// The server's `ttlMs`: how long the result may be reused.
+    pub ttl_ms: u64,
+    /// The server's `cacheScope`, if it gave one.
+    pub cache_scope: Option<String>,
+}
+
+impl DiscoverCache {
+    /// Whether the result may still be used at `now`.
+    pub fn is_fresh_at(&self, now: Timestamp) -> bool {
+        now < self.fetched_at.plus(Duration::from_millis(self.ttl_ms))
+    }
+}
+
+/// A legacy (2025-11-25 and earlier) session a client holds with a server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LegacySession {
+    /// The `Mcp-Session-Id` the server assigned.
+    pub session_id: SessionId,
+    /// The negotiated protocol version (also in `initialize_result`).
+    pub protocol_version: ProtocolVersion,
+    /// The server's whole `InitializeResult` as JSON: capabilities, server
+    /// info and instructions, readable before any network call.
+    pub initialize_result: serde_json::Value,
+    /// Request ids below this number may have been used in this session; a
+    /// resumed client starts numbering here so no id is ever sent twice.
+    pub request_id_high_water: i64,
+    /// The last SSE event id seen per stream still open: the key is the
+    /// request id of a POST stream, or `"standalone"` for the GET stream.
+    pub last_event_ids: BTreeMap<String, String>,
+    /// When the session was initialized.
+    pub created_at: Timestamp,
+    /// When the record was last written.
+    pub updated_at: Timestamp,
+}
+
+impl Record for LegacySession {
+    const KIND: &'static str = "legacy_session";
+    const SCHEMA: u32 = 1;
+}
+
+/// A request sent and not yet answered, journaled so that after a restart
+/// the application can collect its answer instead of running the work again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InFlightRequest {
+    /// The JSON-RPC id it went out with.
+    pub id: RequestId,
+    /// Its method (`tools/call`, ...).
+    pub method: String,
+    /// Its params, as sent.
+    pub params: Option<serde_json::Value>,
+    /// The last SSE event id received on its response stream, if any: the
+    /// cursor to resume it with `GET` and `Last-Event-ID`.
+    pub last_event_id: Option<String>,
+    /// The task id, when the request was task-augmented (poll `tasks/get`).
+    pub task_id: Option<String>,
+    /// When it was sent.
+    pub sent_at: Timestamp,
+}
+
+impl Record for InFlightRequest {
+    const KIND: &'static str = "in_flight_request";
+    const SCHEMA: u32 = 1;
+}
+
+// ---------------------------------------------------------------- credentials
+
+/// Where to find a credential: the authorization server's `issuer` and the
+/// protected resource (the MCP server) it was issued for.
+///
+/// Credentials are never shared between issuers: a client that meets a new
+/// authorization server for the same resource starts from nothing there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CredentialKey {
+    /// The authorization server's `issuer`, compared as an exact string
+    /// (RFC 8414).
+    pub issuer: String,
+    /// The canonical resource URL (RFC 8707).
+    pub resource: String,
+}
+
+impl CredentialKey {
+    /// A key for `issuer` and `resource`; the resource URL is canonicalized
+    /// like a [`ServerKey`](crate::ServerKey) endpoint.
+    pub fn new(issuer: &str, resource: &str) -> Result<Self> {
+        crate::types::check_visible_ascii("issuer", issuer, 2048)?;
+        Ok(CredentialKey {
+            issuer: issuer.to_owned(),
+            resource: crate::types::canonical_url("resource URL", resource)?,
+        })
+    }
+}
+
+/// OAuth credentials for one issuer and resource.
+///
+/// `Debug` shows no token text: every secret is a [`Secret`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Credentials {
+    /// Whose credentials these are.
+    pub key: CredentialKey,
+    /// The access token.
+    pub access_token: Secret,
+    /// The token type (`Bearer`).
+    pub token_type: String,
+    /// When the access token expires, as an absolute time (a relative
+    /// `expires_in` means nothing after a restart).
+    pub expires_at: Option<Timestamp>,
+    /// The refresh token; replaced by the rotated one after every refresh.
+    pub refresh_token: Option<Secret>,
+    /// The scopes granted.
+    pub scopes: Vec<String>,
+    /// How this client is registered with the issuer.
+    pub client: ClientRegistration,
+    /// Authorization server metadata as discovered, when kept for reuse.
+    pub server_metadata: Option<serde_json::Value>,
+    /// When these tokens were obtained.
+    pub obtained_at: Timestamp,
+}
+
+impl Credentials {
+    /// Whether the access token is expired, or will be within `margin`.
+    pub fn expires_within(&self, margin: Duration) -> bool {
+        self.expires_at
+            .is_some_and(|at| at <= Timestamp::now().plus(margin))
+    }
+}
+
+impl Record for Credentials {
+    const KIND: &'static str = "credentials";
+    const SCHEMA: u32 = 1;
+}
+
+/// A client's registration with an authorization server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientRegistration {
+    /// The client id (for a metadata-document client, the document's URL).
+    pub client_id: String,
+    /// The client secret of a confidential client.
+    pub client_secret: Option<Secret>,
+    /// The URL of the client's metadata document, when it registered that way.
+    pub metadata_url: Option<String>,
+    /// How the client authenticates at the token endpoint
+    /// (`client_secret_basic`, `client_secret_post`, `none`, ...).
+    pub token_endpoint_auth_method: Option<String>,
+}
+
+/// An authorization the user has not completed yet, kept for a short TTL and
+/// removed once used.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingAuthorization {
+    /// The PKCE code verifier.
+    pub pkce_verifier: Secret,
+    /// The `state` value sent, to match the redirect against.
+    pub state: Secret,
+    /// The issuer the redirect must come from.
+    pub expected_issuer: String,
+    /// The resource being authorized.
+    pub resource: String,
+    /// The redirect URI used.
+    pub redirect_uri: Option<String>,
+    /// Anything else the caller's OAuth library needs to finish the flow.
+    pub extra: Option<serde_json::Value>,
+    /// When the authorization started.
+    pub created_at: Timestamp,
+}
+
+impl Record for PendingAuthorization {
+    const KIND: &'static str = "pending_authorization";
+    const SCHEMA: u32 = 1;
+}
+
+// ---------------------------------------------------------------- server side
+
+/// A server's record of one legacy session, enough to restore it on any
+/// instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerSession {
+    /// The session id handed to the client.
+    pub session_id: SessionId,
+    /// The client's `initialize` params (version, capabilities, client info),
+    /// replayed into a fresh handler on restore.
+    pub initialize_params: serde_json::Value,
+    /// The authenticated principal the session is bound to, if any. A request
+    /// presenting the session under another principal is answered 404.
+    pub principal: Option<String>,
+    /// When the session was created.
+    pub created_at: Timestamp,
+    /// When the session was last used (updated coalesced, see
+    /// [`SessionStore`](crate::SessionStore)).
+    pub last_seen: Timestamp,
+}
+
+impl Record for ServerSession {
+    const KIND: &'static str = "server_session";
+    const SCHEMA: u32 = 1;
+}
+
+/// Metadata of one SSE event stream: its owner and its unguessable token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StreamMeta {
+    pub(crate) session: Option<SessionId>,
+    pub(crate) token: String,
+    pub(crate) created_at: Timestamp,
+    /// The sequence number of the last record dropped by retention (0: none).
+    pub(crate) dropped_through: u64,
+}
+
+impl Record for StreamMeta {
+    const KIND: &'static str = "event_stream";
+    const SCHEMA: u32 = 1;
+}
+
+/// One stored SSE event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct EventRecord {
+    pub(crate) payload: serde_json::Value,
+}
+
+impl Record for EventRecord {
+    const KIND: &'static str = "event";
+    const SCHEMA: u32 = 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> LegacySession {
+        LegacySession {
+            session_id: SessionId::new("s-1").unwrap(),
+            protocol_version: ProtocolVersion::new("2025-11-25").unwrap(),
+            initialize_result: serde_json::json!({"serverInfo": {"name": "x"}}),
+            request_id_high_water: 3,
+            last_event_ids: BTreeMap::new(),
+            created_at: Timestamp::from_unix_millis(1),
+            updated_at: Timestamp::from_unix_millis(2),
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let bytes = encode(&session()).unwrap();
+        assert_eq!(decode::<LegacySession>("k", &bytes).unwrap(), session());
+    }
+
+    #[test]
+    fn newer_schema_is_typed() {
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&session()).unwrap()).unwrap();
+        v["schema"] = 2.into();
+        let err = decode::<LegacySession>("k", &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(matches!(err, Error::NewerSchema { found: 2, supported: 1, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn garbage_and_wrong_kind_are_corrupt() {
+        for bytes in [&b"\x00\xffgarbage"[..], b"{\"kind\":\"legacy_session\"", b""] {
+            let err = decode::<LegacySession>("the/key", bytes).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { ref key, .. } if key == "the/key"), "{err:?}");
+        }
+        let profile_bytes = encode(&StreamMeta {
+            session: None,
+            token: "t".into(),
+            created_at: Timestamp::now(),
+            dropped_through: 0,
+        })
+        .unwrap();
+        assert!(matches!(decode::<LegacySession>("k", &profile_bytes), Err(Error::Corrupt { .. })));
+        // A stored session id that is no longer valid ASCII is corrupt, not a value.
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&session()).unwrap()).unwrap();
+        v["record"]["session_id"] = "bad id\u{e9}".into();
+        let err = decode::<LegacySession>("k", &serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn credentials_debug_has_no_token_text() {
+        let creds = Credentials {
+            key: CredentialKey::new("https://as.example", "https://mcp.example/mcp").unwrap(),
+            access_token: Secret::new("ACCESS-abc123"),
+            token_type: "Bearer".into(),
+            expires_at: None,
+            refresh_token: Some(Secret::new("REFRESH-xyz789")),
+            scopes: vec!["mcp".into()],
+            client: ClientRegistration {
+                client_id: "client-1".into(),
+                client_secret: Some(Secret::new("CLIENTSECRET-q")),
+                metadata_url: None,
+                token_endpoint_auth_method: None,
+            },
+            server_metadata: None,
+            obtained_at: Timestamp::now(),
+        };
+        let debug = format!("{creds:?} {creds:#?}");
+        for secret in ["ACCESS-abc123", "REFRESH-xyz789", "CLIENTSECRET-q"] {
+            assert!(!debug.contains(secret), "{secret} leaked into Debug");
+        }
+        assert!(debug.contains("client-1"));
+    }
+}

@@ -1,0 +1,110 @@
+use std::{sync::Arc, time::Duration};
+
+use super::{ClientStateStore, CredentialStore, EventStore, EventStoreConfig, SessionStore};
+use crate::{Error, KvStore, LogStore, Result};
+
+/// Which backend holds which kind of state.
+///
+/// Start from one backend that does both primitives, then route single kinds
+/// elsewhere, e.g. credentials to a secrets manager:
+///
+/// ```
+/// use std::sync::Arc;
+/// use mcp_persist_core::{MemoryStore, Stores};
+/// let main = MemoryStore::new();
+/// let secrets = MemoryStore::new(); // a vault backend in production
+/// let stores = Stores::new(main).with_credentials(Arc::new(secrets));
+/// assert_eq!(stores.credentials().backend_name(), "memory");
+/// ```
+///
+/// A key-value-only backend can hold every kind but the event log; asking a
+/// bundle without a log store for an [`EventStore`] is
+/// [`Error::Unsupported`], and a backend that is no [`LogStore`] cannot be
+/// passed where logs go at all.
+#[derive(Clone)]
+pub struct Stores {
+    client_state: Arc<dyn KvStore>,
+    credentials: Arc<dyn KvStore>,
+    sessions: Arc<dyn KvStore>,
+    events: Option<(Arc<dyn KvStore>, Arc<dyn LogStore>)>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("client_state", &self.client_state.backend_name())
+            .field("credentials", &self.credentials.backend_name())
+            .field("sessions", &self.sessions.backend_name())
+            .field("events", &self.events.as_ref().map(|(_, l)| l.backend_name()))
+            .finish()
+    }
+}
+
+impl Stores {
+    /// Every kind of state in one backend.
+    pub fn new<B: KvStore + LogStore>(backend: B) -> Self {
+        let backend = Arc::new(backend);
+        Stores::from_parts(backend.clone(), Some(backend))
+    }
+
+    /// Every kind of state in a key-value backend, and the event log in
+    /// `log` if given.
+    pub fn from_parts(kv: Arc<dyn KvStore>, log: Option<Arc<dyn LogStore>>) -> Self {
+        Stores {
+            client_state: kv.clone(),
+            credentials: kv.clone(),
+            sessions: kv.clone(),
+            events: log.map(|log| (kv, log)),
+        }
+    }
+
+    /// Routes credentials (tokens, client secrets, pending authorizations) to `kv`.
+    pub fn with_credentials(mut self, kv: Arc<dyn KvStore>) -> Self {
+        self.credentials = kv;
+        self
+    }
+
+    /// Routes client state (profiles, sessions, in-flight journal) to `kv`.
+    pub fn with_client_state(mut self, kv: Arc<dyn KvStore>) -> Self {
+        self.client_state = kv;
+        self
+    }
+
+    /// Routes server sessions to `kv`.
+    pub fn with_sessions(mut self, kv: Arc<dyn KvStore>) -> Self {
+        self.sessions = kv;
+        self
+    }
+
+    /// Routes the event log to `log`, with stream metadata in `kv`.
+    pub fn with_events(mut self, kv: Arc<dyn KvStore>, log: Arc<dyn LogStore>) -> Self {
+        self.events = Some((kv, log));
+        self
+    }
+
+    /// The client state store.
+    pub fn client_state(&self) -> ClientStateStore {
+        ClientStateStore::new(self.client_state.clone())
+    }
+
+    /// The credential store.
+    pub fn credentials(&self) -> CredentialStore {
+        CredentialStore::new(self.credentials.clone())
+    }
+
+    /// The server session store, with sessions expiring after `idle_ttl`.
+    pub fn sessions(&self, idle_ttl: Duration) -> SessionStore {
+        SessionStore::new(self.sessions.clone(), idle_ttl)
+    }
+
+    /// The event store, or [`Error::Unsupported`] when no log store is routed.
+    pub fn events(&self, config: EventStoreConfig) -> Result<EventStore> {
+        match &self.events {
+            Some((kv, log)) => Ok(EventStore::new(kv.clone(), log.clone(), config)),
+            None => Err(Error::Unsupported {
+                operation: "event logs",
+                backend: self.client_state.backend_name(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+use std::{ops::Range, sync::Arc};
+
+use tracing::debug;
+
+use super::{Stored, component, read, write};
+use crate::{
+    Error, KvStore, PutMode, Result, ServerKey, Version,
+    records::{InFlightRequest, LegacySession, ServerProfile},
+    types::{RequestId, SessionId, Timestamp},
+};
+
+/// How many times a compare-and-swap loop retries before giving up with
+/// `Conflict`. Contention on client state is one process or a few.
+const CAS_ATTEMPTS: usize = 64;
+
+/// Client-side state per server: the server profile, the legacy session and
+/// the in-flight journal.
+///
+/// All state is keyed by [`ServerKey`] (endpoint URL and profile), so state
+/// recorded for one server is never used for another.
+#[derive(Clone)]
+pub struct ClientStateStore {
+    kv: Arc<dyn KvStore>,
+}
+
+impl std::fmt::Debug for ClientStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientStateStore")
+            .field("backend", &self.kv.backend_name())
+            .finish()
+    }
+}
+
+fn server_part(server: &ServerKey) -> String {
+    format!("{}/{}", component(server.profile()), component(server.endpoint()))
+}
+
+impl ClientStateStore {
+    /// A store over `kv`.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        ClientStateStore { kv }
+    }
+
+    fn profile_key(server: &ServerKey) -> String {
+        format!("client/profile/{}", server_part(server))
+    }
+
+    fn session_key(server: &ServerKey) -> String {
+        format!("client/session/{}", server_part(server))
+    }
+
+    fn inflight_prefix(server: &ServerKey, session: &SessionId) -> String {
+        format!(
+            "client/inflight/{}/{}/",
+            server_part(server),
+            component(session.as_str())
+        )
+    }
+
+    fn inflight_key(server: &ServerKey, session: &SessionId, id: &RequestId) -> String {
+        let id = match id {
+            RequestId::Number(n) => format!("n{n}"),
+            RequestId::String(s) => format!("s{}", component(s)),
+        };
+        format!("{}{id}", Self::inflight_prefix(server, session))
+    }
+
+    /// The stored profile of `server`.
+    pub async fn profile(&self, server: &ServerKey) -> Result<Option<ServerProfile>> {
+        Ok(read(&*self.kv, &Self::profile_key(server))
+            .await?
+            .map(|s: Stored<ServerProfile>| s.record))
+    }
+
+    /// Stores the profile of `server`, replacing any earlier one.
+    pub async fn save_profile(&self, server: &ServerKey, profile: &ServerProfile) -> Result<()> {
+        write(&*self.kv, &Self::profile_key(server), profile, PutMode::Overwrite, None).await?;
+        debug!(server = %server, era = ?profile.era, version = %profile.protocol_version, "stored server profile");
+        Ok(())
+    }
+
+    /// Forgets the profile of `server` (its era will be probed again).
+    pub async fn forget_profile(&self, server: &ServerKey) -> Result<()> {
+        self.kv.delete(&Self::profile_key(server), None).await?;
+        Ok(())
+    }
+
+    /// The stored legacy session with `server`, with its version.
+    pub async fn session(&self, server: &ServerKey) -> Result<Option<Stored<LegacySession>>> {
+        read(&*self.kv, &Self::session_key(server)).await
+    }
+
+    /// Stores a session: `PutMode::Create` for a new one (fails if another
+    /// process stored one first), `Update(version)` to change a read one.
+    pub async fn save_session(
+        &self,
+        server: &ServerKey,
+        session: &LegacySession,
+        mode: PutMode,
+    ) -> Result<Version> {
+        write(&*self.kv, &Self::session_key(server), session, mode, None).await
+    }
+
+    /// Applies `change` to the stored session with compare-and-swap, retrying
+    /// on concurrent changes. Returns the session as written, or `None` when
+    /// no session is stored.
+    pub async fn update_session(
+        &self,
+        server: &ServerKey,
+        mut change: impl FnMut(&mut LegacySession) + Send,
+    ) -> Result<Option<LegacySession>> {
+        let key = Self::session_key(server);
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(Stored { mut record, version }) = self.session(server).await? else {
+                return Ok(None);
+            };
+            change(&mut record);
+            record.updated_at = Timestamp::now();
+            match write(&*self.kv, &key, &record, PutMode::Update(version), None).await {
+                Ok(_) => return Ok(Some(record)),
+                Err(Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Conflict { key })
+    }
+
+    /// Reserves `count` request ids in the session with `server` and returns
+    /// them. Ids are reserved in blocks so that a client writes once per
+    /// block, not once per request; a restarted client continues above every
+    /// id ever reserved, so no id repeats within the session.
+    pub async fn reserve_request_ids(&self, server: &ServerKey, count: u32) -> Result<Range<i64>> {
+        let mut reserved = None;
+        let updated = self
+            .update_session(server, |s| {
+                let start = s.request_id_high_water;
+                s.request_id_high_water = start.saturating_add(i64::from(count));
+                reserved = Some(start..s.request_id_high_water);
+            })
+            .await?;
+        match (updated, reserved) {
+            (Some(_), Some(range)) => Ok(range),
+            _ => Err(Error::NotFound {
+                what: "client session",
+                detail: Some(format!("no session stored for {server}")),
+            }),
+        }
+    }
+
+    /// Forgets the session with `server` and its in-flight journal (after a
+    /// 404, or when the application ends the session).
+    pub async fn forget_session(&self, server: &ServerKey) -> Result<()> {
+        if let Some(stored) = self.session(server).await.ok().flatten() {
+            let prefix = Self::inflight_prefix(server, &stored.record.session_id);
+            for key in self.kv.list(&prefix).await? {
+                self.kv.delete(&key, None).await?;
+            }
+        }
+        self.kv.delete(&Self::session_key(server), None).await?;
+        debug!(server = %server, "forgot client session");
+        Ok(())
+    }
+
+    /// Journals a request sent in `session` (or updates its stream cursor).
+    pub async fn record_inflight(
+        &self,
+        server: &ServerKey,
+        session: &SessionId,
+        request: &InFlightRequest,
+    ) -> Result<()> {
+        let key = Self::inflight_key(server, session, &request.id);
+        write(&*self.kv, &key, request, PutMode::Overwrite, None).await?;
+        Ok(())
+    }
+
+    /// Removes an answered request from the journal.
+    pub async fn complete_inflight(
+        &self,
+        server: &ServerKey,
+        session: &SessionId,
+        id: &RequestId,
+    ) -> Result<()> {
+        self.kv
+            .delete(&Self::inflight_key(server, session, id), None)
+            .await?;
+        Ok(())
+    }
+
+    /// The journaled requests of `session`, oldest first.
+    pub async fn inflight(
+        &self,
+        server: &ServerKey,
+        session: &SessionId,
+    ) -> Result<Vec<InFlightRequest>> {
+        let mut out = Vec::new();
+        for key in self.kv.list(&Self::inflight_prefix(server, session)).await? {
+            if let Some(stored) = read::<InFlightRequest>(&*self.kv, &key).await? {
+                out.push(stored.record);
+            }
+        }
+        out.sort_by(|a, b| a.sent_at.cmp(&b.sent_at).then_with(|| a.id.cmp(&b.id)));
+        Ok(out)
+    }
+}

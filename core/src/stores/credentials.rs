@@ -1,0 +1,283 @@
+use std::{future::Future, sync::Arc, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::{debug, info, warn};
+
+use super::{Stored, component, read, write};
+use crate::{
+    BoxError, Error, KvStore, PutMode, Result, Version,
+    records::{CredentialKey, Credentials, PendingAuthorization, Record},
+    types::{Timestamp, hex, random_token},
+};
+
+/// OAuth credentials keyed by issuer and resource, with a cross-process
+/// refresh guard.
+///
+/// Two promises:
+///
+/// * **No lost rotation.** A refreshed credential is saved with
+///   compare-and-swap against the version it was refreshed from
+///   ([`replace`](CredentialStore::replace)), so when two processes refresh
+///   at once the second write fails with `Conflict` instead of putting back a
+///   refresh token the authorization server already rotated away.
+/// * **One refresher at a time.** [`refresh`](CredentialStore::refresh) takes
+///   a lease (a `Create` with a short TTL) before spending the refresh token;
+///   a process that finds the lease taken waits for the winner's new
+///   credential instead of spending the same refresh token again.
+#[derive(Clone)]
+pub struct CredentialStore {
+    kv: Arc<dyn KvStore>,
+}
+
+impl std::fmt::Debug for CredentialStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialStore")
+            .field("backend", &self.kv.backend_name())
+            .finish()
+    }
+}
+
+/// A held right to refresh one credential, until it is released or its TTL
+/// passes.
+#[derive(Debug)]
+pub struct RefreshLease {
+    key: String,
+    version: Version,
+    /// When the lease lapses even if never released.
+    pub expires_at: Timestamp,
+}
+
+/// How [`CredentialStore::refresh`] got the credential it returns.
+#[derive(Debug)]
+pub enum RefreshOutcome {
+    /// This process refreshed it.
+    Refreshed(Stored<Credentials>),
+    /// Another process refreshed it while this one waited.
+    RefreshedByOther(Stored<Credentials>),
+}
+
+impl RefreshOutcome {
+    /// The credential, however it came.
+    pub fn into_stored(self) -> Stored<Credentials> {
+        match self {
+            RefreshOutcome::Refreshed(s) | RefreshOutcome::RefreshedByOther(s) => s,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaseRecord {
+    holder: String,
+    taken_at: Timestamp,
+}
+
+impl Record for LeaseRecord {
+    const KIND: &'static str = "refresh_lease";
+    const SCHEMA: u32 = 1;
+}
+
+fn key_part(key: &CredentialKey) -> String {
+    format!("{}/{}", component(&key.issuer), component(&key.resource))
+}
+
+impl CredentialStore {
+    /// A store over `kv`.
+    pub fn new(kv: Arc<dyn KvStore>) -> Self {
+        CredentialStore { kv }
+    }
+
+    fn token_key(key: &CredentialKey) -> String {
+        format!("cred/token/{}", key_part(key))
+    }
+
+    fn lease_key(key: &CredentialKey) -> String {
+        format!("cred/lease/{}", key_part(key))
+    }
+
+    fn pending_key(state: &str) -> String {
+        // The state value is a secret of the flow: only its hash names a key.
+        format!("cred/pending/{}", hex(&Sha256::digest(state.as_bytes())))
+    }
+
+    /// The credential for `key`, with its version.
+    pub async fn load(&self, key: &CredentialKey) -> Result<Option<Stored<Credentials>>> {
+        read(&*self.kv, &Self::token_key(key)).await
+    }
+
+    /// Stores a credential obtained by a full authorization (not a refresh),
+    /// replacing whatever was there.
+    pub async fn save(&self, credentials: &Credentials) -> Result<Version> {
+        let v = write(
+            &*self.kv,
+            &Self::token_key(&credentials.key),
+            credentials,
+            PutMode::Overwrite,
+            None,
+        )
+        .await?;
+        debug!(issuer = %credentials.key.issuer, resource = %credentials.key.resource, "stored credentials");
+        Ok(v)
+    }
+
+    /// Stores a refreshed credential only if the stored one is still at
+    /// `expected`; otherwise [`Error::Conflict`], and the newer one stays.
+    pub async fn replace(&self, credentials: &Credentials, expected: Version) -> Result<Version> {
+        write(
+            &*self.kv,
+            &Self::token_key(&credentials.key),
+            credentials,
+            PutMode::Update(expected),
+            None,
+        )
+        .await
+    }
+
+    /// Deletes the credential for `key` (after the server revoked it, say).
+    pub async fn delete(&self, key: &CredentialKey) -> Result<()> {
+        self.kv.delete(&Self::token_key(key), None).await?;
+        Ok(())
+    }
+
+    /// Tries to take the refresh lease of `key` for `ttl`. `None` when another
+    /// holder has it.
+    pub async fn try_lease(&self, key: &CredentialKey, ttl: Duration) -> Result<Option<RefreshLease>> {
+        let lease_key = Self::lease_key(key);
+        let record = LeaseRecord {
+            holder: hex(&random_token()?),
+            taken_at: Timestamp::now(),
+        };
+        match write(&*self.kv, &lease_key, &record, PutMode::Create, Some(ttl)).await {
+            Ok(version) => Ok(Some(RefreshLease {
+                key: lease_key,
+                version,
+                expires_at: record.taken_at.plus(ttl),
+            })),
+            Err(Error::AlreadyExists { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives a lease back early. Releasing a lease that already lapsed (and
+    /// may now be someone else's) does nothing.
+    pub async fn release(&self, lease: RefreshLease) -> Result<()> {
+        match self.kv.delete(&lease.key, Some(lease.version)).await {
+            Ok(_) | Err(Error::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refreshes the credential for `key` that the caller read at `seen`, at
+    /// most once across every process sharing the store.
+    ///
+    /// * If the stored credential is already newer than `seen`, it is
+    ///   returned and `refresh_fn` is not called.
+    /// * Otherwise the lease is taken (held for at most `lease_ttl`),
+    ///   `refresh_fn` is called with the stored credential, and its result is
+    ///   stored with compare-and-swap before the lease is released.
+    /// * A process that finds the lease taken waits, up to `lease_ttl`, for
+    ///   the holder's new credential and returns it.
+    ///
+    /// A failing `refresh_fn` gives [`Error::Refresh`] and leaves the stored
+    /// credential as it was.
+    pub async fn refresh<F, Fut>(
+        &self,
+        key: &CredentialKey,
+        seen: Version,
+        lease_ttl: Duration,
+        refresh_fn: F,
+    ) -> Result<RefreshOutcome>
+    where
+        F: FnOnce(Credentials) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<Credentials, BoxError>> + Send,
+    {
+        let deadline = tokio::time::Instant::now() + lease_ttl;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let current = self.load(key).await?.ok_or_else(|| Error::NotFound {
+                what: "credentials",
+                detail: Some(format!("none stored for issuer {} and resource {}", key.issuer, key.resource)),
+            })?;
+            if current.version != seen {
+                debug!(issuer = %key.issuer, "credential already refreshed by another holder");
+                return Ok(RefreshOutcome::RefreshedByOther(current));
+            }
+            if let Some(lease) = self.try_lease(key, lease_ttl).await? {
+                // Someone may have refreshed between our read and our lease.
+                let current = match self.load(key).await? {
+                    Some(c) if c.version == seen => c,
+                    Some(c) => {
+                        self.release(lease).await?;
+                        return Ok(RefreshOutcome::RefreshedByOther(c));
+                    }
+                    None => {
+                        self.release(lease).await?;
+                        return Err(Error::NotFound { what: "credentials", detail: None });
+                    }
+                };
+                let result = refresh_fn(current.record).await;
+                let outcome = match result {
+                    Ok(fresh) => match self.replace(&fresh, seen).await {
+                        Ok(version) => {
+                            info!(issuer = %key.issuer, resource = %key.resource, "refreshed credential and stored the rotated token");
+                            Ok(RefreshOutcome::Refreshed(Stored { record: fresh, version }))
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Err(source) => {
+                        warn!(issuer = %key.issuer, "credential refresh failed");
+                        Err(Error::Refresh { source })
+                    }
+                };
+                self.release(lease).await?;
+                return outcome;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    operation: "waiting for another process's credential refresh",
+                    after: lease_ttl,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Keeps a pending authorization under its `state` for `ttl`.
+    pub async fn save_pending(&self, pending: &PendingAuthorization, ttl: Duration) -> Result<()> {
+        let key = Self::pending_key(pending.state.expose_secret());
+        write(&*self.kv, &key, pending, PutMode::Overwrite, Some(ttl)).await?;
+        Ok(())
+    }
+
+    /// Takes the pending authorization for `state` out of the store: of two
+    /// concurrent takers, only one gets it.
+    pub async fn take_pending(&self, state: &str) -> Result<Option<PendingAuthorization>> {
+        let key = Self::pending_key(state);
+        let Some(stored) = read::<PendingAuthorization>(&*self.kv, &key).await? else {
+            return Ok(None);
+        };
+        match self.kv.delete(&key, Some(stored.version)).await {
+            Ok(_) => Ok(Some(stored.record)),
+            Err(Error::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads the pending authorization for `state` without taking it.
+    pub async fn peek_pending(&self, state: &str) -> Result<Option<PendingAuthorization>> {
+        Ok(read(&*self.kv, &Self::pending_key(state))
+            .await?
+            .map(|s: Stored<PendingAuthorization>| s.record))
+    }
+
+    /// The name of the backend holding credentials.
+    pub fn backend_name(&self) -> &'static str {
+        self.kv.backend_name()
+    }
+
+    /// Every stored credential key (for tools and migrations).
+    pub async fn keys(&self) -> Result<Vec<String>> {
+        self.kv.list("cred/token/").await
+    }
+}

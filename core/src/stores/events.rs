@@ -1,0 +1,330 @@
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tracing::{debug, warn};
+
+use super::{Stored, component, read, write};
+use crate::{
+    Error, KvStore, LogStore, PutMode, Result,
+    records::{EventRecord, StreamMeta, decode, encode},
+    types::{EventId, SessionId, Timestamp, hex, random_token},
+};
+
+/// How long and how much of each SSE stream an [`EventStore`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventStoreConfig {
+    /// A stream is dropped once this long has passed since its last event.
+    pub retention: Duration,
+    /// At most about this many events are kept per stream; older ones are
+    /// dropped (checked every half of this many appends).
+    pub max_events_per_stream: u64,
+}
+
+impl Default for EventStoreConfig {
+    fn default() -> Self {
+        EventStoreConfig {
+            retention: Duration::from_secs(60 * 60),
+            max_events_per_stream: 10_000,
+        }
+    }
+}
+
+impl EventStoreConfig {
+    /// A config with the given retention age and length.
+    pub fn new(retention: Duration, max_events_per_stream: u64) -> Self {
+        EventStoreConfig {
+            retention,
+            max_events_per_stream: max_events_per_stream.max(1),
+        }
+    }
+}
+
+/// An SSE event as stored, with its original id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// The id it was sent with.
+    pub id: EventId,
+    /// The message (JSON-RPC message, or `null` for a priming event).
+    pub payload: serde_json::Value,
+}
+
+/// The SSE event log of a server, shared by every instance.
+///
+/// Each stream gets a random 128-bit token when its first event is stored;
+/// every [`EventId`] of the stream carries it, and replay checks it, so ids
+/// are unguessable and one stream's id never reads another stream. Replay
+/// returns exactly the later events of that one stream, in order, with their
+/// original ids.
+#[derive(Clone)]
+pub struct EventStore {
+    kv: Arc<dyn KvStore>,
+    log: Arc<dyn LogStore>,
+    config: EventStoreConfig,
+    streams: Arc<Mutex<HashMap<String, StreamCache>>>,
+}
+
+#[derive(Clone, Copy)]
+struct StreamCache {
+    token: [u8; 16],
+    meta_refreshed: tokio::time::Instant,
+    appends_since_trim: u64,
+}
+
+impl std::fmt::Debug for EventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStore")
+            .field("kv", &self.kv.backend_name())
+            .field("log", &self.log.backend_name())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+fn meta_key(stream: &str) -> String {
+    format!("server/stream/{}", component(stream))
+}
+
+fn log_name(stream: &str) -> String {
+    format!("server/events/{}", component(stream))
+}
+
+impl EventStore {
+    /// An event store keeping stream metadata in `kv` and events in `log`.
+    pub fn new(kv: Arc<dyn KvStore>, log: Arc<dyn LogStore>, config: EventStoreConfig) -> Self {
+        EventStore {
+            kv,
+            log,
+            config,
+            streams: Arc::default(),
+        }
+    }
+
+    /// The retention settings.
+    pub fn config(&self) -> EventStoreConfig {
+        self.config
+    }
+
+    fn meta_ttl(&self) -> Duration {
+        // Outlive the log a little: the log's TTL is refreshed by every
+        // append, the metadata's only every quarter of the retention.
+        self.config.retention + self.config.retention / 2
+    }
+
+    fn cached(&self, stream: &str) -> Option<StreamCache> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(stream).copied()
+    }
+
+    fn cache(&self, stream: &str, entry: StreamCache) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(stream.to_owned(), entry);
+    }
+
+    async fn stream_token(&self, stream: &str, session: Option<&SessionId>) -> Result<[u8; 16]> {
+        let now = tokio::time::Instant::now();
+        if let Some(c) = self.cached(stream) {
+            if now.duration_since(c.meta_refreshed) < self.config.retention / 4 {
+                return Ok(c.token);
+            }
+        }
+        let key = meta_key(stream);
+        for _ in 0..8 {
+            match read::<StreamMeta>(&*self.kv, &key).await? {
+                Some(Stored { record, version }) => {
+                    let token = parse_token(&key, &record.token)?;
+                    // Refresh the metadata's TTL along with the log's.
+                    match write(&*self.kv, &key, &record, PutMode::Update(version), Some(self.meta_ttl())).await {
+                        Ok(_) | Err(Error::Conflict { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    let appends = self.cached(stream).map_or(0, |c| c.appends_since_trim);
+                    self.cache(stream, StreamCache { token, meta_refreshed: now, appends_since_trim: appends });
+                    return Ok(token);
+                }
+                None => {
+                    let token = random_token()?;
+                    let meta = StreamMeta {
+                        session: session.cloned(),
+                        token: hex(&token),
+                        created_at: Timestamp::now(),
+                        dropped_through: 0,
+                    };
+                    match write(&*self.kv, &key, &meta, PutMode::Create, Some(self.meta_ttl())).await {
+                        Ok(_) => {
+                            debug!(stream, "new event stream");
+                            self.cache(stream, StreamCache { token, meta_refreshed: now, appends_since_trim: 0 });
+                            return Ok(token);
+                        }
+                        Err(Error::AlreadyExists { .. }) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Err(Error::Conflict { key })
+    }
+
+    /// Stores one event of `stream` (owned by `session`, when the server has
+    /// sessions) and returns its id. Committed before it returns.
+    pub async fn append(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        payload: &serde_json::Value,
+    ) -> Result<EventId> {
+        crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
+        let token = self.stream_token(stream, session).await?;
+        let data = encode(&EventRecord { payload: payload.clone() })?;
+        let seqs = self
+            .log
+            .append(&log_name(stream), vec![data], Some(self.config.retention))
+            .await?;
+        let seq = *seqs.first().ok_or_else(|| {
+            Error::backend(self.log.backend_name(), "append returned no sequence number")
+        })?;
+        self.after_append(stream).await;
+        Ok(EventId::new(token, seq, stream))
+    }
+
+    async fn after_append(&self, stream: &str) {
+        let due = {
+            let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(c) = streams.get_mut(stream) else { return };
+            c.appends_since_trim += 1;
+            if c.appends_since_trim >= (self.config.max_events_per_stream / 2).max(1) {
+                c.appends_since_trim = 0;
+                true
+            } else {
+                false
+            }
+        };
+        if due {
+            if let Err(e) = self.enforce_length(stream).await {
+                warn!(stream, error = %e, "could not trim event stream to its retention length");
+            }
+        }
+    }
+
+    async fn enforce_length(&self, stream: &str) -> Result<()> {
+        let name = log_name(stream);
+        let records = self.log.read_after(&name, 0, usize::MAX).await?;
+        let max = usize::try_from(self.config.max_events_per_stream).unwrap_or(usize::MAX);
+        if records.len() <= max {
+            return Ok(());
+        }
+        let first_kept = records[records.len() - max].seq;
+        let last_dropped = records[records.len() - max - 1].seq;
+        // Record the bound before dropping, so a replay never silently skips.
+        let key = meta_key(stream);
+        for _ in 0..8 {
+            let Some(Stored { mut record, version }) = read::<StreamMeta>(&*self.kv, &key).await? else {
+                return Ok(());
+            };
+            record.dropped_through = record.dropped_through.max(last_dropped);
+            match write(&*self.kv, &key, &record, PutMode::Update(version), Some(self.meta_ttl())).await {
+                Ok(_) => break,
+                Err(Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let dropped = self.log.trim(&name, first_kept).await?;
+        debug!(stream, dropped, "trimmed event stream");
+        Ok(())
+    }
+
+    /// Checks a `Last-Event-ID` sent by a client of `session` (None on a
+    /// server without sessions) and returns it parsed.
+    ///
+    /// * malformed: [`Error::InvalidInput`];
+    /// * unknown stream, expired stream, or a forged token:
+    ///   [`Error::NotFound`] (the three are not told apart, so ids cannot be
+    ///   probed);
+    /// * a stream of another session: [`Error::InvalidInput`];
+    /// * events after the id already dropped by retention: [`Error::NotFound`]
+    ///   with `what: "events"`.
+    pub async fn check(&self, last_event_id: &str, session: Option<&SessionId>) -> Result<EventId> {
+        let id: EventId = last_event_id.parse()?;
+        let key = meta_key(id.stream());
+        let unknown = || Error::NotFound {
+            what: "event stream",
+            detail: Some("the stream has expired or never existed".into()),
+        };
+        let Some(Stored { record: meta, .. }) = read::<StreamMeta>(&*self.kv, &key).await? else {
+            return Err(unknown());
+        };
+        if parse_token(&key, &meta.token)? != *id.token() {
+            warn!(stream = id.stream(), "event id with a wrong token: forged or from an expired stream");
+            return Err(unknown());
+        }
+        if let (Some(owner), Some(asker)) = (&meta.session, session) {
+            if owner != asker {
+                return Err(Error::invalid("event id", "it names a stream of another session"));
+            }
+        }
+        if id.seq() < meta.dropped_through {
+            return Err(Error::NotFound {
+                what: "events",
+                detail: Some("events after this id were dropped by retention".into()),
+            });
+        }
+        Ok(id)
+    }
+
+    /// Every stored event of the id's stream after `last_event_id`, in order,
+    /// with original ids, after the same checks as [`check`](EventStore::check).
+    pub async fn replay_after(&self, last_event_id: &str, session: Option<&SessionId>) -> Result<Vec<StoredEvent>> {
+        let id = self.check(last_event_id, session).await?;
+        let events = self.read_after(&id, usize::MAX).await?;
+        debug!(stream = id.stream(), after = id.seq(), replayed = events.len(), "replayed events");
+        Ok(events)
+    }
+
+    async fn read_after(&self, id: &EventId, limit: usize) -> Result<Vec<StoredEvent>> {
+        let name = log_name(id.stream());
+        let records = self.log.read_after(&name, id.seq(), limit).await?;
+        self.to_events(id, &name, records)
+    }
+
+    fn to_events(&self, id: &EventId, name: &str, records: Vec<crate::LogRecord>) -> Result<Vec<StoredEvent>> {
+        records
+            .into_iter()
+            .map(|r| {
+                let event: EventRecord = decode(&format!("{name}#{}", r.seq), &r.data)?;
+                Ok(StoredEvent {
+                    id: EventId::new(*id.token(), r.seq, id.stream()),
+                    payload: event.payload,
+                })
+            })
+            .collect()
+    }
+
+    /// Waits up to `timeout` for events of the stream after `after` (an id
+    /// returned by [`check`](EventStore::check), a replay, or an earlier
+    /// tail), including events another instance appends meanwhile. Empty if
+    /// none came.
+    pub async fn tail(&self, after: &EventId, timeout: Duration) -> Result<Vec<StoredEvent>> {
+        let name = log_name(after.stream());
+        let records = self.log.wait_after(&name, after.seq(), 1024, timeout).await?;
+        self.to_events(after, &name, records)
+    }
+
+    /// Deletes a stream and its events.
+    pub async fn delete_stream(&self, stream: &str) -> Result<()> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(stream);
+        self.log.delete(&log_name(stream)).await?;
+        self.kv.delete(&meta_key(stream), None).await?;
+        Ok(())
+    }
+}
+
+fn parse_token(key: &str, token: &str) -> Result<[u8; 16]> {
+    let id = format!("{token}-0-x");
+    id.parse::<EventId>()
+        .map(|id| *id.token())
+        .map_err(|_| Error::corrupt(key, "stream token is not 32 hex digits"))
+}

@@ -1,0 +1,79 @@
+//! Typed stores: MCP meaning over the two backend primitives.
+//!
+//! Each store owns its key layout (below), its record schemas
+//! ([`records`](crate::records)) and its invariants. Key components that come
+//! from outside (URLs, session ids, issuers) are escaped so that `/` always
+//! separates components and no two inputs share a key.
+//!
+//! | store | key | record |
+//! |---|---|---|
+//! | [`ClientStateStore`] | `client/profile/<profile>/<endpoint>` | [`ServerProfile`](crate::ServerProfile) |
+//! | | `client/session/<profile>/<endpoint>` | [`LegacySession`](crate::LegacySession) |
+//! | | `client/inflight/<profile>/<endpoint>/<session>/<id>` | [`InFlightRequest`](crate::InFlightRequest) |
+//! | [`CredentialStore`] | `cred/token/<issuer>/<resource>` | [`Credentials`](crate::Credentials) |
+//! | | `cred/lease/<issuer>/<resource>` | refresh lease (holder, short TTL) |
+//! | | `cred/pending/<sha256 of state>` | [`PendingAuthorization`](crate::PendingAuthorization) |
+//! | [`SessionStore`] | `server/session/<session id>` | [`ServerSession`](crate::ServerSession) |
+//! | [`EventStore`] | `server/stream/<stream id>` (KV) | stream owner and token |
+//! | | `server/events/<stream id>` (log) | one record per SSE event |
+
+mod bundle;
+mod client;
+mod credentials;
+mod events;
+mod session;
+
+pub use bundle::Stores;
+pub use client::ClientStateStore;
+pub use credentials::{CredentialStore, RefreshLease, RefreshOutcome};
+pub use events::{EventStore, EventStoreConfig, StoredEvent};
+pub use session::SessionStore;
+
+use std::time::Duration;
+
+use crate::{
+    KvStore, PutMode, Result, Version,
+    records::{Record, decode, encode},
+};
+
+/// A record as read, with the version to compare-and-swap against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored<T> {
+    /// The record.
+    pub record: T,
+    /// Its version in the backend.
+    pub version: Version,
+}
+
+/// Escapes a key component: `%` and `/` become `%25` and `%2F`.
+pub(crate) fn component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+pub(crate) async fn read<T: Record>(kv: &dyn KvStore, key: &str) -> Result<Option<Stored<T>>> {
+    match kv.get(key).await? {
+        None => Ok(None),
+        Some(entry) => Ok(Some(Stored {
+            record: decode(key, &entry.value)?,
+            version: entry.version,
+        })),
+    }
+}
+
+pub(crate) async fn write<T: Record>(
+    kv: &dyn KvStore,
+    key: &str,
+    record: &T,
+    mode: PutMode,
+    ttl: Option<Duration>,
+) -> Result<Version> {
+    kv.put(key, encode(record)?, mode, ttl).await
+}

@@ -1,0 +1,118 @@
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tracing::debug;
+
+use super::{read, write};
+use crate::{
+    Error, KvStore, PutMode, Result,
+    records::ServerSession,
+    stores::component,
+    types::{SessionId, Timestamp},
+};
+
+/// Server-side sessions, restorable on any instance, expiring after an idle
+/// TTL.
+///
+/// Every write refreshes the TTL. [`touch`](SessionStore::touch) is
+/// coalesced: it writes at most once per `touch_interval` per session and
+/// instance, so a busy session costs no write per request.
+#[derive(Clone)]
+pub struct SessionStore {
+    kv: Arc<dyn KvStore>,
+    idle_ttl: Duration,
+    touch_interval: Duration,
+    last_touch: Arc<Mutex<HashMap<SessionId, tokio::time::Instant>>>,
+}
+
+impl std::fmt::Debug for SessionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionStore")
+            .field("backend", &self.kv.backend_name())
+            .field("idle_ttl", &self.idle_ttl)
+            .finish()
+    }
+}
+
+impl SessionStore {
+    /// A store over `kv` whose sessions expire after `idle_ttl` without use.
+    /// Touches are coalesced to one write per tenth of the TTL.
+    pub fn new(kv: Arc<dyn KvStore>, idle_ttl: Duration) -> Self {
+        SessionStore {
+            kv,
+            idle_ttl,
+            touch_interval: idle_ttl / 10,
+            last_touch: Arc::default(),
+        }
+    }
+
+    /// The idle TTL.
+    pub fn idle_ttl(&self) -> Duration {
+        self.idle_ttl
+    }
+
+    fn key(id: &SessionId) -> String {
+        format!("server/session/{}", component(id.as_str()))
+    }
+
+    /// Stores a new session; [`Error::AlreadyExists`] if the id is taken.
+    pub async fn create(&self, session: &ServerSession) -> Result<()> {
+        write(&*self.kv, &Self::key(&session.session_id), session, PutMode::Create, Some(self.idle_ttl)).await?;
+        debug!(session = %session.session_id, "stored new server session");
+        Ok(())
+    }
+
+    /// Stores `session`, replacing any earlier record of it.
+    pub async fn save(&self, session: &ServerSession) -> Result<()> {
+        write(&*self.kv, &Self::key(&session.session_id), session, PutMode::Overwrite, Some(self.idle_ttl)).await?;
+        Ok(())
+    }
+
+    /// The live session `id`, or `None` when unknown or idle too long.
+    pub async fn load(&self, id: &SessionId) -> Result<Option<ServerSession>> {
+        Ok(read(&*self.kv, &Self::key(id)).await?.map(|s| s.record))
+    }
+
+    /// Marks the session used now, extending its TTL. Writes at most once per
+    /// touch interval per session from this instance. Returns `false` when
+    /// the session no longer exists.
+    pub async fn touch(&self, id: &SessionId) -> Result<bool> {
+        let now = tokio::time::Instant::now();
+        {
+            let mut last = self.last_touch.lock().unwrap_or_else(|p| p.into_inner());
+            if last.get(id).is_some_and(|t| now.duration_since(*t) < self.touch_interval) {
+                return Ok(true);
+            }
+            last.insert(id.clone(), now);
+        }
+        let key = Self::key(id);
+        for _ in 0..8 {
+            let Some(stored) = read::<ServerSession>(&*self.kv, &key).await? else {
+                self.forget_touch(id);
+                return Ok(false);
+            };
+            let mut session = stored.record;
+            session.last_seen = Timestamp::now();
+            match write(&*self.kv, &key, &session, PutMode::Update(stored.version), Some(self.idle_ttl)).await {
+                Ok(_) => return Ok(true),
+                Err(Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn forget_touch(&self, id: &SessionId) {
+        self.last_touch.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    /// Deletes session `id` (the client sent DELETE, or the server ended it).
+    pub async fn delete(&self, id: &SessionId) -> Result<()> {
+        self.forget_touch(id);
+        self.kv.delete(&Self::key(id), None).await?;
+        Ok(())
+    }
+}
