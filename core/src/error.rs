@@ -50,7 +50,9 @@ pub enum Error {
     /// A record was written by a newer version of mcp-persist whose schema this
     /// version does not know. Nothing is misread and nothing is overwritten;
     /// upgrade the crates, or delete the record deliberately.
-    #[error("record under key `{key}` has schema version {found}, newer than {supported} which this version understands; upgrade mcp-persist")]
+    #[error(
+        "record under key `{key}` has schema version {found}, newer than {supported} which this version understands; upgrade mcp-persist"
+    )]
     NewerSchema {
         /// The key of the record.
         key: String,

@@ -94,7 +94,11 @@ impl MemoryStore {
 
 impl State {
     fn live_kv(&mut self, key: &str, now: Instant) -> Option<&KvSlot> {
-        if self.kv.get(key).is_some_and(|slot| !live(slot.expires, now)) {
+        if self
+            .kv
+            .get(key)
+            .is_some_and(|slot| !live(slot.expires, now))
+        {
             self.kv.remove(key);
         }
         self.kv.get(key)

@@ -64,7 +64,11 @@ pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T> {
     if envelope.kind != T::KIND {
         return Err(Error::corrupt(
             key,
-            format!("holds a {:?} record where a {} was expected", envelope.kind, T::KIND),
+            format!(
+                "holds a {:?} record where a {} was expected",
+                envelope.kind,
+                T::KIND
+            ),
         ));
     }
     if envelope.schema > T::SCHEMA {
@@ -77,7 +81,11 @@ pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T> {
     // Schema 1 is the only one so far: older versions would be migrated here.
     serde_json::from_value(envelope.record).map_err(|e| Error::Corrupt {
         key: key.to_owned(),
-        reason: format!("{} record does not match schema {}", T::KIND, envelope.schema),
+        reason: format!(
+            "{} record does not match schema {}",
+            T::KIND,
+            envelope.schema
+        ),
         source: Some(Box::new(e)),
     })
 }
@@ -358,17 +366,35 @@ mod tests {
 
     #[test]
     fn newer_schema_is_typed() {
-        let mut v: serde_json::Value = serde_json::from_slice(&encode(&session()).unwrap()).unwrap();
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&encode(&session()).unwrap()).unwrap();
         v["schema"] = 2.into();
         let err = decode::<LegacySession>("k", &serde_json::to_vec(&v).unwrap()).unwrap_err();
-        assert!(matches!(err, Error::NewerSchema { found: 2, supported: 1, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                Error::NewerSchema {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn garbage_and_wrong_kind_are_corrupt() {
-        for bytes in [&b"\x00\xffgarbage"[..], b"{\"kind\":\"legacy_session\"", b""] {
+        for bytes in [
+            &b"\x00\xffgarbage"[..],
+            b"{\"kind\":\"legacy_session\"",
+            b"",
+        ] {
             let err = decode::<LegacySession>("the/key", bytes).unwrap_err();
-            assert!(matches!(err, Error::Corrupt { ref key, .. } if key == "the/key"), "{err:?}");
+            assert!(
+                matches!(err, Error::Corrupt { ref key, .. } if key == "the/key"),
+                "{err:?}"
+            );
         }
         let profile_bytes = encode(&StreamMeta {
             session: None,
@@ -377,9 +403,13 @@ mod tests {
             dropped_through: 0,
         })
         .unwrap();
-        assert!(matches!(decode::<LegacySession>("k", &profile_bytes), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            decode::<LegacySession>("k", &profile_bytes),
+            Err(Error::Corrupt { .. })
+        ));
         // A stored session id that is no longer valid ASCII is corrupt, not a value.
-        let mut v: serde_json::Value = serde_json::from_slice(&encode(&session()).unwrap()).unwrap();
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&encode(&session()).unwrap()).unwrap();
         v["record"]["session_id"] = "bad id\u{e9}".into();
         let err = decode::<LegacySession>("k", &serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");

@@ -36,7 +36,10 @@ impl Timestamp {
 
     /// This time plus `d`, saturating.
     pub fn plus(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+        Timestamp(
+            self.0
+                .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        )
     }
 
     /// How long after `earlier` this is (zero if it is not later).
@@ -395,10 +398,14 @@ impl FromStr for EventId {
     fn from_str(s: &str) -> Result<Self> {
         let bad = |why: &str| Error::invalid("event id", why.to_owned());
         let (token_hex, rest) = s.split_once('-').ok_or_else(|| bad("missing '-'"))?;
-        let (seq, stream) = rest.split_once('-').ok_or_else(|| bad("missing sequence"))?;
-        let token = unhex16(token_hex).ok_or_else(|| bad("token is not 32 lowercase hex digits"))?;
-        let canonical_number =
-            !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()) && (seq == "0" || !seq.starts_with('0'));
+        let (seq, stream) = rest
+            .split_once('-')
+            .ok_or_else(|| bad("missing sequence"))?;
+        let token =
+            unhex16(token_hex).ok_or_else(|| bad("token is not 32 lowercase hex digits"))?;
+        let canonical_number = !seq.is_empty()
+            && seq.bytes().all(|b| b.is_ascii_digit())
+            && (seq == "0" || !seq.starts_with('0'));
         if !canonical_number {
             return Err(bad("sequence is not a decimal number"));
         }
@@ -449,21 +456,53 @@ mod tests {
     #[test]
     fn server_key_canonicalization() {
         let canon = |u: &str| ServerKey::new(u, "default").map(|k| k.endpoint().to_owned());
-        assert_eq!(canon("HTTP://LocalHost:80/MCP").unwrap(), "http://localhost/MCP");
-        assert_eq!(canon("https://a.example:443/mcp/").unwrap(), "https://a.example/mcp");
-        assert_eq!(canon("https://a.example:8443/mcp").unwrap(), "https://a.example:8443/mcp");
+        assert_eq!(
+            canon("HTTP://LocalHost:80/MCP").unwrap(),
+            "http://localhost/MCP"
+        );
+        assert_eq!(
+            canon("https://a.example:443/mcp/").unwrap(),
+            "https://a.example/mcp"
+        );
+        assert_eq!(
+            canon("https://a.example:8443/mcp").unwrap(),
+            "https://a.example:8443/mcp"
+        );
         assert_eq!(canon("https://a.example/").unwrap(), "https://a.example");
         assert_eq!(canon("https://a.example").unwrap(), "https://a.example");
-        assert_eq!(canon("https://a.example/mcp?x=1#frag").unwrap(), "https://a.example/mcp?x=1");
-        assert_eq!(canon(" https://a.example/mcp// ").unwrap(), "https://a.example/mcp");
-        for bad in ["ftp://a.example/", "not a url", "https://user:pw@a.example/mcp", "file:///etc"] {
-            assert!(matches!(canon(bad), Err(Error::InvalidInput { .. })), "{bad}");
+        assert_eq!(
+            canon("https://a.example/mcp?x=1#frag").unwrap(),
+            "https://a.example/mcp?x=1"
+        );
+        assert_eq!(
+            canon(" https://a.example/mcp// ").unwrap(),
+            "https://a.example/mcp"
+        );
+        for bad in [
+            "ftp://a.example/",
+            "not a url",
+            "https://user:pw@a.example/mcp",
+            "file:///etc",
+        ] {
+            assert!(
+                matches!(canon(bad), Err(Error::InvalidInput { .. })),
+                "{bad}"
+            );
         }
         // Different paths, ports and profiles are different keys.
-        assert_ne!(ServerKey::new("https://a.example/a", "p").unwrap(), ServerKey::new("https://a.example/b", "p").unwrap());
-        assert_ne!(ServerKey::new("https://a.example/a", "p").unwrap(), ServerKey::new("https://a.example/a", "q").unwrap());
+        assert_ne!(
+            ServerKey::new("https://a.example/a", "p").unwrap(),
+            ServerKey::new("https://a.example/b", "p").unwrap()
+        );
+        assert_ne!(
+            ServerKey::new("https://a.example/a", "p").unwrap(),
+            ServerKey::new("https://a.example/a", "q").unwrap()
+        );
         for bad in ["", "a/b", "white space", &"x".repeat(65)] {
-            assert!(ServerKey::new("https://a.example", bad).is_err(), "profile {bad:?}");
+            assert!(
+                ServerKey::new("https://a.example", bad).is_err(),
+                "profile {bad:?}"
+            );
         }
     }
 
@@ -472,7 +511,10 @@ mod tests {
         assert!(SessionId::new("abc-DEF_123~!").is_ok());
         assert!(SessionId::new("x".repeat(MAX_SESSION_ID_BYTES)).is_ok());
         for bad in ["", "a b", "tab\there", "nul\0", "é", "line\n"] {
-            assert!(matches!(SessionId::new(bad), Err(Error::InvalidInput { .. })), "{bad:?}");
+            assert!(
+                matches!(SessionId::new(bad), Err(Error::InvalidInput { .. })),
+                "{bad:?}"
+            );
         }
         assert!(matches!(
             SessionId::new("x".repeat(MAX_SESSION_ID_BYTES + 1)),
@@ -504,7 +546,7 @@ mod tests {
         let token = "ab".repeat(16);
         for bad in [
             String::new(),
-            format!("{token}"),
+            token.clone(),
             format!("{token}-1"),
             format!("{token}-1-"),
             format!("{token}--s"),
@@ -516,7 +558,10 @@ mod tests {
             format!("{token}-1-has space"),
             format!("{token}-1-{}", "s".repeat(MAX_STREAM_ID_BYTES + 1)),
         ] {
-            assert!(matches!(bad.parse::<EventId>(), Err(Error::InvalidInput { .. })), "{bad:?}");
+            assert!(
+                matches!(bad.parse::<EventId>(), Err(Error::InvalidInput { .. })),
+                "{bad:?}"
+            );
         }
         // The token never shows in Debug.
         assert!(!format!("{id:?}").contains("abab"));

@@ -90,7 +90,12 @@ pub async fn update_with_stale_version_is_conflict(f: &dyn KvFixture) {
 pub async fn update_on_missing_is_conflict(f: &dyn KvFixture) {
     let store = f.open_kv().await;
     let err = store
-        .put("absent", b"x".to_vec(), PutMode::Update(Version::new(1)), None)
+        .put(
+            "absent",
+            b"x".to_vec(),
+            PutMode::Update(Version::new(1)),
+            None,
+        )
         .await
         .expect_err("update of an absent key must fail");
     assert!(matches!(err, Error::Conflict { .. }), "got {err:?}");
@@ -233,12 +238,22 @@ pub async fn expired_record_is_never_returned(f: &dyn KvFixture) {
         .expect("put with ttl");
     assert!(value_of(&*store, "ttl/short").await.is_some());
     tokio::time::sleep(PAST_TTL).await;
-    assert_eq!(value_of(&*store, "ttl/short").await, None, "expired record returned");
-    assert_eq!(value_of(&*store, "ttl/long").await.as_deref(), Some(&b"y"[..]));
+    assert_eq!(
+        value_of(&*store, "ttl/short").await,
+        None,
+        "expired record returned"
+    );
+    assert_eq!(
+        value_of(&*store, "ttl/long").await.as_deref(),
+        Some(&b"y"[..])
+    );
     assert_eq!(store.list("ttl/").await.expect("list"), vec!["ttl/long"]);
     store.sweep_expired().await.expect("sweep");
     assert_eq!(value_of(&*store, "ttl/short").await, None);
-    assert_eq!(value_of(&*store, "ttl/long").await.as_deref(), Some(&b"y"[..]));
+    assert_eq!(
+        value_of(&*store, "ttl/long").await.as_deref(),
+        Some(&b"y"[..])
+    );
 }
 
 /// An expired key is absent: `Create` succeeds, `Update` with its old
@@ -287,7 +302,10 @@ pub async fn list_by_prefix(f: &dyn KvFixture) {
     assert_eq!(store.list("b/").await.expect("list"), vec!["b/1"]);
     assert!(store.list("c/").await.expect("list").is_empty());
     store.delete("a/2", None).await.expect("delete");
-    assert_eq!(store.list("a/").await.expect("list"), vec!["a/1", "a/sub/3"]);
+    assert_eq!(
+        store.list("a/").await.expect("list"),
+        vec!["a/1", "a/sub/3"]
+    );
 }
 
 /// Keys with unicode, path separators, dots, spaces and percent signs are
@@ -321,7 +339,10 @@ pub async fn unicode_and_odd_keys_roundtrip(f: &dyn KvFixture) {
     assert_eq!(store.list("odd/").await.expect("list"), expected);
     let long = format!("odd/{}", "x".repeat(crate::backend::MAX_KEY_BYTES - 4));
     put(&*store, &long, b"long", PutMode::Create).await;
-    assert_eq!(value_of(&*store, &long).await.as_deref(), Some(&b"long"[..]));
+    assert_eq!(
+        value_of(&*store, &long).await.as_deref(),
+        Some(&b"long"[..])
+    );
 }
 
 /// Values of 1 MiB (or the backend's limit, if smaller) round-trip byte for byte.
@@ -330,7 +351,10 @@ pub async fn large_values(f: &dyn KvFixture) {
     let size = store.max_value_bytes().min(1024 * 1024);
     let value: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
     put(&*store, "big", &value, PutMode::Create).await;
-    assert!(value_of(&*store, "big").await == Some(value), "1 MiB value changed");
+    assert!(
+        value_of(&*store, "big").await == Some(value),
+        "1 MiB value changed"
+    );
 }
 
 /// A value one byte over the backend's limit is `TooLarge` and writes nothing.
@@ -373,7 +397,15 @@ pub async fn reopen_keeps_acknowledged_writes(f: &dyn KvFixture) {
     {
         let store = f.open_kv().await;
         for i in 0..50u32 {
-            versions.push(put(&*store, &format!("durable/{i}"), &i.to_be_bytes(), PutMode::Create).await);
+            versions.push(
+                put(
+                    &*store,
+                    &format!("durable/{i}"),
+                    &i.to_be_bytes(),
+                    PutMode::Create,
+                )
+                .await,
+            );
         }
         store.delete("durable/7", None).await.expect("delete");
     }

@@ -37,7 +37,10 @@ pub async fn append_assigns_increasing_seqs(f: &dyn LogFixture) {
     let all: Vec<u64> = first.iter().chain(&second).copied().collect();
     assert_eq!(all.len(), 4);
     assert!(all[0] > 0, "sequence numbers start above 0");
-    assert!(all.windows(2).all(|w| w[0] < w[1]), "not increasing: {all:?}");
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "not increasing: {all:?}"
+    );
     let read = store.read_after("l", 0, 100).await.expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), all);
     assert_eq!(
@@ -57,8 +60,17 @@ pub async fn read_after_is_exclusive_and_limited(f: &dyn LogFixture) {
         "read_after must exclude the given record"
     );
     let limited = store.read_after("l", seqs[0], 2).await.expect("read");
-    assert_eq!(limited.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[1..3].to_vec());
-    assert!(store.read_after("l", seqs[4], 100).await.expect("read").is_empty());
+    assert_eq!(
+        limited.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        seqs[1..3].to_vec()
+    );
+    assert!(
+        store
+            .read_after("l", seqs[4], 100)
+            .await
+            .expect("read")
+            .is_empty()
+    );
 }
 
 /// Under 8 concurrent appenders, every record gets a distinct number, each
@@ -79,7 +91,10 @@ pub async fn concurrent_appends_strictly_increase(f: &dyn LogFixture) {
             let mut mine = Vec::new();
             for i in 0..EACH {
                 let record = format!("{t}:{i}").into_bytes();
-                let seqs = store.append("shared", vec![record], None).await.expect("append");
+                let seqs = store
+                    .append("shared", vec![record], None)
+                    .await
+                    .expect("append");
                 mine.push(seqs[0]);
             }
             mine
@@ -88,12 +103,21 @@ pub async fn concurrent_appends_strictly_increase(f: &dyn LogFixture) {
     let mut all = Vec::new();
     for h in handles {
         let mine = h.await.expect("task");
-        assert!(mine.windows(2).all(|w| w[0] < w[1]), "per-task order broken: {mine:?}");
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "per-task order broken: {mine:?}"
+        );
         all.extend(mine);
     }
-    let read = store.read_after("shared", 0, usize::MAX).await.expect("read");
+    let read = store
+        .read_after("shared", 0, usize::MAX)
+        .await
+        .expect("read");
     assert_eq!(read.len(), TASKS * EACH);
-    assert!(read.windows(2).all(|w| w[0].seq < w[1].seq), "log not in seq order");
+    assert!(
+        read.windows(2).all(|w| w[0].seq < w[1].seq),
+        "log not in seq order"
+    );
     all.sort_unstable();
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), all);
 }
@@ -104,15 +128,25 @@ pub async fn logs_are_independent(f: &dyn LogFixture) {
     append(&*store, "stream/a", &[b"a1", b"a2"]).await;
     append(&*store, "stream/b", &[b"b1"]).await;
     append(&*store, "stream/a2", &[b"x"]).await;
-    assert_eq!(data_after(&*store, "stream/a", 0).await, vec![b"a1".to_vec(), b"a2".to_vec()]);
-    assert_eq!(data_after(&*store, "stream/b", 0).await, vec![b"b1".to_vec()]);
+    assert_eq!(
+        data_after(&*store, "stream/a", 0).await,
+        vec![b"a1".to_vec(), b"a2".to_vec()]
+    );
+    assert_eq!(
+        data_after(&*store, "stream/b", 0).await,
+        vec![b"b1".to_vec()]
+    );
 }
 
 /// A log past its TTL reads as empty; another log is untouched.
 pub async fn expired_log_reads_empty(f: &dyn LogFixture) {
     let store = f.open_log().await;
     store
-        .append("short", vec![b"x".to_vec()], Some(Duration::from_millis(150)))
+        .append(
+            "short",
+            vec![b"x".to_vec()],
+            Some(Duration::from_millis(150)),
+        )
         .await
         .expect("append");
     store
@@ -121,7 +155,10 @@ pub async fn expired_log_reads_empty(f: &dyn LogFixture) {
         .expect("append");
     assert_eq!(data_after(&*store, "short", 0).await.len(), 1);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(data_after(&*store, "short", 0).await.is_empty(), "expired log returned records");
+    assert!(
+        data_after(&*store, "short", 0).await.is_empty(),
+        "expired log returned records"
+    );
     assert_eq!(data_after(&*store, "long", 0).await, vec![b"y".to_vec()]);
     store.sweep_expired().await.expect("sweep");
     assert_eq!(data_after(&*store, "long", 0).await, vec![b"y".to_vec()]);
@@ -134,10 +171,16 @@ pub async fn trim_drops_older_records(f: &dyn LogFixture) {
     let seqs = append(&*store, "l", &[b"0", b"1", b"2", b"3"]).await;
     store.trim("l", seqs[2]).await.expect("trim");
     let left = store.read_after("l", 0, 100).await.expect("read");
-    assert_eq!(left.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[2..].to_vec());
+    assert_eq!(
+        left.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        seqs[2..].to_vec()
+    );
     let next = append(&*store, "l", &[b"4"]).await;
     assert!(next[0] > seqs[3]);
-    store.trim("absent", 10).await.expect("trim of an absent log");
+    store
+        .trim("absent", 10)
+        .await
+        .expect("trim of an absent log");
 }
 
 /// A deleted log reads as empty; deleting an absent log is fine.
@@ -192,7 +235,10 @@ pub async fn large_records(f: &dyn LogFixture) {
         .append("big", vec![record.clone(), b"small".to_vec()], None)
         .await
         .expect("append");
-    assert_eq!(data_after(&*store, "big", 0).await, vec![record, b"small".to_vec()]);
+    assert_eq!(
+        data_after(&*store, "big", 0).await,
+        vec![record, b"small".to_vec()]
+    );
 }
 
 /// Every acknowledged append is there, in order, after a reopen, and new
@@ -206,7 +252,10 @@ pub async fn reopen_keeps_acknowledged_appends(f: &dyn LogFixture) {
         }
     }
     let store = f.open_log().await;
-    let read = store.read_after("durable", 0, usize::MAX).await.expect("read");
+    let read = store
+        .read_after("durable", 0, usize::MAX)
+        .await
+        .expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
     for (i, r) in read.iter().enumerate() {
         assert_eq!(r.data, (i as u32).to_be_bytes());

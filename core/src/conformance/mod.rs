@@ -4,11 +4,19 @@
 //! and macros that stamp them as tokio tests for a backend's fixture. A
 //! backend's test file builds a fixture and invokes the macros; nothing else:
 //!
-//! ```ignore
-//! // tests/conformance.rs of a backend crate (tokio is a dev-dependency)
-//! async fn fixture() -> my_backend::TestFixture { /* a fresh, empty store */ }
+//! ```
+//! // tests/conformance.rs of a backend crate (tokio is a dev-dependency).
+//! // The memory backend's fixture stands in for yours here.
+//! use mcp_persist_core::conformance::MemoryFixture;
+//!
+//! /// A fresh, empty store for each test.
+//! async fn fixture() -> MemoryFixture {
+//!     MemoryFixture::default()
+//! }
+//!
 //! mcp_persist_core::kv_conformance!(fixture());
 //! mcp_persist_core::log_conformance!(fixture());
+//! # fn main() {}
 //! ```
 //!
 //! A fixture names one store. [`KvFixture::open_kv`] opens it; every later

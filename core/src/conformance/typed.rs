@@ -1,0 +1,838 @@
+//! Conformance tests of the typed stores over a backend.
+//!
+//! These prove that the MCP-level promises hold on a given backend: records
+//! round-trip, state is kept per server and per issuer, request ids never
+//! repeat, a rotated refresh token is never lost, and event replay stays
+//! within its stream.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use super::{KvFixture, LogFixture};
+use crate::{
+    ClientRegistration, ClientStateStore, CredentialKey, CredentialStore, Credentials, Error,
+    EventStore, EventStoreConfig, InFlightRequest, LegacySession, PendingAuthorization, PutMode,
+    RefreshOutcome, Secret, ServerKey, ServerProfile, ServerSession, SessionId, SessionStore,
+    Timestamp,
+    records::{DiscoverCache, encode},
+    types::{ProtocolEra, ProtocolVersion, RequestId},
+};
+
+fn server(path: &str) -> ServerKey {
+    ServerKey::new(&format!("https://mcp.example.com{path}"), "default").expect("valid server key")
+}
+
+fn legacy_session(id: &str) -> LegacySession {
+    let mut last_event_ids = BTreeMap::new();
+    last_event_ids.insert("standalone".to_owned(), "evt-1".to_owned());
+    LegacySession {
+        session_id: SessionId::new(id).expect("valid session id"),
+        protocol_version: ProtocolVersion::new("2025-11-25").expect("valid version"),
+        initialize_result: serde_json::json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {"listChanged": true}, "logging": {}},
+            "serverInfo": {"name": "conformance", "version": "1.0.0"},
+            "instructions": "Be kind. ✓",
+        }),
+        request_id_high_water: 0,
+        last_event_ids,
+        created_at: Timestamp::now(),
+        updated_at: Timestamp::now(),
+    }
+}
+
+fn credentials(issuer: &str, access: &str, refresh: &str) -> Credentials {
+    Credentials {
+        key: CredentialKey::new(issuer, "https://mcp.example.com/mcp").expect("valid key"),
+        access_token: Secret::new(access),
+        token_type: "Bearer".into(),
+        expires_at: Some(Timestamp::now().plus(Duration::from_secs(3600))),
+        refresh_token: Some(Secret::new(refresh)),
+        scopes: vec!["mcp:tools".into()],
+        client: ClientRegistration {
+            client_id: format!("client-of-{issuer}"),
+            client_secret: Some(Secret::new("client-secret")),
+            metadata_url: None,
+            token_endpoint_auth_method: Some("client_secret_basic".into()),
+        },
+        server_metadata: Some(serde_json::json!({"issuer": issuer})),
+        obtained_at: Timestamp::now(),
+    }
+}
+
+/// Profile, session and `InitializeResult` round-trip exactly.
+pub async fn client_state_roundtrip(f: &dyn KvFixture) {
+    let store = ClientStateStore::new(f.open_kv().await);
+    let key = server("/mcp");
+    assert!(store.profile(&key).await.expect("profile").is_none());
+    assert!(store.session(&key).await.expect("session").is_none());
+
+    let profile = ServerProfile {
+        era: ProtocolEra::Modern,
+        protocol_version: ProtocolVersion::new("2026-07-28").expect("version"),
+        verdict_at: Timestamp::now(),
+        discover: Some(DiscoverCache {
+            result: serde_json::json!({"supportedVersions": ["2026-07-28"]}),
+            fetched_at: Timestamp::now(),
+            ttl_ms: 60_000,
+            cache_scope: Some("shared".into()),
+        }),
+    };
+    store
+        .save_profile(&key, &profile)
+        .await
+        .expect("save profile");
+    let session = legacy_session("sess-roundtrip");
+    store
+        .save_session(&key, &session, PutMode::Create)
+        .await
+        .expect("save session");
+
+    // A reopened store, as after a restart.
+    let store = ClientStateStore::new(f.open_kv().await);
+    assert_eq!(store.profile(&key).await.expect("profile"), Some(profile));
+    let stored = store
+        .session(&key)
+        .await
+        .expect("session")
+        .expect("present");
+    assert_eq!(stored.record, session);
+    assert_eq!(
+        stored.record.initialize_result["instructions"],
+        "Be kind. ✓"
+    );
+
+    // A second initialize racing the first does not overwrite it.
+    let err = store
+        .save_session(&key, &legacy_session("sess-other"), PutMode::Create)
+        .await
+        .expect_err("second create");
+    assert!(matches!(err, Error::AlreadyExists { .. }), "got {err:?}");
+
+    store.forget_session(&key).await.expect("forget");
+    assert!(store.session(&key).await.expect("session").is_none());
+}
+
+/// State recorded for one endpoint or profile is never seen under another.
+pub async fn client_state_is_per_server_key(f: &dyn KvFixture) {
+    let store = ClientStateStore::new(f.open_kv().await);
+    let a = server("/a");
+    let a_sub = server("/a/b");
+    let a_other_profile = ServerKey::new("https://mcp.example.com/a", "second").expect("key");
+    store
+        .save_session(&a, &legacy_session("sess-a"), PutMode::Create)
+        .await
+        .expect("save");
+    assert!(store.session(&a_sub).await.expect("session").is_none());
+    assert!(
+        store
+            .session(&a_other_profile)
+            .await
+            .expect("session")
+            .is_none()
+    );
+    // Spellings of the same URL share state.
+    let a_spelled = ServerKey::new("HTTPS://MCP.example.com:443/a/", "default").expect("key");
+    assert_eq!(
+        store
+            .session(&a_spelled)
+            .await
+            .expect("session")
+            .expect("present")
+            .record
+            .session_id
+            .as_str(),
+        "sess-a"
+    );
+    // Journals of one server do not show under a server whose URL extends it.
+    let sid = SessionId::new("sess-a").expect("id");
+    store
+        .record_inflight(&a, &sid, &inflight(1, "tools/call"))
+        .await
+        .expect("journal");
+    assert!(
+        store
+            .inflight(&a_sub, &sid)
+            .await
+            .expect("inflight")
+            .is_empty()
+    );
+    assert_eq!(store.inflight(&a, &sid).await.expect("inflight").len(), 1);
+}
+
+fn inflight(id: i64, method: &str) -> InFlightRequest {
+    InFlightRequest {
+        id: RequestId::Number(id),
+        method: method.into(),
+        params: Some(serde_json::json!({"name": "slow", "arguments": {"n": id}})),
+        last_event_id: None,
+        task_id: None,
+        sent_at: Timestamp::now(),
+    }
+}
+
+/// Request ids reserved before a reopen are never handed out again, also
+/// when several holders reserve at once.
+pub async fn request_ids_continue_across_reopen(f: &dyn KvFixture) {
+    let key = server("/ids");
+    let first = {
+        let store = ClientStateStore::new(f.open_kv().await);
+        store
+            .save_session(&key, &legacy_session("sess-ids"), PutMode::Create)
+            .await
+            .expect("save");
+        store.reserve_request_ids(&key, 10).await.expect("reserve")
+    };
+    assert_eq!(first, 0..10);
+    let store = ClientStateStore::new(f.open_kv().await);
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let store = store.clone();
+        let key = key.clone();
+        handles.push(tokio::spawn(async move {
+            let mut ranges = Vec::new();
+            for _ in 0..5 {
+                ranges.push(store.reserve_request_ids(&key, 10).await.expect("reserve"));
+            }
+            ranges
+        }));
+    }
+    let mut ranges = vec![first];
+    for h in handles {
+        ranges.extend(h.await.expect("task"));
+    }
+    ranges.sort_by_key(|r| r.start);
+    for pair in ranges.windows(2) {
+        assert!(
+            pair[0].end <= pair[1].start,
+            "overlapping id ranges {:?}",
+            pair
+        );
+    }
+    assert_eq!(ranges.last().expect("ranges").end, 210);
+    // Without a stored session there is nothing to number.
+    let err = store
+        .reserve_request_ids(&server("/none"), 1)
+        .await
+        .expect_err("no session");
+    assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
+}
+
+/// The in-flight journal keeps requests until completed, with cursors.
+pub async fn inflight_journal_roundtrip(f: &dyn KvFixture) {
+    let store = ClientStateStore::new(f.open_kv().await);
+    let key = server("/journal");
+    let sid = SessionId::new("sess-journal").expect("id");
+    store
+        .save_session(&key, &legacy_session("sess-journal"), PutMode::Create)
+        .await
+        .expect("save");
+    for id in 1..=3 {
+        store
+            .record_inflight(&key, &sid, &inflight(id, "tools/call"))
+            .await
+            .expect("journal");
+    }
+    let mut with_cursor = inflight(2, "tools/call");
+    with_cursor.last_event_id = Some("cursor-2".into());
+    store
+        .record_inflight(&key, &sid, &with_cursor)
+        .await
+        .expect("update");
+    let mut string_id = inflight(0, "resources/read");
+    string_id.id = RequestId::String("req/with/slashes".into());
+    store
+        .record_inflight(&key, &sid, &string_id)
+        .await
+        .expect("journal");
+    store
+        .complete_inflight(&key, &sid, &RequestId::Number(1))
+        .await
+        .expect("complete");
+
+    let store = ClientStateStore::new(f.open_kv().await);
+    let left = store.inflight(&key, &sid).await.expect("inflight");
+    let ids: Vec<RequestId> = left.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(left.len(), 3, "{ids:?}");
+    assert!(ids.contains(&RequestId::Number(2)) && ids.contains(&RequestId::Number(3)));
+    assert!(ids.contains(&RequestId::String("req/with/slashes".into())));
+    let two = left
+        .iter()
+        .find(|r| r.id == RequestId::Number(2))
+        .expect("2");
+    assert_eq!(two.last_event_id.as_deref(), Some("cursor-2"));
+    assert_eq!(two.params, with_cursor.params);
+    // Forgetting the session clears its journal.
+    store.forget_session(&key).await.expect("forget");
+    assert!(
+        store
+            .inflight(&key, &sid)
+            .await
+            .expect("inflight")
+            .is_empty()
+    );
+}
+
+/// Credentials round-trip with their secrets, and one issuer never sees
+/// another issuer's credentials for the same resource.
+pub async fn credentials_roundtrip_and_issuer_isolation(f: &dyn KvFixture) {
+    let store = CredentialStore::new(f.open_kv().await);
+    let creds = credentials("https://as-one.example", "access-1", "refresh-1");
+    store.save(&creds).await.expect("save");
+    let store = CredentialStore::new(f.open_kv().await);
+    let loaded = store
+        .load(&creds.key)
+        .await
+        .expect("load")
+        .expect("present");
+    assert_eq!(loaded.record, creds);
+    assert_eq!(
+        loaded
+            .record
+            .refresh_token
+            .as_ref()
+            .map(Secret::expose_secret),
+        Some("refresh-1")
+    );
+    let other =
+        CredentialKey::new("https://as-two.example", "https://mcp.example.com/mcp").expect("key");
+    assert!(
+        store.load(&other).await.expect("load").is_none(),
+        "issuer isolation broken"
+    );
+    let same_resource_spelled =
+        CredentialKey::new("https://as-one.example", "HTTPS://mcp.example.com/mcp/").expect("key");
+    assert!(
+        store
+            .load(&same_resource_spelled)
+            .await
+            .expect("load")
+            .is_some()
+    );
+    store.delete(&creds.key).await.expect("delete");
+    assert!(store.load(&creds.key).await.expect("load").is_none());
+}
+
+/// Two refreshers that read the same credential race to store their
+/// rotated tokens: exactly one wins, the loser gets `Conflict`, and the
+/// winner's token is what stays.
+pub async fn refresh_rotation_race_newer_token_wins(f: &dyn KvFixture) {
+    let store = CredentialStore::new(f.open_kv().await);
+    let creds = credentials("https://as.example", "access-0", "refresh-0");
+    let v0 = store.save(&creds).await.expect("save");
+    let mut handles = Vec::new();
+    for i in 1..=2 {
+        let store = CredentialStore::new(f.open_kv().await);
+        let mut fresh = creds.clone();
+        fresh.access_token = Secret::new(format!("access-{i}"));
+        fresh.refresh_token = Some(Secret::new(format!("refresh-{i}")));
+        handles.push(tokio::spawn(
+            async move { (i, store.replace(&fresh, v0).await) },
+        ));
+    }
+    let mut winners = Vec::new();
+    for h in handles {
+        match h.await.expect("task") {
+            (i, Ok(_)) => winners.push(i),
+            (_, Err(Error::Conflict { .. })) => {}
+            (_, Err(e)) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one rotation must win");
+    let stored = store
+        .load(&creds.key)
+        .await
+        .expect("load")
+        .expect("present");
+    assert_eq!(
+        stored
+            .record
+            .refresh_token
+            .as_ref()
+            .map(Secret::expose_secret),
+        Some(format!("refresh-{}", winners[0]).as_str()),
+        "the winner's rotated token must be the stored one"
+    );
+    assert!(stored.version > v0);
+}
+
+/// Four holders refreshing the same credential at once through
+/// [`CredentialStore::refresh`]: the refresh function runs exactly once, and
+/// every holder ends with the new token.
+pub async fn refresh_lease_has_one_holder(f: &dyn KvFixture) {
+    let store = CredentialStore::new(f.open_kv().await);
+    let creds = credentials("https://as.example", "old-access", "old-refresh");
+    let seen = store.save(&creds).await.expect("save");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let store = CredentialStore::new(f.open_kv().await);
+        let calls = Arc::clone(&calls);
+        let key = creds.key.clone();
+        handles.push(tokio::spawn(async move {
+            store
+                .refresh(&key, seen, Duration::from_secs(20), |old| async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(
+                        old.refresh_token.as_ref().map(Secret::expose_secret),
+                        Some("old-refresh")
+                    );
+                    // Hold the lease a moment, as a network round trip would.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let mut fresh = old;
+                    fresh.access_token = Secret::new("new-access");
+                    fresh.refresh_token = Some(Secret::new("new-refresh"));
+                    Ok(fresh)
+                })
+                .await
+                .expect("refresh")
+        }));
+    }
+    let mut refreshed_here = 0;
+    for h in handles {
+        let outcome = h.await.expect("task");
+        if matches!(outcome, RefreshOutcome::Refreshed(_)) {
+            refreshed_here += 1;
+        }
+        let stored = outcome.into_stored();
+        assert_eq!(stored.record.access_token.expose_secret(), "new-access");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the refresh token was spent more than once"
+    );
+    assert_eq!(refreshed_here, 1);
+    // A failed refresh leaves the credential as it was and frees the lease.
+    let current = store
+        .load(&creds.key)
+        .await
+        .expect("load")
+        .expect("present");
+    let err = store
+        .refresh(
+            &creds.key,
+            current.version,
+            Duration::from_secs(5),
+            |_| async { Err::<Credentials, _>("invalid_grant".into()) },
+        )
+        .await
+        .expect_err("refresh must fail");
+    assert!(matches!(err, Error::Refresh { .. }), "got {err:?}");
+    assert!(
+        store
+            .try_lease(&creds.key, Duration::from_secs(5))
+            .await
+            .expect("lease")
+            .is_some()
+    );
+    assert_eq!(
+        store
+            .load(&creds.key)
+            .await
+            .expect("load")
+            .expect("present")
+            .version,
+        current.version
+    );
+}
+
+/// A pending authorization is taken exactly once, and expires.
+pub async fn pending_authorization_taken_once(f: &dyn KvFixture) {
+    let store = CredentialStore::new(f.open_kv().await);
+    let pending = PendingAuthorization {
+        pkce_verifier: Secret::new("verifier-abc"),
+        state: Secret::new("state-123"),
+        expected_issuer: "https://as.example".into(),
+        resource: "https://mcp.example.com/mcp".into(),
+        redirect_uri: Some("http://127.0.0.1:9/callback".into()),
+        extra: None,
+        created_at: Timestamp::now(),
+    };
+    store
+        .save_pending(&pending, Duration::from_secs(600))
+        .await
+        .expect("save");
+    // The key never holds the state text.
+    let kv = f.open_kv().await;
+    for key in kv.list("cred/pending/").await.expect("list") {
+        assert!(
+            !key.contains("state-123"),
+            "state value used as a key: {key}"
+        );
+    }
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let store = CredentialStore::new(f.open_kv().await);
+        handles.push(tokio::spawn(async move {
+            store.take_pending("state-123").await.expect("take")
+        }));
+    }
+    let mut taken = 0;
+    for h in handles {
+        if let Some(p) = h.await.expect("task") {
+            assert_eq!(p, pending);
+            taken += 1;
+        }
+    }
+    assert_eq!(taken, 1, "a pending authorization must be used once");
+    assert!(
+        store
+            .take_pending("state-123")
+            .await
+            .expect("take")
+            .is_none()
+    );
+    let mut short = pending.clone();
+    short.state = Secret::new("state-short");
+    store
+        .save_pending(&short, Duration::from_millis(150))
+        .await
+        .expect("save");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        store
+            .peek_pending("state-short")
+            .await
+            .expect("peek")
+            .is_none(),
+        "expired pending returned"
+    );
+}
+
+/// Server sessions round-trip, cannot be created twice, expire when idle and
+/// stay alive while touched.
+pub async fn server_session_roundtrip(f: &dyn KvFixture) {
+    let store = SessionStore::new(f.open_kv().await, Duration::from_secs(600));
+    let session = ServerSession {
+        session_id: SessionId::new("srv-1").expect("id"),
+        initialize_params: serde_json::json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"sampling": {}},
+            "clientInfo": {"name": "c", "version": "1"},
+        }),
+        principal: Some("user-42".into()),
+        created_at: Timestamp::now(),
+        last_seen: Timestamp::now(),
+    };
+    store.create(&session).await.expect("create");
+    let err = store.create(&session).await.expect_err("duplicate");
+    assert!(matches!(err, Error::AlreadyExists { .. }), "got {err:?}");
+    let other_instance = SessionStore::new(f.open_kv().await, Duration::from_secs(600));
+    assert_eq!(
+        other_instance
+            .load(&session.session_id)
+            .await
+            .expect("load"),
+        Some(session.clone())
+    );
+    assert!(
+        other_instance
+            .touch(&session.session_id)
+            .await
+            .expect("touch")
+    );
+    other_instance
+        .delete(&session.session_id)
+        .await
+        .expect("delete");
+    assert!(
+        store
+            .load(&session.session_id)
+            .await
+            .expect("load")
+            .is_none()
+    );
+    assert!(
+        !store
+            .touch(&SessionId::new("srv-unknown").expect("id"))
+            .await
+            .expect("touch")
+    );
+
+    let idle = SessionStore::new(f.open_kv().await, Duration::from_millis(300));
+    let mut short = session.clone();
+    short.session_id = SessionId::new("srv-idle").expect("id");
+    idle.create(&short).await.expect("create");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        idle.load(&short.session_id).await.expect("load").is_none(),
+        "idle session not expired"
+    );
+}
+
+/// A record written by a newer schema is `NewerSchema` through every typed
+/// store, and is left untouched.
+pub async fn newer_schema_is_typed_error(f: &dyn KvFixture) {
+    let kv = f.open_kv().await;
+    let store = ClientStateStore::new(kv.clone());
+    let key = server("/future");
+    store
+        .save_session(&key, &legacy_session("sess-future"), PutMode::Create)
+        .await
+        .expect("save");
+    let raw_key = kv
+        .list("client/session/")
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|k| k.contains("future"))
+        .expect("key");
+    let mut envelope: serde_json::Value =
+        serde_json::from_slice(&kv.get(&raw_key).await.expect("get").expect("present").value)
+            .expect("json");
+    envelope["schema"] = serde_json::json!(2);
+    envelope["record"]["field_from_the_future"] = serde_json::json!(true);
+    let future = serde_json::to_vec(&envelope).expect("json");
+    kv.put(&raw_key, future.clone(), PutMode::Overwrite, None)
+        .await
+        .expect("put");
+
+    let err = store
+        .session(&key)
+        .await
+        .expect_err("newer schema must not load");
+    assert!(
+        matches!(
+            err,
+            Error::NewerSchema {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ),
+        "got {err:?}"
+    );
+    // A compare-and-swap update refuses too, and the record stays as written.
+    assert!(store.reserve_request_ids(&key, 1).await.is_err());
+    assert_eq!(
+        kv.get(&raw_key).await.expect("get").expect("present").value,
+        future
+    );
+}
+
+/// Garbage and truncated records are `Corrupt` naming the key; other keys
+/// still read.
+pub async fn corrupt_record_is_typed_error(f: &dyn KvFixture) {
+    let kv = f.open_kv().await;
+    let store = ClientStateStore::new(kv.clone());
+    let good = server("/good");
+    let bad = server("/bad");
+    store
+        .save_session(&good, &legacy_session("sess-good"), PutMode::Create)
+        .await
+        .expect("save");
+    store
+        .save_session(&bad, &legacy_session("sess-bad"), PutMode::Create)
+        .await
+        .expect("save");
+    let raw_key = kv
+        .list("client/session/")
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|k| k.contains("bad"))
+        .expect("key");
+    let bytes = encode(&legacy_session("sess-bad")).expect("encode");
+    for broken in [
+        bytes[..bytes.len() / 2].to_vec(),
+        b"\xff\xfe garbage".to_vec(),
+    ] {
+        kv.put(&raw_key, broken, PutMode::Overwrite, None)
+            .await
+            .expect("put");
+        let err = store
+            .session(&bad)
+            .await
+            .expect_err("corrupt must not load");
+        assert!(
+            matches!(err, Error::Corrupt { ref key, .. } if *key == raw_key),
+            "got {err:?}"
+        );
+        assert!(
+            store
+                .session(&good)
+                .await
+                .expect("good still reads")
+                .is_some()
+        );
+    }
+}
+
+fn event_store(kv: Arc<dyn crate::KvStore>, log: Arc<dyn crate::LogStore>) -> EventStore {
+    EventStore::new(
+        kv,
+        log,
+        EventStoreConfig::new(Duration::from_secs(600), 1000),
+    )
+}
+
+/// Events replay after an id with their original ids, in order.
+pub async fn event_replay_roundtrip(f: &dyn LogFixture) {
+    let store = event_store(f.open_kv().await, f.open_log().await);
+    let sid = SessionId::new("sess-ev").expect("id");
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        ids.push(
+            store
+                .append("s1", Some(&sid), &serde_json::json!({"n": n}))
+                .await
+                .expect("append"),
+        );
+    }
+    let replayed = store
+        .replay_after(&ids[3].to_string(), Some(&sid))
+        .await
+        .expect("replay");
+    assert_eq!(
+        replayed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        ids[4..].to_vec()
+    );
+    assert_eq!(replayed[0].payload, serde_json::json!({"n": 4}));
+    assert!(
+        store
+            .replay_after(&ids[9].to_string(), Some(&sid))
+            .await
+            .expect("replay")
+            .is_empty()
+    );
+    // Ids are distinct strings, and all carry the stream's token.
+    let texts: std::collections::HashSet<String> = ids.iter().map(ToString::to_string).collect();
+    assert_eq!(texts.len(), ids.len());
+}
+
+/// Interleaved streams never leak into each other's replay, and one
+/// stream's id cannot be rewritten to read another.
+pub async fn event_replay_never_crosses_streams(f: &dyn LogFixture) {
+    let store = event_store(f.open_kv().await, f.open_log().await);
+    let a_sess = SessionId::new("sess-a").expect("id");
+    let b_sess = SessionId::new("sess-b").expect("id");
+    let mut a_ids = Vec::new();
+    let mut b_ids = Vec::new();
+    for n in 0..5 {
+        a_ids.push(
+            store
+                .append("a", Some(&a_sess), &serde_json::json!({"a": n}))
+                .await
+                .expect("append"),
+        );
+        b_ids.push(
+            store
+                .append("b", Some(&b_sess), &serde_json::json!({"b": n}))
+                .await
+                .expect("append"),
+        );
+    }
+    let replayed = store
+        .replay_after(&a_ids[0].to_string(), Some(&a_sess))
+        .await
+        .expect("replay");
+    assert_eq!(replayed.len(), 4);
+    assert!(
+        replayed
+            .iter()
+            .all(|e| e.id.stream() == "a" && e.payload.get("a").is_some())
+    );
+    // Rewriting the stream part of a's id to b's keeps a's token: refused.
+    let forged = format!("{}-{}-b", &a_ids[0].to_string()[..32], b_ids[0].seq());
+    let err = store
+        .replay_after(&forged, Some(&b_sess))
+        .await
+        .expect_err("forged id");
+    assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
+    // b's genuine id asked for under a's session: refused, says so.
+    let err = store
+        .replay_after(&b_ids[0].to_string(), Some(&a_sess))
+        .await
+        .expect_err("other session");
+    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
+}
+
+/// Another instance (a reopened store) replays and tails what the first
+/// one wrote.
+pub async fn event_replay_after_reopen(f: &dyn LogFixture) {
+    let writer = event_store(f.open_kv().await, f.open_log().await);
+    let first = writer
+        .append("tail", None, &serde_json::json!(1))
+        .await
+        .expect("append");
+    let second = writer
+        .append("tail", None, &serde_json::json!(2))
+        .await
+        .expect("append");
+    let reader = event_store(f.open_kv().await, f.open_log().await);
+    let replayed = reader
+        .replay_after(&first.to_string(), None)
+        .await
+        .expect("replay");
+    assert_eq!(
+        replayed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        vec![second.clone()]
+    );
+    let tail = tokio::spawn({
+        let reader = reader.clone();
+        let second = second.clone();
+        async move {
+            reader
+                .tail(&second, Duration::from_secs(10))
+                .await
+                .expect("tail")
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = writer
+        .append("tail", None, &serde_json::json!(3))
+        .await
+        .expect("append");
+    let got = tokio::time::timeout(Duration::from_secs(10), tail)
+        .await
+        .expect("tail returned")
+        .expect("task");
+    assert_eq!(
+        got.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        vec![third]
+    );
+}
+
+/// Malformed, unknown and forged event ids are refused with typed errors.
+pub async fn forged_event_id_is_rejected(f: &dyn LogFixture) {
+    let store = event_store(f.open_kv().await, f.open_log().await);
+    let id = store
+        .append("s", None, &serde_json::json!(null))
+        .await
+        .expect("append");
+    let with_space = format!("{}-1-has space", &id.to_string()[..32]);
+    for malformed in ["", "garbage", "1-2-3", with_space.as_str()] {
+        let err = store
+            .replay_after(malformed, None)
+            .await
+            .expect_err("malformed");
+        assert!(
+            matches!(err, Error::InvalidInput { .. }),
+            "{malformed:?}: {err:?}"
+        );
+    }
+    let text = id.to_string();
+    let flipped = format!(
+        "{}{}",
+        if text.starts_with('0') { '1' } else { '0' },
+        &text[1..]
+    );
+    let err = store
+        .replay_after(&flipped, None)
+        .await
+        .expect_err("wrong token");
+    assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
+    let unknown = format!("{}-1-never-written", &text[..32]);
+    let err = store
+        .replay_after(&unknown, None)
+        .await
+        .expect_err("unknown stream");
+    assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
+}

@@ -35,7 +35,10 @@ impl std::fmt::Debug for Stores {
             .field("client_state", &self.client_state.backend_name())
             .field("credentials", &self.credentials.backend_name())
             .field("sessions", &self.sessions.backend_name())
-            .field("events", &self.events.as_ref().map(|(_, l)| l.backend_name()))
+            .field(
+                "events",
+                &self.events.as_ref().map(|(_, l)| l.backend_name()),
+            )
             .finish()
     }
 }

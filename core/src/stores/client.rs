@@ -32,7 +32,11 @@ impl std::fmt::Debug for ClientStateStore {
 }
 
 fn server_part(server: &ServerKey) -> String {
-    format!("{}/{}", component(server.profile()), component(server.endpoint()))
+    format!(
+        "{}/{}",
+        component(server.profile()),
+        component(server.endpoint())
+    )
 }
 
 impl ClientStateStore {
@@ -74,7 +78,14 @@ impl ClientStateStore {
 
     /// Stores the profile of `server`, replacing any earlier one.
     pub async fn save_profile(&self, server: &ServerKey, profile: &ServerProfile) -> Result<()> {
-        write(&*self.kv, &Self::profile_key(server), profile, PutMode::Overwrite, None).await?;
+        write(
+            &*self.kv,
+            &Self::profile_key(server),
+            profile,
+            PutMode::Overwrite,
+            None,
+        )
+        .await?;
         debug!(server = %server, era = ?profile.era, version = %profile.protocol_version, "stored server profile");
         Ok(())
     }
@@ -111,7 +122,11 @@ impl ClientStateStore {
     ) -> Result<Option<LegacySession>> {
         let key = Self::session_key(server);
         for _ in 0..CAS_ATTEMPTS {
-            let Some(Stored { mut record, version }) = self.session(server).await? else {
+            let Some(Stored {
+                mut record,
+                version,
+            }) = self.session(server).await?
+            else {
                 return Ok(None);
             };
             change(&mut record);
@@ -193,7 +208,11 @@ impl ClientStateStore {
         session: &SessionId,
     ) -> Result<Vec<InFlightRequest>> {
         let mut out = Vec::new();
-        for key in self.kv.list(&Self::inflight_prefix(server, session)).await? {
+        for key in self
+            .kv
+            .list(&Self::inflight_prefix(server, session))
+            .await?
+        {
             if let Some(stored) = read::<InFlightRequest>(&*self.kv, &key).await? {
                 out.push(stored.record);
             }

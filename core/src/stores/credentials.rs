@@ -141,7 +141,11 @@ impl CredentialStore {
 
     /// Tries to take the refresh lease of `key` for `ttl`. `None` when another
     /// holder has it.
-    pub async fn try_lease(&self, key: &CredentialKey, ttl: Duration) -> Result<Option<RefreshLease>> {
+    pub async fn try_lease(
+        &self,
+        key: &CredentialKey,
+        ttl: Duration,
+    ) -> Result<Option<RefreshLease>> {
         let lease_key = Self::lease_key(key);
         let record = LeaseRecord {
             holder: hex(&random_token()?),
@@ -196,7 +200,10 @@ impl CredentialStore {
         loop {
             let current = self.load(key).await?.ok_or_else(|| Error::NotFound {
                 what: "credentials",
-                detail: Some(format!("none stored for issuer {} and resource {}", key.issuer, key.resource)),
+                detail: Some(format!(
+                    "none stored for issuer {} and resource {}",
+                    key.issuer, key.resource
+                )),
             })?;
             if current.version != seen {
                 debug!(issuer = %key.issuer, "credential already refreshed by another holder");
@@ -212,7 +219,10 @@ impl CredentialStore {
                     }
                     None => {
                         self.release(lease).await?;
-                        return Err(Error::NotFound { what: "credentials", detail: None });
+                        return Err(Error::NotFound {
+                            what: "credentials",
+                            detail: None,
+                        });
                     }
                 };
                 let result = refresh_fn(current.record).await;
@@ -220,7 +230,10 @@ impl CredentialStore {
                     Ok(fresh) => match self.replace(&fresh, seen).await {
                         Ok(version) => {
                             info!(issuer = %key.issuer, resource = %key.resource, "refreshed credential and stored the rotated token");
-                            Ok(RefreshOutcome::Refreshed(Stored { record: fresh, version }))
+                            Ok(RefreshOutcome::Refreshed(Stored {
+                                record: fresh,
+                                version,
+                            }))
                         }
                         Err(e) => Err(e),
                     },

@@ -115,7 +115,11 @@ impl EventStore {
     }
 
     fn cached(&self, stream: &str) -> Option<StreamCache> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).get(stream).copied()
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(stream)
+            .copied()
     }
 
     fn cache(&self, stream: &str, entry: StreamCache) {
@@ -127,10 +131,10 @@ impl EventStore {
 
     async fn stream_token(&self, stream: &str, session: Option<&SessionId>) -> Result<[u8; 16]> {
         let now = tokio::time::Instant::now();
-        if let Some(c) = self.cached(stream) {
-            if now.duration_since(c.meta_refreshed) < self.config.retention / 4 {
-                return Ok(c.token);
-            }
+        if let Some(c) = self.cached(stream)
+            && now.duration_since(c.meta_refreshed) < self.config.retention / 4
+        {
+            return Ok(c.token);
         }
         let key = meta_key(stream);
         for _ in 0..8 {
@@ -138,12 +142,27 @@ impl EventStore {
                 Some(Stored { record, version }) => {
                     let token = parse_token(&key, &record.token)?;
                     // Refresh the metadata's TTL along with the log's.
-                    match write(&*self.kv, &key, &record, PutMode::Update(version), Some(self.meta_ttl())).await {
+                    match write(
+                        &*self.kv,
+                        &key,
+                        &record,
+                        PutMode::Update(version),
+                        Some(self.meta_ttl()),
+                    )
+                    .await
+                    {
                         Ok(_) | Err(Error::Conflict { .. }) => {}
                         Err(e) => return Err(e),
                     }
                     let appends = self.cached(stream).map_or(0, |c| c.appends_since_trim);
-                    self.cache(stream, StreamCache { token, meta_refreshed: now, appends_since_trim: appends });
+                    self.cache(
+                        stream,
+                        StreamCache {
+                            token,
+                            meta_refreshed: now,
+                            appends_since_trim: appends,
+                        },
+                    );
                     return Ok(token);
                 }
                 None => {
@@ -154,10 +173,25 @@ impl EventStore {
                         created_at: Timestamp::now(),
                         dropped_through: 0,
                     };
-                    match write(&*self.kv, &key, &meta, PutMode::Create, Some(self.meta_ttl())).await {
+                    match write(
+                        &*self.kv,
+                        &key,
+                        &meta,
+                        PutMode::Create,
+                        Some(self.meta_ttl()),
+                    )
+                    .await
+                    {
                         Ok(_) => {
                             debug!(stream, "new event stream");
-                            self.cache(stream, StreamCache { token, meta_refreshed: now, appends_since_trim: 0 });
+                            self.cache(
+                                stream,
+                                StreamCache {
+                                    token,
+                                    meta_refreshed: now,
+                                    appends_since_trim: 0,
+                                },
+                            );
                             return Ok(token);
                         }
                         Err(Error::AlreadyExists { .. }) => continue,
@@ -179,13 +213,18 @@ impl EventStore {
     ) -> Result<EventId> {
         crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
         let token = self.stream_token(stream, session).await?;
-        let data = encode(&EventRecord { payload: payload.clone() })?;
+        let data = encode(&EventRecord {
+            payload: payload.clone(),
+        })?;
         let seqs = self
             .log
             .append(&log_name(stream), vec![data], Some(self.config.retention))
             .await?;
         let seq = *seqs.first().ok_or_else(|| {
-            Error::backend(self.log.backend_name(), "append returned no sequence number")
+            Error::backend(
+                self.log.backend_name(),
+                "append returned no sequence number",
+            )
         })?;
         self.after_append(stream).await;
         Ok(EventId::new(token, seq, stream))
@@ -194,7 +233,9 @@ impl EventStore {
     async fn after_append(&self, stream: &str) {
         let due = {
             let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(c) = streams.get_mut(stream) else { return };
+            let Some(c) = streams.get_mut(stream) else {
+                return;
+            };
             c.appends_since_trim += 1;
             if c.appends_since_trim >= (self.config.max_events_per_stream / 2).max(1) {
                 c.appends_since_trim = 0;
@@ -203,10 +244,8 @@ impl EventStore {
                 false
             }
         };
-        if due {
-            if let Err(e) = self.enforce_length(stream).await {
-                warn!(stream, error = %e, "could not trim event stream to its retention length");
-            }
+        if due && let Err(e) = self.enforce_length(stream).await {
+            warn!(stream, error = %e, "could not trim event stream to its retention length");
         }
     }
 
@@ -222,11 +261,23 @@ impl EventStore {
         // Record the bound before dropping, so a replay never silently skips.
         let key = meta_key(stream);
         for _ in 0..8 {
-            let Some(Stored { mut record, version }) = read::<StreamMeta>(&*self.kv, &key).await? else {
+            let Some(Stored {
+                mut record,
+                version,
+            }) = read::<StreamMeta>(&*self.kv, &key).await?
+            else {
                 return Ok(());
             };
             record.dropped_through = record.dropped_through.max(last_dropped);
-            match write(&*self.kv, &key, &record, PutMode::Update(version), Some(self.meta_ttl())).await {
+            match write(
+                &*self.kv,
+                &key,
+                &record,
+                PutMode::Update(version),
+                Some(self.meta_ttl()),
+            )
+            .await
+            {
                 Ok(_) => break,
                 Err(Error::Conflict { .. }) => continue,
                 Err(e) => return Err(e),
@@ -258,12 +309,20 @@ impl EventStore {
             return Err(unknown());
         };
         if parse_token(&key, &meta.token)? != *id.token() {
-            warn!(stream = id.stream(), "event id with a wrong token: forged or from an expired stream");
+            warn!(
+                stream = id.stream(),
+                "event id with a wrong token: forged or from an expired stream"
+            );
             return Err(unknown());
         }
-        if let (Some(owner), Some(asker)) = (&meta.session, session) {
-            if owner != asker {
-                return Err(Error::invalid("event id", "it names a stream of another session"));
+        if let (Some(owner), Some(asker)) = (&meta.session, session)
+            && owner != asker
+        {
+            {
+                return Err(Error::invalid(
+                    "event id",
+                    "it names a stream of another session",
+                ));
             }
         }
         if id.seq() < meta.dropped_through {
@@ -277,10 +336,19 @@ impl EventStore {
 
     /// Every stored event of the id's stream after `last_event_id`, in order,
     /// with original ids, after the same checks as [`check`](EventStore::check).
-    pub async fn replay_after(&self, last_event_id: &str, session: Option<&SessionId>) -> Result<Vec<StoredEvent>> {
+    pub async fn replay_after(
+        &self,
+        last_event_id: &str,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<StoredEvent>> {
         let id = self.check(last_event_id, session).await?;
         let events = self.read_after(&id, usize::MAX).await?;
-        debug!(stream = id.stream(), after = id.seq(), replayed = events.len(), "replayed events");
+        debug!(
+            stream = id.stream(),
+            after = id.seq(),
+            replayed = events.len(),
+            "replayed events"
+        );
         Ok(events)
     }
 
@@ -290,7 +358,12 @@ impl EventStore {
         self.to_events(id, &name, records)
     }
 
-    fn to_events(&self, id: &EventId, name: &str, records: Vec<crate::LogRecord>) -> Result<Vec<StoredEvent>> {
+    fn to_events(
+        &self,
+        id: &EventId,
+        name: &str,
+        records: Vec<crate::LogRecord>,
+    ) -> Result<Vec<StoredEvent>> {
         records
             .into_iter()
             .map(|r| {
@@ -309,13 +382,19 @@ impl EventStore {
     /// none came.
     pub async fn tail(&self, after: &EventId, timeout: Duration) -> Result<Vec<StoredEvent>> {
         let name = log_name(after.stream());
-        let records = self.log.wait_after(&name, after.seq(), 1024, timeout).await?;
+        let records = self
+            .log
+            .wait_after(&name, after.seq(), 1024, timeout)
+            .await?;
         self.to_events(after, &name, records)
     }
 
     /// Deletes a stream and its events.
     pub async fn delete_stream(&self, stream: &str) -> Result<()> {
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(stream);
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(stream);
         self.log.delete(&log_name(stream)).await?;
         self.kv.delete(&meta_key(stream), None).await?;
         Ok(())

@@ -60,14 +60,28 @@ impl SessionStore {
 
     /// Stores a new session; [`Error::AlreadyExists`] if the id is taken.
     pub async fn create(&self, session: &ServerSession) -> Result<()> {
-        write(&*self.kv, &Self::key(&session.session_id), session, PutMode::Create, Some(self.idle_ttl)).await?;
+        write(
+            &*self.kv,
+            &Self::key(&session.session_id),
+            session,
+            PutMode::Create,
+            Some(self.idle_ttl),
+        )
+        .await?;
         debug!(session = %session.session_id, "stored new server session");
         Ok(())
     }
 
     /// Stores `session`, replacing any earlier record of it.
     pub async fn save(&self, session: &ServerSession) -> Result<()> {
-        write(&*self.kv, &Self::key(&session.session_id), session, PutMode::Overwrite, Some(self.idle_ttl)).await?;
+        write(
+            &*self.kv,
+            &Self::key(&session.session_id),
+            session,
+            PutMode::Overwrite,
+            Some(self.idle_ttl),
+        )
+        .await?;
         Ok(())
     }
 
@@ -83,7 +97,10 @@ impl SessionStore {
         let now = tokio::time::Instant::now();
         {
             let mut last = self.last_touch.lock().unwrap_or_else(|p| p.into_inner());
-            if last.get(id).is_some_and(|t| now.duration_since(*t) < self.touch_interval) {
+            if last
+                .get(id)
+                .is_some_and(|t| now.duration_since(*t) < self.touch_interval)
+            {
                 return Ok(true);
             }
             last.insert(id.clone(), now);
@@ -96,7 +113,15 @@ impl SessionStore {
             };
             let mut session = stored.record;
             session.last_seen = Timestamp::now();
-            match write(&*self.kv, &key, &session, PutMode::Update(stored.version), Some(self.idle_ttl)).await {
+            match write(
+                &*self.kv,
+                &key,
+                &session,
+                PutMode::Update(stored.version),
+                Some(self.idle_ttl),
+            )
+            .await
+            {
                 Ok(_) => return Ok(true),
                 Err(Error::Conflict { .. }) => continue,
                 Err(e) => return Err(e),
@@ -106,7 +131,10 @@ impl SessionStore {
     }
 
     fn forget_touch(&self, id: &SessionId) {
-        self.last_touch.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.last_touch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     /// Deletes session `id` (the client sent DELETE, or the server ended it).
