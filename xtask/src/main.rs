@@ -1,1 +1,190 @@
-fn main() {}
+//! `cargo xtask`: the developer tasks of mcp-persist.
+//!
+//! * `cargo xtask test`: formatting, clippy, docs and every workspace test,
+//!   with the services they need started first. The one test command; CI
+//!   runs exactly this.
+//! * `cargo xtask bench`: every benchmark, each against a baseline measured
+//!   in the same run.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+mod redis;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("test") => test(&args[1..]),
+        Some("bench") => bench(&args[1..]),
+        Some("services") => services(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <command>\n\n\
+                 commands:\n  \
+                 test       fmt, clippy, docs and all tests, with services started (what CI runs)\n  \
+                 bench      benchmarks against same-run baselines (optionally: names to run)\n  \
+                 services   start the test services and print their environment, until Ctrl-C"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Whether we run under CI, where a missing service is a failure.
+pub(crate) fn under_ci() -> bool {
+    env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Where xtask keeps downloads and service folders (ignored by git).
+pub(crate) fn cache_dir() -> PathBuf {
+    root().join(".cache")
+}
+
+struct Step {
+    name: &'static str,
+    seconds: f64,
+    ok: bool,
+}
+
+fn run_step(steps: &mut Vec<Step>, name: &'static str, mut cmd: Command) -> bool {
+    println!("\n==> {name}");
+    let started = Instant::now();
+    let ok = cmd.status().map(|s| s.success()).unwrap_or_else(|e| {
+        eprintln!("could not start {name}: {e}");
+        false
+    });
+    steps.push(Step {
+        name,
+        seconds: started.elapsed().as_secs_f64(),
+        ok,
+    });
+    ok
+}
+
+fn test(_args: &[String]) -> Result<()> {
+    let mut steps = Vec::new();
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+    run_step(&mut steps, "cargo fmt --check", fmt);
+
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run_step(&mut steps, "cargo clippy -D warnings", clippy);
+
+    let mut doc = cargo();
+    doc.args(["doc", "--workspace", "--no-deps", "--all-features"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    run_step(&mut steps, "cargo doc (no broken links)", doc);
+
+    println!("\n==> starting services");
+    let redis = redis::start().context("starting Redis for the tests")?;
+
+    let mut tests = cargo();
+    tests.args(["test", "--workspace", "--all-features"]);
+    for (k, v) in redis.env() {
+        tests.env(k, v);
+    }
+    run_step(&mut steps, "cargo test --workspace", tests);
+    drop(redis);
+
+    println!("\n==> summary");
+    for s in &steps {
+        println!(
+            "  {:<4} {:<32} {:>7.1}s",
+            if s.ok { "ok" } else { "FAIL" },
+            s.name,
+            s.seconds
+        );
+    }
+    let failed: Vec<&str> = steps.iter().filter(|s| !s.ok).map(|s| s.name).collect();
+    if failed.is_empty() {
+        println!("all {} steps passed", steps.len());
+        Ok(())
+    } else {
+        bail!("failed: {}", failed.join(", "))
+    }
+}
+
+/// Benchmarks: each is an example program of its crate, built in release
+/// mode, that measures itself against a baseline in the same process.
+const BENCHES: &[(&str, &str, &str)] = &[
+    // (name, package, example)
+];
+
+fn bench(args: &[String]) -> Result<()> {
+    let redis = redis::start().context("starting Redis for the benchmarks")?;
+    let mut failed = Vec::new();
+    for (name, package, example) in BENCHES {
+        if !args.is_empty() && !args.iter().any(|a| a == name) {
+            continue;
+        }
+        println!("\n==> bench {name}");
+        let mut cmd = cargo();
+        cmd.args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            package,
+            "--example",
+            example,
+        ]);
+        for (k, v) in redis.env() {
+            cmd.env(k, v);
+        }
+        if !cmd.status().is_ok_and(|s| s.success()) {
+            failed.push(*name);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("benchmarks failed: {}", failed.join(", "))
+    }
+}
+
+fn services() -> Result<()> {
+    let redis = redis::start()?;
+    for (k, v) in redis.env() {
+        println!("export {k}={v}");
+    }
+    println!("# services running; press Ctrl-C to stop");
+    loop {
+        std::thread::park();
+    }
+}
