@@ -288,3 +288,20 @@ impl LogStore for MemoryStore {
         KvStore::sweep_expired(self).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both traits are object safe: stores are passed around as trait objects.
+    #[tokio::test]
+    async fn traits_are_object_safe() {
+        let store = MemoryStore::new();
+        let kv: Arc<dyn KvStore> = Arc::new(store.clone());
+        let log: Arc<dyn LogStore> = Arc::new(store);
+        kv.put("k", b"v".to_vec(), PutMode::Create, None).await.unwrap();
+        log.append("l", vec![b"r".to_vec()], None).await.unwrap();
+        assert_eq!(kv.get("k").await.unwrap().unwrap().value, b"v");
+        assert_eq!(log.read_after("l", 0, 1).await.unwrap()[0].data, b"r");
+    }
+}

@@ -13,6 +13,9 @@ use crate::{
     types::{EventId, SessionId, Timestamp, hex, random_token},
 };
 
+/// How many streams an instance caches the token of before pruning.
+const STREAM_CACHE_LIMIT: usize = 10_000;
+
 /// How long and how much of each SSE stream an [`EventStore`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -123,10 +126,15 @@ impl EventStore {
     }
 
     fn cache(&self, stream: &str, entry: StreamCache) {
-        self.streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(stream.to_owned(), entry);
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if streams.len() >= STREAM_CACHE_LIMIT {
+            // Streams quiet for a quarter of the retention are re-read on
+            // their next append; nothing is lost by forgetting them.
+            let fresh = self.config.retention / 4;
+            let now = tokio::time::Instant::now();
+            streams.retain(|_, c| now.duration_since(c.meta_refreshed) < fresh);
+        }
+        streams.insert(stream.to_owned(), entry);
     }
 
     async fn stream_token(&self, stream: &str, session: Option<&SessionId>) -> Result<[u8; 16]> {

@@ -14,6 +14,9 @@ use crate::{
     types::{SessionId, Timestamp},
 };
 
+/// How many sessions' last touch an instance remembers before pruning.
+const TOUCH_CACHE_LIMIT: usize = 10_000;
+
 /// Server-side sessions, restorable on any instance, expiring after an idle
 /// TTL.
 ///
@@ -102,6 +105,11 @@ impl SessionStore {
                 .is_some_and(|t| now.duration_since(*t) < self.touch_interval)
             {
                 return Ok(true);
+            }
+            if last.len() >= TOUCH_CACHE_LIMIT {
+                // Entries older than the interval no longer suppress a write.
+                let interval = self.touch_interval;
+                last.retain(|_, t| now.duration_since(*t) < interval);
             }
             last.insert(id.clone(), now);
         }
