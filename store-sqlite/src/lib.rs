@@ -1,4 +1,480 @@
-//! The SQLite backend of mcp-persist. **Not built yet.**
+//! The SQLite backend of mcp-persist: [`SqliteStore`], one database file that
+//! holds key-value records and logs for every process on one machine.
 //!
-//! This crate will hold `SqliteStore`, implementing `KvStore` and `LogStore`
-//! over one SQLite database in WAL mode, with group commit for log appends.
+//! It implements both backend traits of `mcp-persist-core`, [`KvStore`] and
+//! [`LogStore`], so a [`Stores`](mcp_persist_core::Stores) bundle can keep a
+//! client's sessions, credentials and a server's SSE event log in it.
+//!
+//! # Guarantees
+//!
+//! * **Durable before `Ok`.** Every write commits before its call returns.
+//!   With the default [`Durability::Full`] the commit includes an fsync of the
+//!   write-ahead log, so it survives a `kill -9` of the writer and a power cut.
+//! * **Group commit.** Writes go to one thread that owns the write
+//!   connection. Writes that arrive while a commit is in progress (64 SSE
+//!   streams appending at once, say) share the next transaction and its one
+//!   fsync; each caller still gets its answer only after that commit. A write
+//!   whose precondition fails (a stale compare-and-swap) is rolled back alone.
+//! * **Safe across processes.** The database runs in WAL mode (verified after
+//!   setting it), writers take the lock with `BEGIN IMMEDIATE` and wait for it
+//!   up to an explicit busy timeout, so several processes can share one file:
+//!   compare-and-swap is linearizable across all of them.
+//! * **Never blocks the async runtime.** Writes run on the writer thread,
+//!   reads on a small pool of read-only connections through
+//!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
+//! * **TTL** is a column: an expired record or log is never returned, and a
+//!   periodic sweep (and [`KvStore::sweep_expired`] /
+//!   [`LogStore::sweep_expired`]) reclaims the space.
+//! * **Versioned schema.** The schema version lives in the database's
+//!   `user_version` ([`SCHEMA_VERSION`]) and older databases are migrated
+//!   forward on open. A database written by a newer version of this crate is
+//!   refused with [`Error::NewerSchema`](mcp_persist_core::Error::NewerSchema)
+//!   and left untouched; a SQLite file of another application is refused with
+//!   [`Error::InvalidInput`](mcp_persist_core::Error::InvalidInput), a file that
+//!   is not a database with [`Error::Corrupt`](mcp_persist_core::Error::Corrupt).
+//! * **Private file.** A database file this crate creates is mode 0600 (its
+//!   folder 0700 if it creates that too); SQLite gives the `-wal` and `-shm`
+//!   files beside it the same mode.
+//!
+//! # SQLite build
+//!
+//! The crate links SQLite through `rusqlite` 0.41 with its `bundled` feature:
+//! `libsqlite3-sys` 0.39 compiles SQLite 3.54 from source into the binary,
+//! whatever the system has. Only one `libsqlite3-sys` version can be linked
+//! into a binary, so any other crate of your program that uses SQLite
+//! (`rusqlite`, `sqlx`, `diesel`) must resolve to the same `libsqlite3-sys`
+//! line.
+//!
+//! # Example
+//!
+//! ```
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! use mcp_persist_core::{KvStore, LogStore, PutMode};
+//! use mcp_persist_store_sqlite::SqliteStore;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("state.db")).await?;
+//!
+//! let v1 = store.put("greeting", b"hello".to_vec(), PutMode::Create, None).await?;
+//! // Compare-and-swap: only succeeds while the record is still at v1.
+//! store.put("greeting", b"hi".to_vec(), PutMode::Update(v1), None).await?;
+//!
+//! let seqs = store.append("events", vec![b"one".to_vec(), b"two".to_vec()], None).await?;
+//! let later = store.read_after("events", seqs[0], 10).await?;
+//! assert_eq!(later[0].data, b"two");
+//!
+//! // A restarted process sees everything that was acknowledged.
+//! drop(store);
+//! let store = SqliteStore::open(dir.path().join("state.db")).await?;
+//! assert_eq!(store.get("greeting").await?.unwrap().value, b"hi");
+//! # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+//!
+//! # Features
+//!
+//! This crate has no optional features.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use mcp_persist_core::{
+    Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, Result, Version,
+    backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
+};
+use rusqlite::Connection;
+use tokio::sync::Notify;
+
+mod error;
+mod ops;
+mod schema;
+mod writer;
+
+use error::{Ctx, NAME};
+pub use schema::SCHEMA_VERSION;
+use writer::Writer;
+
+/// How hard a commit works to survive a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// `PRAGMA synchronous = FULL`: every commit fsyncs the write-ahead log.
+    /// An acknowledged write survives a crash of the process, of the operating
+    /// system and a power cut. The default; group commit keeps it cheap.
+    #[default]
+    Full,
+    /// `PRAGMA synchronous = NORMAL`: commits reach the operating system but
+    /// are fsynced only at checkpoints. An acknowledged write survives a
+    /// `kill -9` of the process; the last ones may be lost in a power cut.
+    Normal,
+}
+
+/// Settings of a [`SqliteStore`]; [`SqliteOptions::default`] suits most uses.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SqliteOptions {
+    /// How long a write waits for another process's write lock before it
+    /// fails with [`Error::Timeout`](mcp_persist_core::Error::Timeout).
+    /// Default: 5 seconds.
+    pub busy_timeout: Duration,
+    /// What a commit guarantees. Default: [`Durability::Full`].
+    pub durability: Durability,
+    /// How often the writer thread, when idle, deletes expired records and
+    /// logs; `None` leaves that to explicit `sweep_expired` calls. Expired
+    /// data is never returned either way. Default: every 10 minutes.
+    pub sweep_interval: Option<Duration>,
+    /// How many read connections stay open between reads. Default: 4.
+    pub max_idle_readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            busy_timeout: Duration::from_secs(5),
+            durability: Durability::Full,
+            sweep_interval: Some(Duration::from_secs(600)),
+            max_idle_readers: 4,
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// Sets [`busy_timeout`](Self::busy_timeout).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets [`durability`](Self::durability).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets [`sweep_interval`](Self::sweep_interval).
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every;
+        self
+    }
+
+    /// Sets [`max_idle_readers`](Self::max_idle_readers).
+    pub fn max_idle_readers(mut self, n: usize) -> Self {
+        self.max_idle_readers = n;
+        self
+    }
+}
+
+/// Counters of the writer thread, from [`SqliteStore::write_stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct WriteStats {
+    /// Transactions committed.
+    pub transactions: u64,
+    /// Operations committed in them; `operations / transactions` is the
+    /// average group size.
+    pub operations: u64,
+    /// Operations waiting for the writer right now.
+    pub queued: usize,
+}
+
+/// A [`KvStore`] and [`LogStore`] in one SQLite database. Clones share the
+/// same connections; the database closes when the last clone is dropped
+/// (writes already queued still commit).
+///
+/// See the [crate docs](crate) for what it guarantees.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The database as shown in errors and traces: its path, or `:memory:`.
+    label: Arc<str>,
+    options: SqliteOptions,
+    writer: Writer,
+    /// Read-only connections of a file database; an in-memory database has
+    /// one connection, so its reads go through the writer too.
+    readers: Option<Readers>,
+    appended: Arc<Notify>,
+}
+
+struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("db", &self.inner.label)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens the database at `path` with default [`SqliteOptions`], creating
+    /// it (mode 0600) and its folder (mode 0700) if missing, and migrating an
+    /// older schema forward.
+    ///
+    /// Fails with [`Error::NewerSchema`](mcp_persist_core::Error::NewerSchema)
+    /// for a database of a newer version of this crate,
+    /// [`Error::InvalidInput`](mcp_persist_core::Error::InvalidInput) for one of
+    /// another application and [`Error::Corrupt`](mcp_persist_core::Error::Corrupt)
+    /// for a file that is not a database; none of them is modified.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, SqliteOptions::default()).await
+    }
+
+    /// Opens the database at `path` with the given options (see [`open`](Self::open)).
+    pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let label: Arc<str> = path.display().to_string().into();
+        Self::start(Some(path), label, options).await
+    }
+
+    /// A private database in memory, for tests and throwaway state: gone when
+    /// the last clone is dropped, never shared with another store or process.
+    pub async fn open_in_memory() -> Result<Self> {
+        Self::start(None, ":memory:".into(), SqliteOptions::default()).await
+    }
+
+    async fn start(path: Option<PathBuf>, label: Arc<str>, options: SqliteOptions) -> Result<Self> {
+        let appended = Arc::new(Notify::new());
+        let (writer, ready) = Writer::spawn(
+            path.clone(),
+            options.clone(),
+            Arc::clone(&label),
+            Arc::clone(&appended),
+        )?;
+        ready.await.map_err(|_| error::writer_gone())??;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                label,
+                options,
+                writer,
+                readers: path.map(|path| Readers {
+                    path,
+                    idle: Mutex::new(Vec::new()),
+                }),
+                appended,
+            }),
+        })
+    }
+
+    /// The database file, or `None` for an in-memory store.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.readers.as_ref().map(|r| r.path.as_path())
+    }
+
+    /// What the writer thread has done so far: how many transactions, how
+    /// many operations in them, how many waiting.
+    pub fn write_stats(&self) -> WriteStats {
+        self.inner.writer.stats()
+    }
+
+    /// Runs a read on a pooled read connection, off the async runtime.
+    async fn read<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Ctx<'_>) -> Result<T> + Send + 'static,
+    {
+        if self.inner.readers.is_none() {
+            return self.inner.writer.run(0, false, work).await;
+        }
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.read_blocking(work))
+            .await
+            .map_err(|e| Error::backend(NAME, e))?
+    }
+
+    /// Runs a write on the writer thread and waits for its commit.
+    async fn write<T, F>(&self, weight: usize, appends: bool, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Ctx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.inner.writer.run(weight, appends, work).await
+    }
+}
+
+impl Inner {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            db: &self.label,
+            busy_timeout: self.options.busy_timeout,
+        }
+    }
+
+    fn read_blocking<T>(&self, work: impl FnOnce(&Connection, Ctx<'_>) -> Result<T>) -> Result<T> {
+        let readers = self
+            .readers
+            .as_ref()
+            .expect("only file databases read through the pool");
+        let ctx = self.ctx();
+        let pooled = readers
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => schema::open_reader(&readers.path, &self.options, ctx)?,
+        };
+        let result = work(&conn, ctx);
+        let mut idle = readers.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < self.options.max_idle_readers {
+            idle.push(conn);
+        }
+        result
+    }
+}
+
+fn payload(records: &[Vec<u8>]) -> usize {
+    records.iter().map(Vec::len).sum()
+}
+
+#[async_trait]
+impl KvStore for SqliteStore {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key))]
+    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+        validate_key(key)?;
+        let key = key.to_owned();
+        self.read(move |conn, ctx| ops::kv_get(conn, ctx, &key))
+            .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key, ?mode))]
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        mode: PutMode,
+        ttl: Option<Duration>,
+    ) -> Result<Version> {
+        validate_key(key)?;
+        validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+        let key = key.to_owned();
+        self.write(key.len() + value.len(), false, move |conn, ctx| {
+            ops::kv_put(conn, ctx, &key, &value, mode, ttl)
+        })
+        .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key))]
+    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
+        validate_key(key)?;
+        let key = key.to_owned();
+        self.write(key.len(), false, move |conn, ctx| {
+            ops::kv_delete(conn, ctx, &key, if_version)
+        })
+        .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, prefix))]
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let prefix = prefix.to_owned();
+        self.read(move |conn, ctx| ops::kv_list(conn, ctx, &prefix))
+            .await
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        self.write(0, false, ops::kv_sweep).await
+    }
+}
+
+#[async_trait]
+impl LogStore for SqliteStore {
+    fn backend_name(&self) -> &'static str {
+        NAME
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, records = records.len()))]
+    async fn append(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        validate_key(log)?;
+        for record in &records {
+            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+        }
+        let log = log.to_owned();
+        self.write(log.len() + payload(&records), true, move |conn, ctx| {
+            ops::log_append(conn, ctx, &log, &records, ttl)
+        })
+        .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, after, limit))]
+    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+        validate_key(log)?;
+        let log = log.to_owned();
+        self.read(move |conn, ctx| ops::log_read_after(conn, ctx, &log, after, limit))
+            .await
+    }
+
+    /// Returns as soon as a record after `after` is committed: at once for an
+    /// append through this store (or a clone of it), within about 100 ms for
+    /// an append by another process or another `SqliteStore` on the same file.
+    async fn wait_after(
+        &self,
+        log: &str,
+        after: u64,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<LogRecord>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            // Register before reading, so an append between the read and the
+            // wait still wakes us.
+            let mut notified = std::pin::pin!(self.inner.appended.notified());
+            notified.as_mut().enable();
+            let records = self.read_after(log, after, limit).await?;
+            let now = tokio::time::Instant::now();
+            if !records.is_empty() || now >= deadline {
+                return Ok(records);
+            }
+            // Another process's appends cannot notify us: poll as well.
+            if tokio::time::timeout(pause.min(deadline - now), notified)
+                .await
+                .is_err()
+            {
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, before))]
+    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
+        validate_key(log)?;
+        let log = log.to_owned();
+        self.write(log.len(), false, move |conn, ctx| {
+            ops::log_trim(conn, ctx, &log, before)
+        })
+        .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log))]
+    async fn delete(&self, log: &str) -> Result<()> {
+        validate_key(log)?;
+        let log = log.to_owned();
+        self.write(log.len(), false, move |conn, ctx| {
+            ops::log_delete(conn, ctx, &log)
+        })
+        .await
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        self.write(0, false, ops::log_sweep).await
+    }
+}

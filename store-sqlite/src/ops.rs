@@ -1,0 +1,295 @@
+//! The SQL of every operation, on one connection. The writer thread runs the
+//! writes inside its shared transaction; reads run on a reader connection.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mcp_persist_core::{KvEntry, LogRecord, PutMode, Result, Version};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::{Ctx, bad_row};
+
+/// Milliseconds since the Unix epoch: expiry instants are stored this way so
+/// that every process sharing the file agrees on them.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The expiry instant of a write made at `now` with `ttl`, rounded up to the
+/// next millisecond so that a record never expires early.
+fn expiry(now: i64, ttl: Option<Duration>) -> Option<i64> {
+    ttl.map(|ttl| {
+        let ms = ttl.as_nanos().div_ceil(1_000_000);
+        now.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))
+    })
+}
+
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn version_of(row: &Row<'_>, idx: usize, key: &str) -> Result<Version> {
+    let n: i64 = row
+        .get(idx)
+        .map_err(|e| bad_row(key, "a version that is not an integer", Some(e)))?;
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .map(Version::new)
+        .ok_or_else(|| bad_row(key, &format!("the invalid version {n}"), None))
+}
+
+fn current_version(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    key: &str,
+    now: i64,
+) -> Result<Option<Version>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT version FROM kv WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+        )
+        .map_err(|e| ctx.sql(e))?;
+    let mut rows = stmt.query(params![key, now]).map_err(|e| ctx.sql(e))?;
+    match rows.next().map_err(|e| ctx.sql(e))? {
+        Some(row) => version_of(row, 0, key).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn kv_get(conn: &Connection, ctx: Ctx<'_>, key: &str) -> Result<Option<KvEntry>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT value, version FROM kv \
+             WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+        )
+        .map_err(|e| ctx.sql(e))?;
+    let mut rows = stmt.query(params![key, now_ms()]).map_err(|e| ctx.sql(e))?;
+    let Some(row) = rows.next().map_err(|e| ctx.sql(e))? else {
+        return Ok(None);
+    };
+    let value: Vec<u8> = row
+        .get(0)
+        .map_err(|e| bad_row(key, "a value that is not a blob", Some(e)))?;
+    let version = version_of(row, 1, key)?;
+    Ok(Some(KvEntry { value, version }))
+}
+
+pub(crate) fn kv_put(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    key: &str,
+    value: &[u8],
+    mode: PutMode,
+    ttl: Option<Duration>,
+) -> Result<Version> {
+    let now = now_ms();
+    let current = current_version(conn, ctx, key, now)?;
+    mode.check(key, current)?;
+    // One clock for every key: versions of a key keep increasing after a
+    // delete without keeping a tombstone per deleted key.
+    let next: i64 = conn
+        .prepare_cached(
+            "UPDATE counters SET value = value + 1 WHERE name = 'kv_version' RETURNING value",
+        )
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+        .map_err(|e| ctx.sql(e))?;
+    conn.prepare_cached(
+        "INSERT INTO kv (key, value, version, expires_at) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (key) DO UPDATE SET \
+         value = excluded.value, version = excluded.version, expires_at = excluded.expires_at",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key, value, next, expiry(now, ttl)]))
+    .map_err(|e| ctx.sql(e))?;
+    let next = u64::try_from(next).map_err(|_| bad_row(key, "a negative version clock", None))?;
+    Ok(Version::new(next))
+}
+
+pub(crate) fn kv_delete(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    key: &str,
+    if_version: Option<Version>,
+) -> Result<bool> {
+    let current = current_version(conn, ctx, key, now_ms())?;
+    if let Some(want) = if_version {
+        PutMode::Update(want).check(key, current)?;
+    }
+    // Also removes an expired row, which counts as absent.
+    conn.prepare_cached("DELETE FROM kv WHERE key = ?1")
+        .and_then(|mut stmt| stmt.execute([key]))
+        .map_err(|e| ctx.sql(e))?;
+    Ok(current.is_some())
+}
+
+pub(crate) fn kv_list(conn: &Connection, ctx: Ctx<'_>, prefix: &str) -> Result<Vec<String>> {
+    // Keys compare bytewise (BINARY collation on UTF-8), so the keys under a
+    // prefix are one contiguous run of the index starting at the prefix.
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT key FROM kv WHERE key >= ?1 \
+             AND (expires_at IS NULL OR expires_at > ?2) ORDER BY key",
+        )
+        .map_err(|e| ctx.sql(e))?;
+    let mut rows = stmt
+        .query(params![prefix, now_ms()])
+        .map_err(|e| ctx.sql(e))?;
+    let mut keys = Vec::new();
+    while let Some(row) = rows.next().map_err(|e| ctx.sql(e))? {
+        let key: String = row
+            .get(0)
+            .map_err(|e| bad_row(prefix, "a key that is not text", Some(e)))?;
+        if !key.starts_with(prefix) {
+            break;
+        }
+        keys.push(key);
+    }
+    Ok(keys)
+}
+
+pub(crate) fn kv_sweep(conn: &Connection, ctx: Ctx<'_>) -> Result<u64> {
+    let removed = conn
+        .prepare_cached("DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?1")
+        .and_then(|mut stmt| stmt.execute([now_ms()]))
+        .map_err(|e| ctx.sql(e))?;
+    Ok(removed as u64)
+}
+
+pub(crate) fn log_append(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    log: &str,
+    records: &[Vec<u8>],
+    ttl: Option<Duration>,
+) -> Result<Vec<u64>> {
+    let now = now_ms();
+    let found: Option<(i64, i64, Option<i64>)> = conn
+        .prepare_cached("SELECT id, last_seq, expires_at FROM logs WHERE name = ?1")
+        .and_then(|mut stmt| {
+            stmt.query_row([log], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .optional()
+        })
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(_) => ctx.sql(e),
+            None => bad_row(log, "a log header of the wrong shape", Some(e)),
+        })?;
+    let (id, mut seq, expires) = match found {
+        // An expired log starts again empty; numbering goes on above the old
+        // records, which is allowed and keeps stale cursors from matching.
+        Some((id, last, Some(at))) if at <= now => {
+            conn.prepare_cached("DELETE FROM log_records WHERE log_id = ?1")
+                .and_then(|mut stmt| stmt.execute([id]))
+                .map_err(|e| ctx.sql(e))?;
+            (id, last, None)
+        }
+        Some(header) => header,
+        None => {
+            let id: i64 = conn
+                .prepare_cached(
+                    "INSERT INTO logs (name, last_seq, expires_at) VALUES (?1, 0, NULL) \
+                     RETURNING id",
+                )
+                .and_then(|mut stmt| stmt.query_row([log], |row| row.get(0)))
+                .map_err(|e| ctx.sql(e))?;
+            (id, 0, None)
+        }
+    };
+    if seq < 0 {
+        return Err(bad_row(
+            log,
+            &format!("the invalid last sequence number {seq}"),
+            None,
+        ));
+    }
+    let mut insert = conn
+        .prepare_cached("INSERT INTO log_records (log_id, seq, data) VALUES (?1, ?2, ?3)")
+        .map_err(|e| ctx.sql(e))?;
+    let mut seqs = Vec::with_capacity(records.len());
+    for record in records {
+        seq += 1;
+        insert
+            .execute(params![id, seq, record])
+            .map_err(|e| ctx.sql(e))?;
+        seqs.push(seq as u64);
+    }
+    conn.prepare_cached("UPDATE logs SET last_seq = ?2, expires_at = ?3 WHERE id = ?1")
+        .and_then(|mut stmt| stmt.execute(params![id, seq, expiry(now, ttl).or(expires)]))
+        .map_err(|e| ctx.sql(e))?;
+    Ok(seqs)
+}
+
+pub(crate) fn log_read_after(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    log: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<LogRecord>> {
+    if limit == 0 || after >= i64::MAX as u64 {
+        return Ok(Vec::new());
+    }
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT r.seq, r.data FROM logs l JOIN log_records r ON r.log_id = l.id \
+             WHERE l.name = ?1 AND (l.expires_at IS NULL OR l.expires_at > ?2) AND r.seq > ?3 \
+             ORDER BY r.seq LIMIT ?4",
+        )
+        .map_err(|e| ctx.sql(e))?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut rows = stmt
+        .query(params![log, now_ms(), clamp(after), limit])
+        .map_err(|e| ctx.sql(e))?;
+    let mut records = Vec::new();
+    while let Some(row) = rows.next().map_err(|e| ctx.sql(e))? {
+        let seq: i64 = row
+            .get(0)
+            .map_err(|e| bad_row(log, "a sequence number that is not an integer", Some(e)))?;
+        let data: Vec<u8> = row
+            .get(1)
+            .map_err(|e| bad_row(log, &format!("record {seq} that is not a blob"), Some(e)))?;
+        let seq = u64::try_from(seq)
+            .map_err(|_| bad_row(log, &format!("the invalid sequence number {seq}"), None))?;
+        records.push(LogRecord { seq, data });
+    }
+    Ok(records)
+}
+
+pub(crate) fn log_trim(conn: &Connection, ctx: Ctx<'_>, log: &str, before: u64) -> Result<u64> {
+    let removed = conn
+        .prepare_cached(
+            "DELETE FROM log_records WHERE log_id = \
+             (SELECT id FROM logs WHERE name = ?1 AND (expires_at IS NULL OR expires_at > ?2)) \
+             AND seq < ?3",
+        )
+        .and_then(|mut stmt| stmt.execute(params![log, now_ms(), clamp(before)]))
+        .map_err(|e| ctx.sql(e))?;
+    Ok(removed as u64)
+}
+
+pub(crate) fn log_delete(conn: &Connection, ctx: Ctx<'_>, log: &str) -> Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM log_records WHERE log_id = (SELECT id FROM logs WHERE name = ?1)",
+    )
+    .and_then(|mut stmt| stmt.execute([log]))
+    .map_err(|e| ctx.sql(e))?;
+    conn.prepare_cached("DELETE FROM logs WHERE name = ?1")
+        .and_then(|mut stmt| stmt.execute([log]))
+        .map_err(|e| ctx.sql(e))?;
+    Ok(())
+}
+
+pub(crate) fn log_sweep(conn: &Connection, ctx: Ctx<'_>) -> Result<u64> {
+    let now = now_ms();
+    conn.prepare_cached(
+        "DELETE FROM log_records WHERE log_id IN \
+         (SELECT id FROM logs WHERE expires_at IS NOT NULL AND expires_at <= ?1)",
+    )
+    .and_then(|mut stmt| stmt.execute([now]))
+    .map_err(|e| ctx.sql(e))?;
+    let removed = conn
+        .prepare_cached("DELETE FROM logs WHERE expires_at IS NOT NULL AND expires_at <= ?1")
+        .and_then(|mut stmt| stmt.execute([now]))
+        .map_err(|e| ctx.sql(e))?;
+    Ok(removed as u64)
+}

@@ -1,0 +1,320 @@
+//! The writer thread: one connection, one queue, group commit.
+//!
+//! Every write (and, for an in-memory database, every read) is a job sent to
+//! one thread that owns the write connection. The thread takes the first job
+//! waiting, then every other job already queued behind it (up to a count and
+//! a byte budget), and runs them all in **one** `BEGIN IMMEDIATE` transaction,
+//! each inside its own savepoint so that a failed precondition or a failed
+//! statement undoes that job alone. Each caller gets its answer only after the
+//! shared `COMMIT` returned, so a write that returned `Ok` is on disk, and the
+//! cost of the commit (one fsync of the WAL) is shared by every job of the
+//! batch. Nothing waits on purpose: while one batch commits, the next one
+//! gathers in the queue.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use mcp_persist_core::{Error, Result};
+use rusqlite::Connection;
+use tokio::sync::{Notify, oneshot};
+
+use crate::{
+    SqliteOptions, WriteStats,
+    error::{Ctx, SharedError, writer_gone},
+    ops, schema,
+};
+
+/// At most this many jobs share one transaction...
+const MAX_BATCH_JOBS: usize = 512;
+/// ...and once their payloads reach this many bytes, the batch is closed.
+const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// A unit of work for the writer thread.
+trait Job: Send {
+    /// Payload bytes, for the batch budget.
+    fn weight(&self) -> usize;
+    /// Whether a commit of this job adds log records (wakes tailing readers).
+    fn appends(&self) -> bool;
+    /// Runs the work on the connection; returns whether it succeeded.
+    fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool;
+    /// Sends the answer, once the fate of the transaction is known.
+    fn finish(self: Box<Self>, commit: Option<&SharedError>, ctx: Ctx<'_>);
+}
+
+struct Task<T, F> {
+    work: Option<F>,
+    outcome: Option<Result<T>>,
+    reply: oneshot::Sender<Result<T>>,
+    weight: usize,
+    appends: bool,
+}
+
+impl<T, F> Job for Task<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection, Ctx<'_>) -> Result<T> + Send,
+{
+    fn weight(&self) -> usize {
+        self.weight
+    }
+
+    fn appends(&self) -> bool {
+        self.appends
+    }
+
+    fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool {
+        let outcome = match self.work.take() {
+            Some(work) => work(conn, ctx),
+            None => Err(writer_gone()),
+        };
+        let ok = outcome.is_ok();
+        self.outcome = Some(outcome);
+        ok
+    }
+
+    fn finish(self: Box<Self>, commit: Option<&SharedError>, ctx: Ctx<'_>) {
+        let outcome = match (self.outcome, commit) {
+            // Nothing of a failed transaction was committed: a job that
+            // succeeded inside it failed after all.
+            (Some(Ok(_)), Some(failed)) | (None, Some(failed)) => Err(ctx.shared(failed)),
+            (Some(outcome), _) => outcome,
+            (None, None) => Err(writer_gone()),
+        };
+        // The caller may have stopped waiting; the outcome stands regardless.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    transactions: AtomicU64,
+    operations: AtomicU64,
+    queued: AtomicUsize,
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self) -> WriteStats {
+        WriteStats {
+            transactions: self.transactions.load(Ordering::Relaxed),
+            operations: self.operations.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The handle to the writer thread. Dropping it lets the thread finish the
+/// jobs already queued, close the connection and stop.
+pub(crate) struct Writer {
+    jobs: mpsc::Sender<Box<dyn Job>>,
+    stats: Arc<Stats>,
+}
+
+impl Writer {
+    /// Starts the thread, which opens (and migrates) the database; the
+    /// returned receiver tells whether that worked.
+    pub(crate) fn spawn(
+        path: Option<PathBuf>,
+        options: SqliteOptions,
+        label: Arc<str>,
+        appended: Arc<Notify>,
+    ) -> Result<(Self, oneshot::Receiver<Result<()>>)> {
+        let (jobs, queue) = mpsc::channel::<Box<dyn Job>>();
+        let (ready_tx, ready) = oneshot::channel();
+        let stats = Arc::new(Stats::default());
+        let thread_stats = Arc::clone(&stats);
+        std::thread::Builder::new()
+            .name("mcp-persist-sqlite".to_owned())
+            .spawn(move || {
+                let ctx = Ctx {
+                    db: &label,
+                    busy_timeout: options.busy_timeout,
+                };
+                let conn = match schema::open_writer(path.as_deref(), &options, ctx) {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                tracing::info!(
+                    db = ctx.db,
+                    schema = schema::SCHEMA_VERSION,
+                    "SQLite store open"
+                );
+                let _ = ready_tx.send(Ok(()));
+                serve(
+                    &conn,
+                    ctx,
+                    &queue,
+                    &thread_stats,
+                    &appended,
+                    options.sweep_interval,
+                );
+                tracing::debug!(db = ctx.db, "SQLite writer stopping");
+            })
+            .map_err(|e| Error::backend(crate::error::NAME, e))?;
+        Ok((Writer { jobs, stats }, ready))
+    }
+
+    pub(crate) fn stats(&self) -> WriteStats {
+        self.stats.snapshot()
+    }
+
+    /// Queues `work` and waits until the transaction it ran in has committed
+    /// (or failed). `weight` is its payload size in bytes.
+    pub(crate) async fn run<T, F>(&self, weight: usize, appends: bool, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Ctx<'_>) -> Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Task {
+            work: Some(work),
+            outcome: None,
+            reply,
+            weight,
+            appends,
+        });
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        if self.jobs.send(job).is_err() {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(writer_gone());
+        }
+        answer.await.map_err(|_| writer_gone())?
+    }
+}
+
+/// The thread's loop: gather a batch, run it in one transaction, answer.
+fn serve(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    queue: &mpsc::Receiver<Box<dyn Job>>,
+    stats: &Stats,
+    appended: &Notify,
+    sweep_interval: Option<Duration>,
+) {
+    let mut next_sweep = sweep_interval.map(|every| Instant::now() + every);
+    loop {
+        let first = match next_sweep {
+            Some(at) => match queue.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    sweep(conn, ctx);
+                    next_sweep = sweep_interval.map(|every| Instant::now() + every);
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+            None => match queue.recv() {
+                Ok(job) => job,
+                Err(mpsc::RecvError) => return,
+            },
+        };
+        let mut bytes = first.weight();
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH_JOBS && bytes < MAX_BATCH_BYTES {
+            match queue.try_recv() {
+                Ok(job) => {
+                    bytes = bytes.saturating_add(job.weight());
+                    batch.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        stats.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+        let outcome = run_batch(conn, ctx, &mut batch);
+        match &outcome {
+            Ok(()) => {
+                stats.transactions.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .operations
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                tracing::trace!(db = ctx.db, jobs = batch.len(), bytes, "group commit");
+            }
+            Err(e) => {
+                tracing::warn!(db = ctx.db, jobs = batch.len(), error = %e, "SQLite transaction failed");
+            }
+        }
+        let woke_tails = outcome.is_ok() && batch.iter().any(|job| job.appends());
+        for job in batch {
+            job.finish(outcome.as_ref().err(), ctx);
+        }
+        if woke_tails {
+            appended.notify_waiters();
+        }
+    }
+}
+
+/// Runs every job of the batch in one `BEGIN IMMEDIATE` transaction, each in
+/// its own savepoint, and commits. An `Err` means nothing was committed.
+fn run_batch(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    batch: &mut [Box<dyn Job>],
+) -> Result<(), SharedError> {
+    let step = |sql: &str| {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]))
+    };
+    let result = (|| {
+        step("BEGIN IMMEDIATE")?;
+        let mut any_ok = false;
+        if let [job] = batch {
+            // A lone job needs no savepoint: the transaction is its own.
+            any_ok = job.run(conn, ctx);
+        } else {
+            for job in batch.iter_mut() {
+                step("SAVEPOINT job")?;
+                if job.run(conn, ctx) {
+                    any_ok = true;
+                } else {
+                    step("ROLLBACK TO job")?;
+                }
+                step("RELEASE job")?;
+            }
+        }
+        step(if any_ok { "COMMIT" } else { "ROLLBACK" })?;
+        Ok(())
+    })();
+    if result.is_err() && !conn.is_autocommit() {
+        // Best effort: the error already reports what went wrong.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    result.map_err(|e: rusqlite::Error| SharedError(Arc::new(e)))
+}
+
+/// Reclaims expired records and logs, in a transaction of its own.
+fn sweep(conn: &Connection, ctx: Ctx<'_>) {
+    let (reply, mut answer) = oneshot::channel();
+    let mut batch: [Box<dyn Job>; 1] = [Box::new(Task {
+        work: Some(|conn: &Connection, ctx: Ctx<'_>| {
+            Ok((ops::kv_sweep(conn, ctx)?, ops::log_sweep(conn, ctx)?))
+        }),
+        outcome: None,
+        reply,
+        weight: 0,
+        appends: false,
+    })];
+    let committed = run_batch(conn, ctx, &mut batch);
+    let [job] = batch;
+    job.finish(committed.as_ref().err(), ctx);
+    match answer.try_recv() {
+        Ok(Ok((records, logs))) => {
+            tracing::debug!(db = ctx.db, records, logs, "swept expired SQLite rows");
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(db = ctx.db, %error, "periodic sweep of expired SQLite rows failed");
+        }
+        Err(_) => tracing::warn!(
+            db = ctx.db,
+            "periodic sweep of expired SQLite rows gave no answer"
+        ),
+    }
+}
