@@ -1,9 +1,38 @@
-//! rmcp integration for mcp-persist. **Not built yet.**
+//! rmcp integration for mcp-persist: durable Streamable HTTP servers (and,
+//! later, clients) over any backend.
 //!
-//! This crate will hold: a decorator over rmcp's `StreamableHttpClient` that
-//! resumes a legacy session after a restart without a new `initialize`,
-//! continues request numbering and journals in-flight requests; rmcp
-//! `CredentialStore`/`StateStore` implementations keyed by issuer and
-//! resource; and rmcp `SessionStore`/`EventStore` implementations with a
-//! session-to-principal binding layer, all over `mcp-persist-core`'s typed
-//! stores. Until then it exports nothing.
+//! # Server
+//!
+//! [`server::DurableServer`] makes an rmcp Streamable HTTP server whose
+//! sessions and SSE streams outlive the instance that created them:
+//!
+//! * **Sessions restore on any instance.** The client's `initialize` params
+//!   are stored; a request reaching an instance that does not hold the
+//!   session replays them into a fresh handler (rmcp's restore hook), so the
+//!   handler sees the client's capabilities without a new `initialize`.
+//!   Sessions expire after an idle TTL, on every instance (404, and rmcp
+//!   clients re-initialize).
+//! * **Streams resume on any instance.** Every SSE event is committed to a
+//!   shared log before it is sent. Event ids carry the stream, a sequence and
+//!   128 unguessable bits; a `Last-Event-ID` replays exactly the later events
+//!   of that stream with their original ids, then tails the stream live while
+//!   another instance is still writing it, until the final response.
+//! * **Sessions are bound to principals.** A session id presented under
+//!   another principal gets 404 on every instance, exactly as an unknown one.
+//! * **Bad resumption input gets a clear answer**: `400` for a malformed
+//!   `Last-Event-ID` or one of another session's stream, `410` for an expired
+//!   stream or expired events, never an empty `200` stream.
+//!
+//! See [`server`] for an example.
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `server` | yes | [`server`]: session and event stores for rmcp, the binding layer, the builder |
+
+#[cfg(feature = "server")]
+pub mod server;
+
+#[cfg(feature = "client")]
+pub mod client;

@@ -1,0 +1,456 @@
+//! The `StreamableHttpClient` decorator.
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::{StreamExt, stream::BoxStream};
+use http::{HeaderName, HeaderValue};
+use mcp_persist_core::{InFlightRequest, RequestId, SessionId, Timestamp};
+use rmcp::{
+    model::{
+        ClientJsonRpcMessage, ClientNotification, ClientRequest, NumberOrString,
+        ServerJsonRpcMessage, ServerResult,
+    },
+    transport::streamable_http_client::{
+        SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    },
+};
+use serde_json::Value;
+use sse_stream::Sse;
+use tracing::{debug, info, warn};
+
+use super::state::Shared;
+
+type SseStream = BoxStream<'static, Result<Sse, SseError>>;
+type PostResult<E> = Result<StreamableHttpPostResponse, StreamableHttpError<E>>;
+
+/// An rmcp [`StreamableHttpClient`] that keeps its session in a store.
+///
+/// It wraps another client (rmcp's reqwest client, or rmcp's `AuthClient`
+/// over it) and is made by [`DurableClientBuilder`](super::DurableClientBuilder);
+/// see the [module docs](super) for what it does.
+#[derive(Clone)]
+pub struct DurableHttpClient<C> {
+    pub(crate) inner: C,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl<C> std::fmt::Debug for DurableHttpClient<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableHttpClient")
+            .field("server", &self.shared.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the events of a stream belong.
+#[derive(Clone)]
+enum StreamOwner {
+    /// The response stream of the request that went out as this wire id.
+    Request(SessionId, i64),
+    /// The standalone GET stream.
+    Standalone(SessionId),
+    /// A resumed stream, or one without a session.
+    Other(Option<SessionId>),
+}
+
+impl<C: StreamableHttpClient> DurableHttpClient<C> {
+    #[allow(clippy::too_many_arguments)]
+    async fn post(
+        &self,
+        uri: Arc<str>,
+        mut message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: Option<usize>,
+    ) -> PostResult<C::Error> {
+        let session = session_id
+            .as_deref()
+            .and_then(|s| SessionId::new(s.to_owned()).ok());
+        match &mut message {
+            ClientJsonRpcMessage::Request(request)
+                if matches!(request.request, ClientRequest::InitializeRequest(_)) =>
+            {
+                let init_id = request.id.clone();
+                if session_id.is_none()
+                    && let Some(seed) = self.shared.take_seed()
+                {
+                    info!(server = %self.shared.key, session = %seed.session_id,
+                        "resuming stored session: answering initialize from the store");
+                    let answer = ServerJsonRpcMessage::response(
+                        ServerResult::InitializeResult(seed.result),
+                        init_id,
+                    );
+                    return Ok(StreamableHttpPostResponse::Json(
+                        answer,
+                        Some(seed.session_id.to_string()),
+                    ));
+                }
+                let response = self
+                    .send(
+                        uri,
+                        message,
+                        session_id,
+                        auth_header,
+                        custom_headers,
+                        max_sse_event_size,
+                    )
+                    .await?;
+                let (answer, new_session) = first_answer::<C::Error>(response).await?;
+                self.after_initialize(&answer, new_session.as_deref(), &init_id)
+                    .await;
+                return Ok(StreamableHttpPostResponse::Json(answer, new_session));
+            }
+            ClientJsonRpcMessage::Notification(n)
+                if matches!(
+                    n.notification,
+                    ClientNotification::InitializedNotification(_)
+                ) && self.shared.take_swallow_initialized() =>
+            {
+                debug!(server = %self.shared.key, "initialized notification dropped: the server has it from the first process");
+                return Ok(StreamableHttpPostResponse::Accepted);
+            }
+            ClientJsonRpcMessage::Notification(n) => {
+                if let ClientNotification::CancelledNotification(c) = &mut n.notification
+                    && let Some(local) = &c.params.request_id
+                    && let Some(wire) = self.shared.wire_of(local)
+                {
+                    c.params.request_id = Some(NumberOrString::Number(wire));
+                }
+            }
+            _ => {}
+        }
+        // An ordinary request in a session: renumber and journal it.
+        let (Some(session), ClientJsonRpcMessage::Request(request)) = (&session, &mut message)
+        else {
+            return self
+                .send(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    custom_headers,
+                    max_sse_event_size,
+                )
+                .await;
+        };
+        let local = request.id.clone();
+        let wire = self.shared.next_wire_id(session).await;
+        request.id = NumberOrString::Number(wire);
+        self.shared.map_insert(local, wire);
+        if self.shared.health.persisting() {
+            let (method, params) = method_and_params(&message);
+            self.shared.record(
+                session,
+                InFlightRequest {
+                    id: RequestId::Number(wire),
+                    method,
+                    params,
+                    last_event_id: None,
+                    task_id: None,
+                    sent_at: Timestamp::now(),
+                },
+            );
+        }
+        let response = self
+            .send(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await;
+        match response {
+            Err(error) => {
+                self.shared.map_take(wire);
+                self.shared.complete(session, wire);
+                if matches!(error, StreamableHttpError::SessionExpired) {
+                    self.shared.on_expired(session);
+                }
+                Err(error)
+            }
+            Ok(StreamableHttpPostResponse::Json(mut answer, sid)) => {
+                self.answer_back(session, &mut answer);
+                Ok(StreamableHttpPostResponse::Json(answer, sid))
+            }
+            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => Ok(StreamableHttpPostResponse::Sse(
+                self.observe(stream, StreamOwner::Request(session.clone(), wire)),
+                sid,
+            )),
+            Ok(other) => Ok(other),
+        }
+    }
+
+    async fn send(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: Option<usize>,
+    ) -> PostResult<C::Error> {
+        match max_sse_event_size {
+            Some(max) => {
+                self.inner
+                    .post_message_with_max_sse_event_size(
+                        uri,
+                        message,
+                        session_id,
+                        auth_header,
+                        custom_headers,
+                        max,
+                    )
+                    .await
+            }
+            None => {
+                self.inner
+                    .post_message(uri, message, session_id, auth_header, custom_headers)
+                    .await
+            }
+        }
+    }
+
+    async fn after_initialize(
+        &self,
+        answer: &ServerJsonRpcMessage,
+        new_session: Option<&str>,
+        init_id: &NumberOrString,
+    ) {
+        let ServerJsonRpcMessage::Response(response) = answer else {
+            return;
+        };
+        let ServerResult::InitializeResult(result) = &response.result else {
+            return;
+        };
+        let Some(sid) = new_session else {
+            debug!(server = %self.shared.key, "server runs without sessions; nothing to keep");
+            return;
+        };
+        match SessionId::new(sid.to_owned()) {
+            Ok(sid) => {
+                self.shared
+                    .on_initialized(sid, result.clone(), init_id)
+                    .await
+            }
+            Err(e) => {
+                warn!(server = %self.shared.key, error = %e, "server sent a session id that cannot be stored")
+            }
+        }
+    }
+
+    /// Gives a JSON answer its rmcp id back and closes its journal entry.
+    fn answer_back(&self, session: &SessionId, answer: &mut ServerJsonRpcMessage) {
+        let id = match answer {
+            ServerJsonRpcMessage::Response(r) => Some(&mut r.id),
+            ServerJsonRpcMessage::Error(e) => e.id.as_mut(),
+            _ => None,
+        };
+        let Some(id) = id else { return };
+        let NumberOrString::Number(wire) = *id else {
+            return;
+        };
+        if let Some(local) = self.shared.map_take(wire) {
+            *id = local;
+            let task = match answer {
+                ServerJsonRpcMessage::Response(r) => serde_json::to_value(&r.result)
+                    .ok()
+                    .as_ref()
+                    .and_then(task_id_of),
+                _ => None,
+            };
+            match task {
+                Some(task) => self.shared.task(session, wire, task),
+                None => self.shared.complete(session, wire),
+            }
+        }
+    }
+
+    /// Follows an SSE stream: records cursors, gives answers their rmcp ids
+    /// back and closes their journal entries.
+    fn observe(&self, stream: SseStream, owner: StreamOwner) -> SseStream {
+        let shared = self.shared.clone();
+        stream
+            .map(move |item| {
+                let Ok(mut event) = item else { return item };
+                if let Some(id) = event.id.as_deref() {
+                    match &owner {
+                        StreamOwner::Request(s, wire) => shared.cursor(s, *wire, id),
+                        StreamOwner::Standalone(s) => shared.standalone_cursor(s, id),
+                        StreamOwner::Other(_) => {}
+                    }
+                }
+                let session = match &owner {
+                    StreamOwner::Request(s, _) | StreamOwner::Standalone(s) => Some(s),
+                    StreamOwner::Other(s) => s.as_ref(),
+                };
+                if let Some(data) = event.data.as_deref()
+                    && (data.contains("\"result\"") || data.contains("\"error\""))
+                    && let Ok(mut value) = serde_json::from_str::<Value>(data)
+                    && value.get("method").is_none()
+                    && let Some(wire) = value.get("id").and_then(Value::as_i64)
+                    && let Some(local) = shared.map_take(wire)
+                {
+                    value["id"] = local.into_json_value();
+                    if let Some(session) = session {
+                        match value.get("result").and_then(task_id_of) {
+                            Some(task) => shared.task(session, wire, task),
+                            None => shared.complete(session, wire),
+                        }
+                    }
+                    if let Ok(text) = serde_json::to_string(&value) {
+                        event.data = Some(text);
+                    }
+                }
+                Ok(event)
+            })
+            .boxed()
+    }
+}
+
+/// The task id of a `CreateTaskResult`, if the result is one.
+fn task_id_of(result: &Value) -> Option<String> {
+    result
+        .get("task")?
+        .get("taskId")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn method_and_params(message: &ClientJsonRpcMessage) -> (String, Option<Value>) {
+    match serde_json::to_value(message) {
+        Ok(mut v) => {
+            let method = v
+                .get("method")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let params = v.get_mut("params").map(Value::take);
+            (method, params)
+        }
+        Err(_) => (String::new(), None),
+    }
+}
+
+/// The answer to `initialize`, from a JSON body or the first answer on an
+/// SSE stream (what rmcp's worker reads from either).
+async fn first_answer<E>(
+    response: StreamableHttpPostResponse,
+) -> Result<(ServerJsonRpcMessage, Option<String>), StreamableHttpError<E>>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    response.expect_initialized::<E>().await
+}
+
+impl<C: StreamableHttpClient> StreamableHttpClient for DurableHttpClient<C> {
+    type Error = C::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> PostResult<Self::Error> {
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            None,
+        )
+        .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> PostResult<Self::Error> {
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            Some(max_sse_event_size),
+        )
+        .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        if self.shared.ending() {
+            return self
+                .inner
+                .delete_session(uri, session_id, auth_header, custom_headers)
+                .await;
+        }
+        debug!(server = %self.shared.key, "keeping the session for the next process (no DELETE)");
+        Ok(())
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
+        let stream = self
+            .inner
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await?;
+        Ok(self.observe(stream, owner))
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
+        let stream = self
+            .inner
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await?;
+        Ok(self.observe(stream, owner))
+    }
+}
+
+impl<C> DurableHttpClient<C> {
+    fn stream_owner(&self, session_id: Option<&str>, fresh: bool) -> StreamOwner {
+        let session = session_id.and_then(|s| SessionId::new(s.to_owned()).ok());
+        match session {
+            Some(s) if fresh => StreamOwner::Standalone(s),
+            other => StreamOwner::Other(other),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The background writer: every store write of the client goes through it,
+//! coalesced, so that persistence never stalls a request.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use mcp_persist_core::{
+    ClientStateStore, InFlightRequest, LegacySession, PutMode, RequestId, ServerKey, SessionId,
+};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+use super::state::Health;
+
+/// One change for the store, in the order the client made it.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// A new session: stored with `Overwrite` (a stale or corrupt record is
+    /// replaced), its journal starting empty.
+    SaveSession(Box<LegacySession>),
+    /// The session is gone (404, or ended by the application).
+    ForgetSession(SessionId),
+    /// A request was sent.
+    Record(SessionId, Box<InFlightRequest>),
+    /// An SSE event id arrived on a request's stream.
+    Cursor(SessionId, RequestId, String),
+    /// A task-augmented request was answered with its task id.
+    Task(SessionId, RequestId, String),
+    /// A request was answered (or failed to send).
+    Complete(SessionId, RequestId),
+    /// An SSE event id arrived on the standalone GET stream.
+    Standalone(SessionId, String),
+    /// Answer once everything queued before is in the store.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Where a journal entry stands between the client and the store.
+#[derive(Debug)]
+struct Entry {
+    record: InFlightRequest,
+    /// Whether the store holds some version of it.
+    written: bool,
+    /// Whether the in-memory record is newer than the stored one.
+    dirty: bool,
+    completed: bool,
+}
+
+/// The sending half, held by the decorator.
+#[derive(Debug, Clone)]
+pub(crate) struct JournalTx {
+    tx: mpsc::UnboundedSender<Op>,
+}
+
+impl JournalTx {
+    pub(crate) fn send(&self, op: Op) {
+        // The writer only stops when every sender is gone.
+        let _ = self.tx.send(op);
+    }
+
+    /// Waits until everything sent before is in the store (or dropped,
+    /// when the store has failed).
+    pub(crate) async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Op::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// Starts the writer task.
+pub(crate) fn spawn(
+    store: ClientStateStore,
+    key: ServerKey,
+    health: Arc<Health>,
+    delay: Duration,
+) -> JournalTx {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(
+        Writer {
+            store,
+            key,
+            health,
+            delay,
+            entries: HashMap::new(),
+            deletes: Vec::new(),
+            standalone: BTreeMap::new(),
+        }
+        .run(rx),
+    );
+    JournalTx { tx }
+}
+
+struct Writer {
+    store: ClientStateStore,
+    key: ServerKey,
+    health: Arc<Health>,
+    delay: Duration,
+    entries: HashMap<(SessionId, RequestId), Entry>,
+    deletes: Vec<(SessionId, RequestId)>,
+    standalone: BTreeMap<SessionId, String>,
+}
+
+impl Writer {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
+        while let Some(first) = rx.recv().await {
+            let flush_now = matches!(first, Op::Flush(_));
+            let mut batch = vec![first];
+            // Coalescing window: a request answered within it costs no write.
+            if !flush_now && !self.delay.is_zero() {
+                tokio::time::sleep(self.delay).await;
+            }
+            while let Ok(op) = rx.try_recv() {
+                batch.push(op);
+            }
+            let mut flushes = Vec::new();
+            let mut saves = Vec::new();
+            for op in batch {
+                match op {
+                    Op::Flush(done) => flushes.push(done),
+                    Op::SaveSession(s) => saves.push(Ok(*s)),
+                    Op::ForgetSession(sid) => {
+                        self.entries.retain(|(s, _), _| *s != sid);
+                        self.standalone.remove(&sid);
+                        saves.push(Err(sid));
+                    }
+                    Op::Record(sid, record) => {
+                        self.entries.insert(
+                            (sid, record.id.clone()),
+                            Entry {
+                                record: *record,
+                                written: false,
+                                dirty: true,
+                                completed: false,
+                            },
+                        );
+                    }
+                    Op::Cursor(sid, id, event) => {
+                        if let Some(e) = self.entries.get_mut(&(sid, id)) {
+                            e.record.last_event_id = Some(event);
+                            e.dirty = true;
+                        }
+                    }
+                    Op::Task(sid, id, task) => {
+                        if let Some(e) = self.entries.get_mut(&(sid, id)) {
+                            e.record.task_id = Some(task);
+                            e.dirty = true;
+                        }
+                    }
+                    Op::Complete(sid, id) => match self.entries.get_mut(&(sid.clone(), id.clone())) {
+                        Some(e) => e.completed = true,
+                        // Journaled by an earlier process: delete it from the store.
+                        None => self.deletes.push((sid, id)),
+                    },
+                    Op::Standalone(sid, event) => {
+                        self.standalone.insert(sid, event);
+                    }
+                }
+            }
+            if self.health.persisting() {
+                self.apply(saves).await;
+            } else {
+                self.entries.clear();
+                self.deletes.clear();
+                self.standalone.clear();
+            }
+            for done in flushes {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    async fn apply(&mut self, saves: Vec<Result<LegacySession, SessionId>>) {
+        for save in saves {
+            let result = match &save {
+                Ok(session) => self
+                    .store
+                    .save_session(&self.key, session, PutMode::Overwrite)
+                    .await
+                    .map(|_| ()),
+                Err(_) => self.store.forget_session(&self.key).await,
+            };
+            if let Err(e) = result {
+                self.degrade(&e);
+                return;
+            }
+        }
+        // Journal entries: drop the ones answered before ever being written.
+        let keys: Vec<_> = self.entries.keys().cloned().collect();
+        for key in keys {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            let result = if entry.completed {
+                let written = entry.written;
+                self.entries.remove(&key);
+                if written {
+                    self.store.complete_inflight(&self.key, &key.0, &key.1).await
+                } else {
+                    Ok(())
+                }
+            } else if entry.dirty {
+                entry.dirty = false;
+                entry.written = true;
+                self.store
+                    .record_inflight(&self.key, &key.0, &entry.record)
+                    .await
+            } else {
+                Ok(())
+            };
+            if let Err(e) = result {
+                self.degrade(&e);
+                return;
+            }
+        }
+        for (sid, id) in std::mem::take(&mut self.deletes) {
+            if let Err(e) = self.store.complete_inflight(&self.key, &sid, &id).await {
+                self.degrade(&e);
+                return;
+            }
+        }
+        let cursors = std::mem::take(&mut self.standalone);
+        for (sid, event) in cursors {
+            let result = self
+                .store
+                .update_session(&self.key, |s| {
+                    if s.session_id == sid {
+                        s.last_event_ids.insert("standalone".to_owned(), event.clone());
+                    }
+                })
+                .await;
+            if let Err(e) = result {
+                self.degrade(&e);
+                return;
+            }
+        }
+    }
+
+    fn degrade(&mut self, error: &mcp_persist_core::Error) {
+        warn!(server = %self.key, error = %error, "client state store failed; continuing with in-memory state only");
+        self.health.degrade(format!("the store failed: {error}"));
+        self.entries.clear();
+        self.standalone.clear();
+        debug!("journal cleared after store failure");
+    }
+}

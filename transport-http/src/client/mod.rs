@@ -1,0 +1,1 @@
+//! Durable rmcp Streamable HTTP client.

@@ -1,0 +1,268 @@
+//! Collecting the answers to requests a previous process left in flight.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use http::{HeaderName, HeaderValue};
+use mcp_persist_core::{BoxError, InFlightRequest, RequestId, SessionId};
+use serde_json::Value;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::handle::{ClientHandle, SseResume, WireError};
+
+/// How long and how often a resumed request is polled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecoveryConfig {
+    pub(crate) timeout: Duration,
+    pub(crate) poll_interval: Duration,
+}
+
+/// How the answer to one interrupted request can be had.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Recovery {
+    /// The request's response stream had an event id: its missed
+    /// notifications and its final answer are collected with `GET` and
+    /// `Last-Event-ID` (see [`ResumedRequest::next`]).
+    Resumable(ResumedRequest),
+    /// The request was task-augmented: poll `tasks/get` with this id.
+    /// Call [`ClientHandle::dismiss`] once the task's result is in.
+    Task {
+        /// The request as journaled.
+        request: InFlightRequest,
+        /// The task to poll.
+        task_id: String,
+    },
+    /// Nothing to resume it from: the server may or may not have run it.
+    /// Its method and params are here for the application to decide
+    /// whether to send it again; then call [`ClientHandle::dismiss`].
+    Lost {
+        /// The request as journaled.
+        request: InFlightRequest,
+    },
+}
+
+impl Recovery {
+    pub(crate) fn new(handle: ClientHandle, session: SessionId, request: InFlightRequest) -> Self {
+        if let Some(task_id) = request.task_id.clone() {
+            return Recovery::Task { request, task_id };
+        }
+        match request.last_event_id.clone() {
+            Some(cursor) => Recovery::Resumable(ResumedRequest {
+                handle,
+                session,
+                request,
+                cursor,
+                stream: None,
+                deadline: None,
+                done: false,
+            }),
+            None => Recovery::Lost { request },
+        }
+    }
+
+    /// The request this is about.
+    pub fn request(&self) -> &InFlightRequest {
+        match self {
+            Recovery::Resumable(r) => &r.request,
+            Recovery::Task { request, .. } | Recovery::Lost { request } => request,
+        }
+    }
+}
+
+/// One message collected for a resumed request.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RecoveredMessage {
+    /// A notification sent on the request's stream (progress, log, ...),
+    /// as JSON-RPC.
+    Notification(Value),
+    /// A request the server sent on the request's stream (sampling,
+    /// elicitation, ...), as JSON-RPC. It can no longer be answered on the
+    /// old stream's terms; it is here so nothing goes unseen.
+    ServerRequest(Value),
+    /// The final answer: `Ok` with the JSON-RPC `result`, or `Err` with the
+    /// JSON-RPC `error` object.
+    Answer(Result<Value, Value>),
+}
+
+/// Why collecting a resumed request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoveryError {
+    /// The server no longer knows the session: the answer is gone.
+    #[error("the server no longer knows the session; the answer cannot be collected")]
+    SessionGone,
+    /// No final answer within the recovery timeout.
+    #[error("no final answer within {after:?}")]
+    Timeout {
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The resume request failed.
+    #[error("resuming the response stream failed")]
+    Transport {
+        /// The HTTP client's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// A request whose response stream is resumed with `GET` and
+/// `Last-Event-ID`.
+pub struct ResumedRequest {
+    handle: ClientHandle,
+    session: SessionId,
+    request: InFlightRequest,
+    cursor: String,
+    stream: Option<SseResume>,
+    deadline: Option<Instant>,
+    done: bool,
+}
+
+impl std::fmt::Debug for ResumedRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumedRequest")
+            .field("request", &self.request)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResumedRequest {
+    /// The request as journaled (wire id, method, params, cursor).
+    pub fn request(&self) -> &InFlightRequest {
+        &self.request
+    }
+
+    /// The next message of the request's stream after the stored cursor:
+    /// missed notifications in order, then the final answer, then `None`.
+    ///
+    /// When the server's replay ends before the answer (the work is still
+    /// running), the stream is polled again from the newest cursor until the
+    /// answer arrives or the recovery timeout passes. Once the answer is
+    /// read, the request leaves the journal.
+    pub async fn next(&mut self) -> Option<Result<RecoveredMessage, RecoveryError>> {
+        let config = self.handle.recovery;
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + config.timeout);
+        let mut retry = config.poll_interval;
+        loop {
+            if self.done {
+                return None;
+            }
+            if Instant::now() >= deadline {
+                self.done = true;
+                return Some(Err(RecoveryError::Timeout {
+                    after: config.timeout,
+                }));
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                let opened = tokio::time::timeout_at(
+                    deadline,
+                    self.handle.wire.resume(
+                        Arc::from(self.session.as_str()),
+                        self.cursor.clone(),
+                        self.headers(),
+                    ),
+                )
+                .await;
+                match opened {
+                    Err(_) => continue,
+                    Ok(Ok(stream)) => {
+                        debug!(request = %self.request.id, cursor = %self.cursor, "resumed response stream");
+                        self.stream = Some(stream);
+                    }
+                    Ok(Err(WireError::SessionGone)) => {
+                        self.done = true;
+                        return Some(Err(RecoveryError::SessionGone));
+                    }
+                    Ok(Err(WireError::Other(source))) => {
+                        self.done = true;
+                        return Some(Err(RecoveryError::Transport { source }));
+                    }
+                }
+                continue;
+            };
+            let event = match tokio::time::timeout_at(deadline, stream.next()).await {
+                Err(_) => continue,
+                Ok(Some(Ok(event))) => event,
+                Ok(Some(Err(_))) | Ok(None) => {
+                    // The replay ended before the answer: poll again later.
+                    self.stream = None;
+                    tokio::time::sleep_until((Instant::now() + retry).min(deadline)).await;
+                    continue;
+                }
+            };
+            if let Some(ms) = event.retry {
+                retry = Duration::from_millis(ms).max(Duration::from_millis(10));
+            }
+            if let Some(id) = event.id {
+                if let RequestId::Number(wire) = self.request.id {
+                    self.handle.shared.cursor(&self.session, wire, &id);
+                }
+                self.cursor = id;
+            }
+            let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else {
+                continue;
+            };
+            let Ok(mut value) = serde_json::from_str::<Value>(&data) else {
+                continue;
+            };
+            let is_ours = value.get("id").is_some_and(|id| same_id(id, &self.request.id));
+            if value.get("method").is_some() {
+                return Some(Ok(if value.get("id").is_some() {
+                    RecoveredMessage::ServerRequest(value)
+                } else {
+                    RecoveredMessage::Notification(value)
+                }));
+            }
+            if !is_ours {
+                continue;
+            }
+            self.done = true;
+            self.stream = None;
+            self.handle.forget_request(&self.session, &self.request.id);
+            info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
+            let answer = match (value.get_mut("result"), value.get_mut("error")) {
+                (Some(result), _) => Ok(result.take()),
+                (None, Some(error)) => Err(error.take()),
+                (None, None) => Err(Value::Null),
+            };
+            return Some(Ok(RecoveredMessage::Answer(answer)));
+        }
+    }
+
+    /// Reads to the end: the notifications in order, and the final answer.
+    pub async fn collect(mut self) -> Result<(Vec<RecoveredMessage>, Result<Value, Value>), RecoveryError> {
+        let mut seen = Vec::new();
+        while let Some(message) = self.next().await {
+            match message? {
+                RecoveredMessage::Answer(answer) => return Ok((seen, answer)),
+                other => seen.push(other),
+            }
+        }
+        Err(RecoveryError::Timeout {
+            after: self.handle.recovery.timeout,
+        })
+    }
+
+    fn headers(&self) -> HashMap<HeaderName, HeaderValue> {
+        let mut headers = HashMap::new();
+        if let Some((_, result)) = self.handle.shared.current()
+            && let Ok(v) = HeaderValue::from_str(result.protocol_version.as_str())
+        {
+            headers.insert(HeaderName::from_static("mcp-protocol-version"), v);
+        }
+        headers
+    }
+}
+
+fn same_id(id: &Value, ours: &RequestId) -> bool {
+    match ours {
+        RequestId::Number(n) => id.as_i64() == Some(*n),
+        RequestId::String(s) => id.as_str() == Some(s.as_str()),
+    }
+}

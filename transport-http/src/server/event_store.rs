@@ -1,0 +1,187 @@
+//! rmcp's `EventStore` over core's [`EventStore`](mcp_persist_core::EventStore),
+//! with replay that keeps tailing a stream another instance is still writing.
+
+use std::{
+    pin::Pin,
+    sync::{Arc, OnceLock},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use mcp_persist_core::{EventId, SessionId, StoredEvent};
+use rmcp::{
+    model::ServerJsonRpcMessage,
+    transport::streamable_http_server::session::{
+        EventStore as RmcpEventStore, EventStoreError, EventStream, ServerSseMessage,
+    },
+};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// Suffix rmcp gives the standalone (GET) stream of a session.
+const COMMON_STREAM_SUFFIX: &str = ":common";
+
+/// How long one wait for new events lasts before the replay task checks
+/// again whether its client is still there.
+const TAIL_SLICE: Duration = Duration::from_secs(5);
+
+/// The SSE event log of an rmcp Streamable HTTP server, shared by every
+/// instance.
+///
+/// * Every event rmcp sends on a stream is committed before its id is sent.
+///   Ids are `<128-bit random stream token>-<sequence>-<stream id>`: they name
+///   the stream and the position, and cannot be guessed.
+/// * Replay after a `Last-Event-ID` yields the later events of that one
+///   stream, in order, with their original ids, then keeps **tailing** the
+///   stream: events appended meanwhile, by this instance or any other, are
+///   delivered as they are committed. A request's stream ends once its final
+///   response (or error) has been delivered; a session's standalone stream
+///   ends when the client goes away. A tail that sees nothing new for the
+///   configured idle limit ends too, and the client resumes again.
+/// * When the store is owned by one session (the server's session manager
+///   hands each session its own), streams are recorded as that session's, and
+///   a `Last-Event-ID` of another session's stream is refused.
+#[derive(Clone)]
+pub struct DurableEventStore {
+    events: mcp_persist_core::EventStore,
+    session: Arc<OnceLock<SessionId>>,
+    tail_idle: Duration,
+}
+
+impl std::fmt::Debug for DurableEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableEventStore")
+            .field("events", &self.events)
+            .field("session", &self.session.get())
+            .field("tail_idle", &self.tail_idle)
+            .finish()
+    }
+}
+
+impl DurableEventStore {
+    /// A store over core's event store, not owned by any session (the server
+    /// has no sessions, or the caller checks ownership itself). A replay
+    /// tails for at most `tail_idle` without a new event.
+    pub fn new(events: mcp_persist_core::EventStore, tail_idle: Duration) -> Self {
+        DurableEventStore {
+            events,
+            session: Arc::new(OnceLock::new()),
+            tail_idle,
+        }
+    }
+
+    /// The same store, to be owned by one session once
+    /// [`bind`](Self::bind) names it.
+    pub(crate) fn for_session(&self) -> Self {
+        DurableEventStore {
+            events: self.events.clone(),
+            session: Arc::new(OnceLock::new()),
+            tail_idle: self.tail_idle,
+        }
+    }
+
+    /// Names the session owning this store's streams. Later calls are ignored.
+    pub(crate) fn bind(&self, session: SessionId) {
+        let _ = self.session.set(session);
+    }
+
+    /// The underlying typed store.
+    pub fn inner(&self) -> &mcp_persist_core::EventStore {
+        &self.events
+    }
+}
+
+fn to_payload(event: &ServerSseMessage) -> Result<serde_json::Value, serde_json::Error> {
+    match &event.message {
+        Some(message) => serde_json::to_value(message.as_ref()),
+        None => Ok(serde_json::Value::Null),
+    }
+}
+
+#[async_trait::async_trait]
+impl RmcpEventStore for DurableEventStore {
+    async fn store_event(&self, stream_id: &str, event: &ServerSseMessage) -> Result<String, EventStoreError> {
+        let payload = to_payload(event)?;
+        let id = self.events.append(stream_id, self.session.get(), &payload).await?;
+        Ok(id.to_string())
+    }
+
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<EventStream, EventStoreError> {
+        let after = self.events.check(last_event_id, self.session.get()).await?;
+        debug!(stream = after.stream(), after = after.seq(), "replaying events, then tailing");
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(pump(self.events.clone(), after, tx, self.tail_idle));
+        Ok(Box::pin(ReceiverStream(rx)))
+    }
+}
+
+/// Replays, then tails, one stream into `tx` until its final response is
+/// sent, the client goes away, or nothing new comes for `idle`.
+async fn pump(
+    events: mcp_persist_core::EventStore,
+    mut after: EventId,
+    tx: mpsc::Sender<ServerSseMessage>,
+    idle: Duration,
+) {
+    let request_stream = !after.stream().ends_with(COMMON_STREAM_SUFFIX);
+    let mut quiet = Duration::ZERO;
+    let mut delivered = 0usize;
+    loop {
+        let slice = TAIL_SLICE.min(idle.saturating_sub(quiet)).max(Duration::from_millis(1));
+        let batch = tokio::select! {
+            batch = events.tail(&after, slice) => batch,
+            () = tx.closed() => return,
+        };
+        let batch: Vec<StoredEvent> = match batch {
+            Ok(batch) => batch,
+            Err(e) => {
+                warn!(stream = after.stream(), error = %e, "event replay stopped: the store failed");
+                return;
+            }
+        };
+        if batch.is_empty() {
+            quiet += slice;
+            if quiet >= idle {
+                debug!(stream = after.stream(), delivered, "no new events within the tail limit; ending the stream");
+                return;
+            }
+            continue;
+        }
+        quiet = Duration::ZERO;
+        for event in batch {
+            after = event.id.clone();
+            if event.payload.is_null() {
+                // A priming event: it carries no message.
+                continue;
+            }
+            let message: ServerJsonRpcMessage = match serde_json::from_value(event.payload) {
+                Ok(message) => message,
+                Err(e) => {
+                    warn!(stream = after.stream(), seq = after.seq(), error = %e, "stored event is not a JSON-RPC message; ending the replay");
+                    return;
+                }
+            };
+            let last = request_stream
+                && matches!(message, ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_));
+            if tx.send(ServerSseMessage::new(event.id.to_string(), message)).await.is_err() {
+                return;
+            }
+            delivered += 1;
+            if last {
+                debug!(stream = after.stream(), delivered, "final response delivered; replay complete");
+                return;
+            }
+        }
+    }
+}
+
+/// A `Send + Sync` stream over a channel (rmcp requires `Sync` streams).
+struct ReceiverStream(mpsc::Receiver<ServerSseMessage>);
+
+impl futures::Stream for ReceiverStream {
+    type Item = ServerSseMessage;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}

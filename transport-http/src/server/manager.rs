@@ -1,0 +1,222 @@
+//! The session manager: rmcp's local session workers, one event log shared
+//! by every instance, and liveness decided by the shared session store.
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::Stream;
+use mcp_persist_core::SessionId as StoredSessionId;
+use rmcp::{
+    model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
+    transport::streamable_http_server::session::{
+        RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+        local::{LocalSessionManager, LocalSessionManagerError, SessionConfig},
+    },
+};
+use tokio::sync::RwLock;
+use tracing::{debug, info};
+
+use super::DurableEventStore;
+
+/// Why the [`DurableSessionManager`] could not serve a session operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionManagerError {
+    /// The session is not held by this instance (rmcp restores it from the
+    /// store first, so this means it ended meanwhile).
+    #[error("session not found on this instance")]
+    NotFound,
+    /// rmcp's session worker failed.
+    #[error(transparent)]
+    Worker(#[from] LocalSessionManagerError),
+    /// The shared store failed.
+    #[error("session store: {0}")]
+    Store(#[from] mcp_persist_core::Error),
+}
+
+/// An rmcp [`SessionManager`] whose sessions live on any instance.
+///
+/// Each session runs in rmcp's own in-memory worker (so message routing,
+/// SSE priming and request association are rmcp's), with its events written
+/// to the shared [`DurableEventStore`] under the session's name. On top:
+///
+/// * **Liveness comes from the shared store.** A session this instance holds
+///   but the store no longer has (idle TTL passed, or a DELETE on another
+///   instance) is closed here and answered 404. Every use touches the
+///   session's TTL (coalesced to one write per tenth of the TTL).
+/// * **Restore.** rmcp asks for a fresh worker when a request names a session
+///   found only in the store; this manager makes one under the same id.
+/// * **Resume.** `Last-Event-ID` replays from the shared log and tails it,
+///   so a stream another instance is still writing is delivered live.
+pub struct DurableSessionManager {
+    sessions: RwLock<HashMap<SessionId, Arc<LocalSessionManager>>>,
+    session_config: SessionConfig,
+    store: mcp_persist_core::SessionStore,
+    events: Option<DurableEventStore>,
+}
+
+impl std::fmt::Debug for DurableSessionManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableSessionManager")
+            .field("session_config", &self.session_config)
+            .field("store", &self.store)
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
+}
+
+type Transport = <LocalSessionManager as SessionManager>::Transport;
+type SseStream = std::pin::Pin<Box<dyn Stream<Item = ServerSseMessage> + Send + Sync + 'static>>;
+
+fn boxed(stream: impl Stream<Item = ServerSseMessage> + Send + Sync + 'static) -> SseStream {
+    Box::pin(stream)
+}
+
+impl DurableSessionManager {
+    /// A manager over the shared session store and, when given, event store.
+    /// `session_config` configures rmcp's per-session workers (its
+    /// `keep_alive` is how long an idle worker stays in memory here; the
+    /// session itself lives as long as the store keeps it).
+    pub fn new(
+        store: mcp_persist_core::SessionStore,
+        events: Option<DurableEventStore>,
+        session_config: SessionConfig,
+    ) -> Self {
+        DurableSessionManager {
+            sessions: RwLock::default(),
+            session_config,
+            store,
+            events,
+        }
+    }
+
+    /// How many sessions this instance holds in memory now.
+    pub async fn local_sessions(&self) -> usize {
+        self.sessions.read().await.len()
+    }
+
+    fn new_local(&self) -> (Arc<LocalSessionManager>, Option<DurableEventStore>) {
+        let mut local = LocalSessionManager::default();
+        local.session_config = self.session_config.clone();
+        let events = self.events.as_ref().map(DurableEventStore::for_session);
+        if let Some(events) = &events {
+            local = local.with_event_store(Arc::new(events.clone()));
+        }
+        (Arc::new(local), events)
+    }
+
+    async fn local(&self, id: &SessionId) -> Result<Arc<LocalSessionManager>, SessionManagerError> {
+        self.sessions.read().await.get(id).cloned().ok_or(SessionManagerError::NotFound)
+    }
+
+    async fn drop_local(&self, id: &SessionId) -> Result<(), SessionManagerError> {
+        let local = self.sessions.write().await.remove(id);
+        if let Some(local) = local {
+            local.close_session(id).await?;
+        }
+        Ok(())
+    }
+}
+
+impl SessionManager for DurableSessionManager {
+    type Error = SessionManagerError;
+    type Transport = Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (local, events) = self.new_local();
+        let (id, transport) = local.create_session().await?;
+        if let Some(events) = events {
+            events.bind(StoredSessionId::new(id.as_ref())?);
+        }
+        self.sessions.write().await.insert(id.clone(), local);
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        Ok(self.local(id).await?.initialize_session(id, message).await?)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        if !self.sessions.read().await.contains_key(id) {
+            return Ok(false);
+        }
+        let Ok(stored_id) = StoredSessionId::new(id.as_ref()) else {
+            return Ok(false);
+        };
+        if self.store.touch(&stored_id).await? {
+            return Ok(true);
+        }
+        info!(session = %stored_id, "session expired or ended elsewhere; closing it here");
+        self.drop_local(id).await?;
+        Ok(false)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        self.drop_local(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        let local = self.local(id).await?;
+        let stream = local.create_stream(id, message).await?;
+        Ok(boxed(stream))
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        Ok(self.local(id).await?.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        let local = self.local(id).await?;
+        let stream = local.create_standalone_stream(id).await?;
+        Ok(boxed(stream))
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        let local = self.local(id).await?;
+        let stream = local.resume(id, last_event_id).await?;
+        Ok(boxed(stream))
+    }
+
+    async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        let stored_id = StoredSessionId::new(id.as_ref())?;
+        let mut sessions = self.sessions.write().await;
+        if sessions.contains_key(&id) {
+            return Ok(RestoreOutcome::AlreadyPresent);
+        }
+        let (local, events) = self.new_local();
+        if let Some(events) = events {
+            events.bind(stored_id.clone());
+        }
+        match local.restore_session(id.clone()).await? {
+            RestoreOutcome::Restored(transport) => {
+                sessions.insert(id, local);
+                info!(session = %stored_id, "restoring session from the shared store");
+                Ok(RestoreOutcome::Restored(transport))
+            }
+            other => {
+                debug!(session = %stored_id, "rmcp declined to restore the session");
+                Ok(other)
+            }
+        }
+    }
+
+    fn event_store(&self) -> Option<Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>> {
+        self.events
+            .clone()
+            .map(|e| Arc::new(e) as Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>)
+    }
+}

@@ -1,0 +1,181 @@
+//! Durable sessions and event replay for rmcp Streamable HTTP servers, on
+//! any instance behind a load balancer or on serverless.
+//!
+//! [`DurableServer`] builds, from core's [`Stores`]:
+//!
+//! * a [`StreamableHttpServerConfig`] whose `session_store` is a
+//!   [`DurableSessionStore`]: rmcp restores a session on any instance by
+//!   replaying the client's stored `initialize`;
+//! * a [`DurableSessionManager`]: rmcp's own session workers, with every SSE
+//!   event committed to a [`DurableEventStore`] shared by all instances, and
+//!   session liveness (idle TTL) decided by the shared store;
+//! * a [`SessionBindingLayer`]: binds each session to the authenticated
+//!   principal that created it, and answers bad `Last-Event-ID`s with a clear
+//!   HTTP error.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use mcp_persist_core::{MemoryStore, Stores};
+//! use mcp_persist_transport_http::server::DurableServer;
+//! # #[derive(Clone)] struct MyHandler;
+//! # impl rmcp::ServerHandler for MyHandler {}
+//!
+//! let stores = Stores::new(MemoryStore::new()); // a shared durable backend in production
+//! let server = DurableServer::builder(stores)
+//!     .idle_ttl(Duration::from_secs(30 * 60))
+//!     .build()?;
+//! // A tower service: mount it in axum with `Router::new().nest_service("/mcp", service)`.
+//! let service = server.service(|| Ok(MyHandler));
+//! # let _ = service; Ok(()) }
+//! ```
+
+mod binding;
+mod event_store;
+mod manager;
+mod session_store;
+
+use std::{sync::Arc, time::Duration};
+
+pub use binding::{Principal, SessionBinding, SessionBindingLayer};
+pub use event_store::DurableEventStore;
+pub use manager::{DurableSessionManager, SessionManagerError};
+use mcp_persist_core::{EventStoreConfig, Result, Stores};
+pub use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::local::SessionConfig,
+};
+pub use session_store::DurableSessionStore;
+
+/// Builds a durable rmcp server configuration; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct DurableServerBuilder {
+    stores: Stores,
+    idle_ttl: Duration,
+    events: Option<EventStoreConfig>,
+    tail_idle: Duration,
+    config: StreamableHttpServerConfig,
+    session_config: SessionConfig,
+}
+
+impl DurableServerBuilder {
+    /// How long a session lives without being used, on every instance
+    /// (default 30 minutes). Touches are coalesced to one store write per
+    /// tenth of this.
+    pub fn idle_ttl(mut self, ttl: Duration) -> Self {
+        self.idle_ttl = ttl;
+        self
+    }
+
+    /// How long and how much of each event stream is kept (default: core's
+    /// [`EventStoreConfig::default`], one hour and 10 000 events).
+    pub fn event_retention(mut self, config: EventStoreConfig) -> Self {
+        self.events = Some(config);
+        self
+    }
+
+    /// Keeps no event log: streams cannot be resumed, as with rmcp's
+    /// defaults, but sessions are still restored on any instance.
+    pub fn without_events(mut self) -> Self {
+        self.events = None;
+        self
+    }
+
+    /// How long a resumed stream waits for a new event from the instance
+    /// still writing it before it ends and lets the client resume again
+    /// (default 60 seconds).
+    pub fn tail_idle(mut self, idle: Duration) -> Self {
+        self.tail_idle = idle;
+        self
+    }
+
+    /// Starts from this rmcp server configuration (allowed hosts, SSE retry,
+    /// keep-alive...). Its `session_store` is replaced.
+    pub fn http_config(mut self, config: StreamableHttpServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Configures rmcp's per-session workers. Its `keep_alive` (how long an
+    /// idle session stays in this instance's memory) is capped at the idle
+    /// TTL; the session itself lives in the store.
+    pub fn session_config(mut self, config: SessionConfig) -> Self {
+        self.session_config = config;
+        self
+    }
+
+    /// The configured server; [`mcp_persist_core::Error::Unsupported`] when
+    /// events are kept but the stores route no log backend.
+    pub fn build(self) -> Result<DurableServer> {
+        let sessions = self.stores.sessions(self.idle_ttl);
+        let events = match self.events {
+            Some(config) => Some(self.stores.events(config)?),
+            None => None,
+        };
+        let rmcp_events = events.clone().map(|e| DurableEventStore::new(e, self.tail_idle));
+        let mut session_config = self.session_config;
+        session_config.keep_alive = Some(session_config.keep_alive.map_or(self.idle_ttl, |k| k.min(self.idle_ttl)));
+        if session_config.sse_retry.is_none() {
+            session_config.sse_retry = self.config.sse_retry;
+        }
+        let manager = Arc::new(DurableSessionManager::new(sessions.clone(), rmcp_events, session_config));
+        let mut config = self.config;
+        config.session_store = Some(Arc::new(DurableSessionStore::new(sessions.clone())));
+        Ok(DurableServer {
+            config,
+            manager,
+            layer: SessionBindingLayer::new(sessions, events),
+        })
+    }
+}
+
+/// An rmcp server configuration, session manager and binding layer wired to
+/// shared stores. Build one per instance, from stores every instance shares.
+#[derive(Debug, Clone)]
+pub struct DurableServer {
+    config: StreamableHttpServerConfig,
+    manager: Arc<DurableSessionManager>,
+    layer: SessionBindingLayer,
+}
+
+impl DurableServer {
+    /// A builder over `stores` (sessions and, unless
+    /// [`without_events`](DurableServerBuilder::without_events), the event log).
+    pub fn builder(stores: Stores) -> DurableServerBuilder {
+        DurableServerBuilder {
+            stores,
+            idle_ttl: Duration::from_secs(30 * 60),
+            events: Some(EventStoreConfig::default()),
+            tail_idle: Duration::from_secs(60),
+            config: StreamableHttpServerConfig::default(),
+            session_config: SessionConfig::default(),
+        }
+    }
+
+    /// The rmcp server configuration, with the session store set.
+    pub fn config(&self) -> StreamableHttpServerConfig {
+        self.config.clone()
+    }
+
+    /// The session manager to give rmcp's `StreamableHttpService`.
+    pub fn session_manager(&self) -> Arc<DurableSessionManager> {
+        self.manager.clone()
+    }
+
+    /// The binding layer; wrap rmcp's service in it (or use
+    /// [`service`](Self::service), which does).
+    pub fn layer(&self) -> SessionBindingLayer {
+        self.layer.clone()
+    }
+
+    /// rmcp's Streamable HTTP service for handlers made by `factory`, wired
+    /// to the stores and wrapped in the binding layer: a tower service ready
+    /// to mount (`axum::Router::nest_service`, or any hyper server).
+    pub fn service<H, F>(&self, factory: F) -> SessionBinding<StreamableHttpService<H, DurableSessionManager>>
+    where
+        H: rmcp::ServerHandler + Send + 'static,
+        F: Fn() -> std::result::Result<H, std::io::Error> + Send + Sync + 'static,
+    {
+        let service = StreamableHttpService::new(factory, self.manager.clone(), self.config.clone());
+        tower_layer::Layer::layer(&self.layer, service)
+    }
+}

@@ -1,0 +1,103 @@
+//! rmcp's `SessionStore` over core's [`SessionStore`](mcp_persist_core::SessionStore).
+
+use mcp_persist_core::{Error, ServerSession, SessionId, Timestamp};
+use rmcp::{
+    model::InitializeRequestParams,
+    transport::streamable_http_server::session::{SessionState, SessionStore as RmcpSessionStore, SessionStoreError},
+};
+use tracing::{debug, error, warn};
+
+tokio::task_local! {
+    /// The principal of the request being served, set by
+    /// [`SessionBinding`](super::SessionBinding) around the inner service so
+    /// that the session created by an `initialize` is bound to it in the same
+    /// write that stores it.
+    pub(crate) static REQUEST_PRINCIPAL: Option<String>;
+}
+
+/// Sessions of an rmcp Streamable HTTP server, kept in a backend shared by
+/// every instance.
+///
+/// rmcp stores a session's `initialize` params here after the handshake and,
+/// when a request names a session the instance does not hold, loads them and
+/// replays `initialize` into a fresh handler. This store adds what rmcp's
+/// trait does not carry: the principal the session is bound to (taken from
+/// [`SessionBinding`](super::SessionBinding)) and an idle TTL after which
+/// the session is gone on every instance.
+#[derive(Debug, Clone)]
+pub struct DurableSessionStore {
+    sessions: mcp_persist_core::SessionStore,
+}
+
+impl DurableSessionStore {
+    /// A store over core's session store (which carries the idle TTL).
+    pub fn new(sessions: mcp_persist_core::SessionStore) -> Self {
+        DurableSessionStore { sessions }
+    }
+
+    /// The underlying typed store.
+    pub fn inner(&self) -> &mcp_persist_core::SessionStore {
+        &self.sessions
+    }
+}
+
+#[async_trait::async_trait]
+impl RmcpSessionStore for DurableSessionStore {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let Ok(id) = SessionId::new(session_id) else {
+            return Ok(None);
+        };
+        let Some(session) = self.sessions.load(&id).await? else {
+            debug!("no live session to restore under this id");
+            return Ok(None);
+        };
+        let params: InitializeRequestParams =
+            serde_json::from_value(session.initialize_params).map_err(|e| Error::Corrupt {
+                key: format!("server/session/{session_id}"),
+                reason: "initialize params do not parse".into(),
+                source: Some(Box::new(e)),
+            })?;
+        debug!(session = %id, "loaded session for restore");
+        Ok(Some(SessionState::new(params)))
+    }
+
+    async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let id = SessionId::new(session_id)?;
+        let principal = REQUEST_PRINCIPAL.try_with(Clone::clone).ok().flatten();
+        let now = Timestamp::now();
+        let session = ServerSession {
+            session_id: id.clone(),
+            initialize_params: serde_json::to_value(&state.initialize_params)?,
+            principal,
+            created_at: now,
+            last_seen: now,
+        };
+        match self.sessions.create(&session).await {
+            Ok(()) => Ok(()),
+            Err(Error::AlreadyExists { .. }) => {
+                // Never rebind an existing session to another principal.
+                let existing = self.sessions.load(&id).await?;
+                match existing {
+                    Some(old) if old.principal != session.principal => {
+                        warn!(session = %id, "refusing to rebind a stored session to another principal");
+                        Err(Box::new(Error::invalid("session id", "it is bound to another principal")))
+                    }
+                    _ => Ok(self.sessions.save(&session).await?),
+                }
+            }
+            Err(e) => {
+                error!(session = %id, error = %e, "could not store the new session; it cannot be restored elsewhere");
+                Err(Box::new(e))
+            }
+        }
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        let Ok(id) = SessionId::new(session_id) else {
+            return Ok(());
+        };
+        self.sessions.delete(&id).await?;
+        debug!(session = %id, "deleted session");
+        Ok(())
+    }
+}
