@@ -1,0 +1,409 @@
+//! Claims that need more than one process: acknowledged writes survive
+//! SIGKILL at any instant, and compare-and-swap is exact across processes.
+//!
+//! The test binary re-executes itself as the child process: with the
+//! environment variable [`CHILD_ROLE`] set, a test runs the child's loop
+//! instead of the parent's checks.
+
+use std::{
+    collections::{BTreeMap, hash_map::RandomState},
+    hash::{BuildHasher, Hasher},
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_store_sqlite::SqliteStore;
+
+/// Which child loop to run (`crash` or `increment`).
+const CHILD_ROLE: &str = "MCP_PERSIST_SQLITE_CHILD_ROLE";
+/// The database file the child opens.
+const CHILD_DB: &str = "MCP_PERSIST_SQLITE_CHILD_DB";
+
+const COUNTER: &str = "crash/counter";
+const LOGS: u64 = 4;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Starts this test binary again as a child running `test` in `role`.
+fn spawn_child(test: &str, role: &str, db: &Path) -> Child {
+    Command::new(std::env::current_exe().expect("path of the test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ROLE, role)
+        .env(CHILD_DB, db)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the child process")
+}
+
+/// Which role this process plays for `role`: `Some(db)` in a child.
+fn child_db(role: &str) -> Option<String> {
+    match std::env::var(CHILD_ROLE) {
+        Ok(r) if r == role => Some(std::env::var(CHILD_DB).expect("child database path")),
+        _ => None,
+    }
+}
+
+/// A small random source without a dependency: seeded by the standard
+/// library's per-process random hasher keys.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Self {
+        Rng(RandomState::new().build_hasher().finish() | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        // xorshift64
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+// ---------------------------------------------------------------------------
+// SIGKILL at random instants
+
+/// The child: one task increments a counter by compare-and-swap, four tasks
+/// append to their own logs (one to three records per call, so that group
+/// commit and multi-record appends are both in flight when the kill lands).
+/// Every acknowledgement is printed only after the call returned `Ok`.
+async fn crash_child(db: String) {
+    let store = SqliteStore::open(&db).await.expect("child opens the store");
+    let mut tasks = Vec::new();
+    {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let current = store.get(COUNTER).await.expect("get counter");
+                let (n, mode) = match &current {
+                    Some(entry) => (parse_counter(&entry.value), PutMode::Update(entry.version)),
+                    None => (0, PutMode::Create),
+                };
+                store
+                    .put(COUNTER, (n + 1).to_string().into_bytes(), mode, None)
+                    .await
+                    .expect("only this task writes the counter");
+                println!("ACK kv {}", n + 1);
+            }
+        }));
+    }
+    for t in 0..LOGS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let log = format!("crash/log-{t}");
+            let existing = store
+                .read_after(&log, 0, usize::MAX)
+                .await
+                .expect("read log");
+            let mut n = existing.last().map_or(0, |r| parse_record(t, &r.data));
+            let mut rng = Rng::new();
+            loop {
+                let count = 1 + rng.below(3);
+                let records: Vec<Vec<u8>> = (1..=count)
+                    .map(|i| format!("{t}:{}", n + i).into_bytes())
+                    .collect();
+                let seqs = store.append(&log, records, None).await.expect("append");
+                let pairs: Vec<String> = seqs
+                    .iter()
+                    .zip(1..)
+                    .map(|(seq, i)| format!("{seq}:{}", n + i))
+                    .collect();
+                n += count;
+                println!("ACK log {t} {}", pairs.join(" "));
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("child task");
+    }
+}
+
+fn parse_counter(value: &[u8]) -> u64 {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("counter value {value:?} does not parse"))
+}
+
+/// A log record is `t:n`; anything else is garbage.
+fn parse_record(t: u64, data: &[u8]) -> u64 {
+    let text = std::str::from_utf8(data).unwrap_or_else(|_| panic!("record {data:?} is not text"));
+    let (owner, n) = text
+        .split_once(':')
+        .unwrap_or_else(|| panic!("record {text:?} is not t:n"));
+    assert_eq!(
+        owner,
+        t.to_string(),
+        "record {text:?} in the log of task {t}"
+    );
+    n.parse()
+        .unwrap_or_else(|_| panic!("record {text:?} has no number"))
+}
+
+/// What the parent has seen acknowledged so far.
+#[derive(Default)]
+struct Acks {
+    counter: u64,
+    /// Per log: acknowledged sequence number -> record number.
+    logs: BTreeMap<u64, BTreeMap<u64, u64>>,
+}
+
+impl Acks {
+    fn record(&mut self, line: &str) {
+        // The test harness may have printed the test's name before the first
+        // acknowledgement, on the same line.
+        let Some(start) = line.find("ACK ") else {
+            return;
+        };
+        let mut words = line[start..].split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("ACK"), Some("kv")) => {
+                let n: u64 = words.next().and_then(|w| w.parse().ok()).expect("kv ack");
+                assert!(
+                    n > self.counter,
+                    "counter acknowledged {n} after {}",
+                    self.counter
+                );
+                self.counter = n;
+            }
+            (Some("ACK"), Some("log")) => {
+                let t: u64 = words.next().and_then(|w| w.parse().ok()).expect("log ack");
+                let log = self.logs.entry(t).or_default();
+                for pair in words {
+                    let (seq, n) = pair.split_once(':').expect("seq:n");
+                    log.insert(seq.parse().expect("seq"), n.parse().expect("n"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Opens the database as a fresh process would and checks that nothing
+    /// acknowledged is missing and nothing unreadable is there.
+    async fn check(&self, db: &Path, kill: u32) {
+        let store = SqliteStore::open(db)
+            .await
+            .unwrap_or_else(|e| panic!("database does not open after kill {kill}: {e}"));
+        let counter = store
+            .get(COUNTER)
+            .await
+            .unwrap_or_else(|e| panic!("counter unreadable after kill {kill}: {e}"))
+            .map_or(0, |entry| parse_counter(&entry.value));
+        assert!(
+            counter == self.counter || counter == self.counter + 1,
+            "after kill {kill}: counter is {counter}, last acknowledged {}",
+            self.counter
+        );
+        for t in 0..LOGS {
+            let records = store
+                .read_after(&format!("crash/log-{t}"), 0, usize::MAX)
+                .await
+                .unwrap_or_else(|e| panic!("log {t} unreadable after kill {kill}: {e}"));
+            let mut stored = BTreeMap::new();
+            let mut previous: Option<(u64, u64)> = None;
+            for record in &records {
+                let n = parse_record(t, &record.data);
+                if let Some((seq, m)) = previous {
+                    assert!(record.seq > seq, "log {t}: sequence numbers not increasing");
+                    assert_eq!(n, m + 1, "log {t}: record {n} follows {m}");
+                }
+                previous = Some((record.seq, n));
+                stored.insert(record.seq, n);
+            }
+            for (seq, n) in self.logs.get(&t).into_iter().flatten() {
+                assert_eq!(
+                    stored.get(seq),
+                    Some(n),
+                    "after kill {kill}: acknowledged record {t}:{n} at seq {seq} is missing"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sigkill_loses_no_acknowledged_write() {
+    const KILLS: u32 = 200;
+    const BUDGET: Duration = Duration::from_secs(240);
+    if let Some(db) = child_db("crash") {
+        runtime().block_on(crash_child(db));
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("crash.db");
+    let rt = runtime();
+    let mut acks = Acks::default();
+    let mut rng = Rng::new();
+    let started = Instant::now();
+    for kill in 1..=KILLS {
+        assert!(
+            started.elapsed() < BUDGET,
+            "only {} kills within {BUDGET:?}",
+            kill - 1
+        );
+        let mut child = spawn_child("sigkill_loses_no_acknowledged_write", "crash", &db);
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (lines_tx, lines) = mpsc::channel::<String>();
+        let reader = thread::spawn(move || {
+            let mut stdout = BufReader::new(stdout);
+            loop {
+                let mut line = String::new();
+                match stdout.read_line(&mut line) {
+                    // A line cut short by the kill is not an acknowledgement.
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if !line.ends_with('\n') => break,
+                    Ok(_) => {
+                        if lines_tx.send(line).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        // Kill at a random instant after the child has started acknowledging.
+        let first = loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the child acknowledged nothing within a minute");
+            if line.contains("ACK ") {
+                break line;
+            }
+        };
+        acks.record(&first);
+        thread::sleep(Duration::from_micros(rng.below(25_000)));
+        child.kill().expect("SIGKILL the child");
+        let status = child.wait().expect("reap the child");
+        assert!(!status.success(), "the child exited on its own: {status}");
+        reader.join().expect("stdout reader");
+        for line in lines.try_iter() {
+            acks.record(&line);
+        }
+        rt.block_on(acks.check(&db, kill));
+    }
+    assert!(
+        acks.counter > 0,
+        "no counter increment was ever acknowledged"
+    );
+    let raw = rusqlite::Connection::open(&db).expect("open with plain SQLite");
+    let integrity: String = raw
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .expect("integrity check");
+    assert_eq!(integrity, "ok", "SQLite finds the file damaged");
+    let appended: usize = acks.logs.values().map(BTreeMap::len).sum();
+    eprintln!(
+        "{KILLS} kills in {:?}: counter at {}, {appended} acknowledged log records, all present",
+        started.elapsed(),
+        acks.counter
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Two processes, one counter
+
+const SHARED_COUNTER: &str = "shared/counter";
+const INCREMENTS: u64 = 150;
+
+/// The child: `INCREMENTS` read-modify-write increments, retrying conflicts.
+async fn increment_child(db: String) {
+    let store = SqliteStore::open(&db).await.expect("child opens the store");
+    let mut conflicts = 0u64;
+    for _ in 0..INCREMENTS {
+        loop {
+            let entry = store
+                .get(SHARED_COUNTER)
+                .await
+                .expect("get")
+                .expect("the parent created the counter");
+            let n = parse_counter(&entry.value);
+            match store
+                .put(
+                    SHARED_COUNTER,
+                    (n + 1).to_string().into_bytes(),
+                    PutMode::Update(entry.version),
+                    None,
+                )
+                .await
+            {
+                Ok(_) => break,
+                Err(Error::Conflict { .. }) => conflicts += 1,
+                Err(e) => panic!("increment failed: {e}"),
+            }
+        }
+    }
+    println!("DONE conflicts={conflicts}");
+}
+
+#[test]
+fn two_processes_incrementing_end_exact() {
+    const BUDGET: Duration = Duration::from_secs(180);
+    if let Some(db) = child_db("increment") {
+        runtime().block_on(increment_child(db));
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("shared.db");
+    let rt = runtime();
+    rt.block_on(async {
+        let store = SqliteStore::open(&db).await.expect("open");
+        store
+            .put(SHARED_COUNTER, b"0".to_vec(), PutMode::Create, None)
+            .await
+            .expect("create the counter");
+    });
+    let mut children: Vec<Child> = (0..2)
+        .map(|_| spawn_child("two_processes_incrementing_end_exact", "increment", &db))
+        .collect();
+    let started = Instant::now();
+    let mut outputs = Vec::new();
+    for child in &mut children {
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("poll the child") {
+                break status;
+            }
+            if started.elapsed() > BUDGET {
+                let _ = child.kill();
+                panic!("the incrementing children did not finish within {BUDGET:?}");
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let mut out = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().expect("piped stdout"), &mut out)
+            .expect("child output");
+        assert!(status.success(), "a child failed: {status}");
+        outputs.push(out);
+    }
+    for out in &outputs {
+        assert!(
+            out.contains("DONE"),
+            "a child did not finish its increments"
+        );
+    }
+    let total = rt.block_on(async {
+        let store = SqliteStore::open(&db).await.expect("reopen");
+        let entry = store
+            .get(SHARED_COUNTER)
+            .await
+            .expect("get")
+            .expect("present");
+        parse_counter(&entry.value)
+    });
+    assert_eq!(
+        total,
+        2 * INCREMENTS,
+        "two processes x {INCREMENTS} increments"
+    );
+}
