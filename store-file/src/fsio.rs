@@ -1,0 +1,266 @@
+//! The crash-safe file primitives everything else is built on.
+
+use std::{
+    fs::{self, DirBuilder, File, OpenOptions},
+    io::{self, Write},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use mcp_persist_core::Error;
+use tracing::warn;
+
+/// The backend name in errors and traces.
+pub(crate) const NAME: &str = "file";
+
+/// Mode of every file the store creates.
+pub(crate) const FILE_MODE: u32 = 0o600;
+/// Mode of every directory the store creates.
+pub(crate) const DIR_MODE: u32 = 0o700;
+
+/// Prefix of temporary files; every listing skips names starting with a dot.
+pub(crate) const TEMP_PREFIX: &str = ".tmp-";
+
+/// A failed file-system call, with what was being done and to which path.
+#[derive(Debug, thiserror::Error)]
+#[error("could not {op} {}: {source}", path.display())]
+pub(crate) struct IoError {
+    op: &'static str,
+    path: PathBuf,
+    #[source]
+    source: io::Error,
+}
+
+/// Wraps an I/O error as the store's [`Error::Backend`].
+pub(crate) fn io_error(op: &'static str, path: &Path, source: io::Error) -> Error {
+    Error::backend(
+        NAME,
+        IoError {
+            op,
+            path: path.to_path_buf(),
+            source,
+        },
+    )
+}
+
+/// A closure for `map_err` that wraps an I/O error.
+pub(crate) fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
+    move |source| io_error(op, path, source)
+}
+
+/// Milliseconds since the Unix epoch (TTLs are wall-clock, so they hold
+/// across processes and restarts).
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Microseconds since the Unix epoch.
+pub(crate) fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The absolute expiry (Unix milliseconds) of a write made at `now_ms` with
+/// `ttl`, rounded up so that a TTL never ends early. Never 0, which means
+/// "no expiry" on disk.
+pub(crate) fn expiry_ms(now_ms: u64, ttl: Duration) -> u64 {
+    let ttl_ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+    now_ms.saturating_add(ttl_ms).max(1)
+}
+
+/// Whether a record with this on-disk expiry (0: none) is still live.
+pub(crate) fn is_live(expires_ms: u64, now_ms: u64) -> bool {
+    expires_ms == 0 || expires_ms > now_ms
+}
+
+/// A name for a temporary file that no other writer uses: process id plus a
+/// per-process counter.
+fn temp_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{TEMP_PREFIX}{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Writes `parts` as the whole new content of `dir/name`, crash-safely: a
+/// temporary file in the same directory (mode 0600) is written and fsynced,
+/// renamed over the target, and the directory is fsynced. Whatever instant a
+/// crash happens at, `dir/name` holds either its old content or all of the new.
+pub(crate) fn write_atomic(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(), Error> {
+    let (tmp, mut file) = loop {
+        let tmp = dir.join(temp_name());
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&tmp)
+        {
+            Ok(file) => break (tmp, file),
+            // A file left by a crashed process that had our pid: take the next name.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io_error("create a temporary file", &tmp, e)),
+        }
+    };
+    let written = (|| {
+        for part in parts {
+            file.write_all(part).map_err(io("write", &tmp))?;
+        }
+        file.sync_all().map_err(io("fsync", &tmp))?;
+        drop(file);
+        let target = dir.join(name);
+        fs::rename(&tmp, &target).map_err(io("rename into place", &target))
+    })();
+    if let Err(e) = written {
+        // Best effort: a leftover temporary file is harmless and swept later.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(dir)
+}
+
+/// Fsyncs a directory, making renames, creations and removals in it durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync directory", dir))
+}
+
+/// Creates `dir` with mode 0700 if it does not exist (fsyncing its parent so
+/// the creation is durable), or warns if an existing one is open to others.
+/// Returns whether it was created.
+pub(crate) fn ensure_private_dir(dir: &Path) -> Result<bool, Error> {
+    match DirBuilder::new().mode(DIR_MODE).create(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let meta = fs::metadata(dir).map_err(io("inspect", dir))?;
+            if !meta.is_dir() {
+                return Err(io_error(
+                    "use as a directory",
+                    dir,
+                    io::Error::other("a file of that name is in the way"),
+                ));
+            }
+            warn_if_open_to_others(dir, meta.permissions().mode());
+            Ok(false)
+        }
+        Err(e) => Err(io_error("create directory", dir, e)),
+    }
+}
+
+/// Warns when a mode grants any access to group or others: the store may
+/// hold tokens, which must stay readable by their owner alone.
+pub(crate) fn warn_if_open_to_others(path: &Path, mode: u32) -> bool {
+    if mode & 0o077 != 0 {
+        warn!(
+            path = %path.display(),
+            mode = format_args!("{:o}", mode & 0o7777),
+            "store path is accessible by group or others; it may hold secrets, \
+             consider chmod go-rwx"
+        );
+        return true;
+    }
+    false
+}
+
+/// An exclusive lock on a side file, held until dropped. Locks are taken
+/// through a fresh file handle each time, so they exclude other threads of
+/// this process as well as other processes; the kernel releases them when a
+/// holder dies.
+#[derive(Debug)]
+pub(crate) struct LockGuard {
+    _file: File,
+}
+
+/// Blocks until the exclusive lock on `path` is held.
+pub(crate) fn lock_file(path: &Path) -> Result<LockGuard, Error> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)
+        .map_err(io("open lock file", path))?;
+    file.lock().map_err(io("lock", path))?;
+    Ok(LockGuard { _file: file })
+}
+
+/// Removes temporary files in `dir` older than `min_age` (left by writers
+/// that crashed between creating and renaming them). Returns how many.
+pub(crate) fn remove_stale_temps(dir: &Path, min_age: Duration) -> Result<u64, Error> {
+    let mut removed = 0;
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_error("list", dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io("list", dir))?;
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        let old_enough = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if old_enough && fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// The lowercase hex SHA-256 of `data`: the file name of a key or log, so
+/// that no key can name a path outside the store, whatever it contains.
+pub(crate) fn hashed_name(domain: &str, data: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(domain.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(data.as_bytes());
+    let digest = hasher.finalize();
+    let mut out = String::with_capacity(64);
+    for byte in digest {
+        out.push(char::from_digit(u32::from(byte >> 4), 16).expect("a nibble is a hex digit"));
+        out.push(char::from_digit(u32::from(byte & 0xf), 16).expect("a nibble is a hex digit"));
+    }
+    out
+}
+
+/// Whether `name` is one [`hashed_name`] could have produced.
+pub(crate) fn is_hashed_name(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Reads a little-endian u32 at `at` (the caller checked the length).
+pub(crate) fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(
+        bytes[at..at + 4]
+            .try_into()
+            .expect("a 4-byte slice converts"),
+    )
+}
+
+/// Reads a little-endian u64 at `at` (the caller checked the length).
+pub(crate) fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(
+        bytes[at..at + 8]
+            .try_into()
+            .expect("an 8-byte slice converts"),
+    )
+}

@@ -1,0 +1,772 @@
+//! Logs: a directory per log of append-only segment files.
+//!
+//! A log lives in `log/<hex SHA-256 of its name>/`. Its records are in
+//! segment files named by their first sequence number (`00000000000000000001.seg`),
+//! each starting with a header and followed by frames:
+//!
+//! | segment header | size | | frame | size |
+//! |---|---|---|---|---|
+//! | magic `MPLG` | 4 | | data length | 4 |
+//! | log format (1) | 1 | | CRC-32 of seq, expiry and data | 4 |
+//! | reserved | 3 | | sequence number | 8 |
+//! | first sequence number | 8 | | log expiry, Unix ms (0: none) | 8 |
+//! | name length | 4 | | data | |
+//! | CRC-32 of the above and the name | 4 | | | |
+//! | log name | | | | |
+//!
+//! A segment is created whole (temporary file, fsync, rename, directory
+//! fsync) with the first batch in it, so it always holds at least one
+//! record. Later batches are written at its end and fdatasynced before the
+//! append returns. A crash mid-append leaves a torn tail: frames that do not
+//! check out after the last good one. It is cut (under the log's lock) the
+//! first time a handle touches the log, and by the next append; readers stop
+//! before it. Every frame carries the log's expiry as of its append, so the
+//! last frame says whether the whole log has expired. `trim.json` holds the
+//! sequence number below which records are dropped.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, BufReader, Read, Seek},
+    os::unix::fs::{FileExt, MetadataExt},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use mcp_persist_core::{Error, LogRecord, backend::MAX_KEY_BYTES};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use crate::{
+    STALE_TEMP_AGE,
+    fsio::{
+        ensure_private_dir, expiry_ms, hashed_name, io, io_error, is_hashed_name, is_live,
+        remove_stale_temps, sync_dir, u32_at, u64_at, unix_micros, unix_ms, write_atomic,
+    },
+    store::Inner,
+};
+
+const MAGIC: &[u8; 4] = b"MPLG";
+/// The segment format this build writes and the newest it reads.
+pub(crate) const LOG_FORMAT: u8 = 1;
+const SEGMENT_FIXED: usize = 24;
+const FRAME: usize = 24;
+const TRIM_FILE: &str = "trim.json";
+
+/// Where a log ends, as last seen by this handle. Checked against the file
+/// before every use, so another process's appends are picked up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tail {
+    /// First sequence number of the last segment (its name).
+    seg_first: u64,
+    /// Inode of the last segment, so a recreated log is never mistaken for it.
+    ino: u64,
+    /// Offset of the last good frame.
+    last_off: u64,
+    last_seq: u64,
+    last_crc: u32,
+    /// Offset just past the last good frame.
+    end: u64,
+    /// The log's expiry, from the last good frame (0: none).
+    expires_ms: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Trim {
+    /// Records with a smaller sequence number are dropped.
+    trim_before: u64,
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}.seg")
+}
+
+/// The first sequence numbers of a log's segments, sorted; `None` when the
+/// log directory does not exist.
+fn list_segments(dir: &Path) -> Result<Option<Vec<u64>>, Error> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("list", dir, e)),
+    };
+    let mut firsts = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io("list", dir))?;
+        if let Some(first) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_suffix(".seg"))
+            .filter(|n| n.len() == 20)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            firsts.push(first);
+        }
+    }
+    firsts.sort_unstable();
+    Ok(Some(firsts))
+}
+
+fn encode_segment_header(first: u64, name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SEGMENT_FIXED + name.len());
+    out.extend_from_slice(MAGIC);
+    out.push(LOG_FORMAT);
+    out.extend_from_slice(&[0, 0, 0]);
+    out.extend_from_slice(&first.to_le_bytes());
+    let name_len = u32::try_from(name.len()).expect("log names are at most 1 KiB");
+    out.extend_from_slice(&name_len.to_le_bytes());
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&out);
+    hasher.update(name.as_bytes());
+    out.extend_from_slice(&hasher.finalize().to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
+/// A checked segment header.
+struct SegmentHeader {
+    first: u64,
+    name: String,
+    len: u64,
+}
+
+/// Reads and checks a segment header. `Err` holds the typed error to return
+/// (`key` names the log when the caller knows it).
+fn read_segment_header(file: &File, key: Option<&str>) -> Result<SegmentHeader, Error> {
+    let corrupt = |reason: &str| Error::corrupt(key.unwrap_or("<log>"), format!("log segment: {reason}"));
+    let mut fixed = [0u8; SEGMENT_FIXED];
+    file.read_exact_at(&mut fixed, 0)
+        .map_err(|_| corrupt("shorter than its header"))?;
+    if &fixed[..4] != MAGIC {
+        return Err(corrupt("not a log segment (bad magic)"));
+    }
+    if fixed[4] > LOG_FORMAT {
+        return Err(Error::NewerSchema {
+            key: key.unwrap_or("<log>").to_owned(),
+            found: u32::from(fixed[4]),
+            supported: u32::from(LOG_FORMAT),
+        });
+    }
+    let name_len = u32_at(&fixed, 16) as usize;
+    if name_len > MAX_KEY_BYTES {
+        return Err(corrupt("header names an over-long log"));
+    }
+    let mut name = vec![0u8; name_len];
+    file.read_exact_at(&mut name, SEGMENT_FIXED as u64)
+        .map_err(|_| corrupt("truncated inside its header"))?;
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&fixed[..20]);
+    hasher.update(&name);
+    if hasher.finalize() != u32_at(&fixed, 20) {
+        return Err(corrupt("header checksum mismatch"));
+    }
+    let name = String::from_utf8(name).map_err(|_| corrupt("log name is not UTF-8"))?;
+    if key.is_some_and(|k| k != name) {
+        return Err(corrupt("segment belongs to another log"));
+    }
+    Ok(SegmentHeader {
+        first: u64_at(&fixed, 8),
+        name,
+        len: (SEGMENT_FIXED + name_len) as u64,
+    })
+}
+
+/// Encodes `records` as frames numbered from `first_seq`. Returns the bytes,
+/// the sequence numbers, and the offset and checksum of the last frame.
+fn encode_frames(first_seq: u64, expires_ms: u64, records: &[Vec<u8>]) -> (Vec<u8>, Vec<u64>, u64, u32) {
+    let size = records.iter().map(|r| FRAME + r.len()).sum();
+    let mut out = Vec::with_capacity(size);
+    let mut seqs = Vec::with_capacity(records.len());
+    let (mut last_off, mut last_crc) = (0, 0);
+    for (i, data) in records.iter().enumerate() {
+        let seq = first_seq + i as u64;
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&seq.to_le_bytes());
+        hasher.update(&expires_ms.to_le_bytes());
+        hasher.update(data);
+        let crc = hasher.finalize();
+        last_off = out.len() as u64;
+        last_crc = crc;
+        let len = u32::try_from(data.len()).expect("records are at most the 16 MiB limit");
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&expires_ms.to_le_bytes());
+        out.extend_from_slice(data);
+        seqs.push(seq);
+    }
+    (out, seqs, last_off, last_crc)
+}
+
+/// One step of reading frames.
+enum Step {
+    Frame {
+        off: u64,
+        seq: u64,
+        expires_ms: u64,
+        crc: u32,
+        /// Read and checked only for frames at or after the wanted sequence.
+        data: Option<Vec<u8>>,
+    },
+    End,
+    /// What follows is not a good frame (a torn tail, or damage).
+    Bad(String),
+}
+
+/// Reads the frames of one segment between two offsets.
+struct Frames {
+    reader: BufReader<File>,
+    pos: u64,
+    limit: u64,
+    max_len: u64,
+}
+
+impl Frames {
+    fn new(file: File, start: u64, limit: u64, max_len: usize) -> io::Result<Self> {
+        let mut reader = BufReader::with_capacity(64 * 1024, file);
+        reader.seek(io::SeekFrom::Start(start))?;
+        Ok(Frames {
+            reader,
+            pos: start,
+            limit,
+            max_len: max_len as u64,
+        })
+    }
+
+    /// The next frame; its data is read (and its checksum checked) only when
+    /// its sequence number is at least `want_from`.
+    fn next(&mut self, want_from: u64) -> io::Result<Step> {
+        if self.pos >= self.limit {
+            return Ok(Step::End);
+        }
+        if self.limit - self.pos < FRAME as u64 {
+            return Ok(Step::Bad("partial frame header".into()));
+        }
+        let mut head = [0u8; FRAME];
+        self.reader.read_exact(&mut head)?;
+        let len = u64::from(u32_at(&head, 0));
+        let crc = u32_at(&head, 4);
+        let seq = u64_at(&head, 8);
+        let expires_ms = u64_at(&head, 16);
+        if len > self.max_len || self.pos + FRAME as u64 + len > self.limit {
+            return Ok(Step::Bad("frame runs past the end".into()));
+        }
+        let data = if seq >= want_from {
+            let mut data = vec![0u8; len as usize];
+            self.reader.read_exact(&mut data)?;
+            let mut hasher = crc32fast::Hasher::new();
+            hasher.update(&head[8..]);
+            hasher.update(&data);
+            if hasher.finalize() != crc {
+                return Ok(Step::Bad("frame checksum mismatch".into()));
+            }
+            Some(data)
+        } else {
+            self.reader.seek_relative(len as i64)?;
+            None
+        };
+        let off = self.pos;
+        self.pos += FRAME as u64 + len;
+        Ok(Step::Frame {
+            off,
+            seq,
+            expires_ms,
+            crc,
+            data,
+        })
+    }
+}
+
+/// What [`Inner::verify_logs`] found.
+#[derive(Debug, Default)]
+pub(crate) struct LogCheck {
+    pub(crate) logs: u64,
+    pub(crate) records: u64,
+    pub(crate) torn_bytes: u64,
+    pub(crate) problems: Vec<String>,
+}
+
+impl Inner {
+    fn log_paths(&self, name: &str) -> (String, PathBuf) {
+        let hashed = hashed_name("log", name);
+        let dir = self.log_dir.join(&hashed);
+        (hashed, dir)
+    }
+
+    /// Finds where a log ends, starting from this handle's last look when
+    /// that still matches the file. With `cut` (only under the log's lock),
+    /// a torn tail is truncated away. `None` when the log has no segment.
+    fn scan_tail(
+        &self,
+        hashed: &str,
+        dir: &Path,
+        name: &str,
+        cut: bool,
+    ) -> Result<Option<(Tail, Vec<u64>)>, Error> {
+        let Some(segments) = list_segments(dir)? else {
+            return Ok(None);
+        };
+        let Some(&first) = segments.last() else {
+            return Ok(None);
+        };
+        let path = dir.join(segment_name(first));
+        let file = match OpenOptions::new().read(true).write(cut).open(&path) {
+            Ok(file) => file,
+            // Deleted or expired away by another process meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !cut => return Ok(None),
+            Err(e) => return Err(io_error("open", &path, e)),
+        };
+        let meta = file.metadata().map_err(io("inspect", &path))?;
+        self.check_file_mode(&path, &meta);
+        let len = meta.len();
+        let cached = self.tails().get(hashed).copied().filter(|t| {
+            t.seg_first == first && t.ino == meta.ino() && t.end <= len && {
+                let mut head = [0u8; FRAME];
+                file.read_exact_at(&mut head, t.last_off).is_ok()
+                    && u32_at(&head, 4) == t.last_crc
+                    && u64_at(&head, 8) == t.last_seq
+            }
+        });
+        let (mut tail, mut seen) = match cached {
+            Some(tail) => (tail, true),
+            None => {
+                let header = read_segment_header(&file, Some(name))?;
+                if header.first != first {
+                    return Err(Error::corrupt(
+                        name,
+                        format!("log segment {first} says it starts at {}", header.first),
+                    ));
+                }
+                let tail = Tail {
+                    seg_first: first,
+                    ino: meta.ino(),
+                    last_off: header.len,
+                    last_seq: first.saturating_sub(1),
+                    last_crc: 0,
+                    end: header.len,
+                    expires_ms: 0,
+                };
+                (tail, false)
+            }
+        };
+        let reader = file.try_clone().map_err(io("open", &path))?;
+        let mut frames =
+            Frames::new(reader, tail.end, len, self.options.max_value_bytes).map_err(io("read", &path))?;
+        let torn = loop {
+            match frames.next(0).map_err(io("read", &path))? {
+                Step::End => break None,
+                Step::Bad(reason) => break Some(reason),
+                Step::Frame {
+                    off,
+                    seq,
+                    expires_ms,
+                    crc,
+                    ..
+                } => {
+                    let in_order = if seen {
+                        seq > tail.last_seq
+                    } else {
+                        seq == first
+                    };
+                    if !in_order {
+                        break Some(format!("frame numbered {seq} out of order"));
+                    }
+                    seen = true;
+                    tail = Tail {
+                        last_off: off,
+                        last_seq: seq,
+                        last_crc: crc,
+                        end: frames.pos,
+                        expires_ms,
+                        ..tail
+                    };
+                }
+            }
+        };
+        if !seen {
+            return Err(Error::corrupt(
+                name,
+                format!("log segment {first} holds no readable record"),
+            ));
+        }
+        if let Some(reason) = torn
+            && cut
+        {
+            file.set_len(tail.end).map_err(io("truncate", &path))?;
+            file.sync_all().map_err(io("fsync", &path))?;
+            warn!(log = name, cut_bytes = len - tail.end, reason,
+                "cut the torn tail of a log left by an interrupted append");
+        }
+        self.tails().insert(hashed.to_owned(), tail);
+        Ok(Some((tail, segments)))
+    }
+
+    /// The first time this handle touches a log, takes its lock and cuts a
+    /// torn tail, so nothing is ever appended after garbage.
+    fn ensure_recovered(&self, hashed: &str, dir: &Path, name: &str) -> Result<(), Error> {
+        if self.recovered().contains(hashed) {
+            return Ok(());
+        }
+        let _guard = self.lock_stripe("log", hashed)?;
+        self.scan_tail(hashed, dir, name, true)?;
+        self.recovered().insert(hashed.to_owned());
+        Ok(())
+    }
+
+    fn read_trim(dir: &Path, name: &str) -> Result<u64, Error> {
+        let path = dir.join(TRIM_FILE);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<Trim>(&bytes)
+                .map(|t| t.trim_before)
+                .map_err(|e| Error::Corrupt {
+                    key: name.to_owned(),
+                    reason: "the log's trim point does not parse".into(),
+                    source: Some(Box::new(e)),
+                }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_error("read", &path, e)),
+        }
+    }
+
+    pub(crate) fn log_append(
+        &self,
+        name: &str,
+        records: &[Vec<u8>],
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>, Error> {
+        let (hashed, dir) = self.log_paths(name);
+        let _guard = self.lock_stripe("log", &hashed)?;
+        ensure_private_dir(&dir)?;
+        let now = unix_ms();
+        let tail = self.scan_tail(&hashed, &dir, name, true)?;
+        self.recovered().insert(hashed.clone());
+        let (last_seq, carried_expiry, current) = match tail {
+            None => (0, 0, None),
+            Some((t, segments)) if !is_live(t.expires_ms, now) => {
+                // The whole log expired: its records go, numbering goes on.
+                for first in &segments {
+                    let path = dir.join(segment_name(*first));
+                    match fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io_error("remove", &path, e)),
+                    }
+                }
+                sync_dir(&dir)?;
+                self.tails().remove(&hashed);
+                debug!(log = name, "discarded an expired log before appending");
+                (t.last_seq, 0, None)
+            }
+            Some((t, _)) => (t.last_seq, t.expires_ms, Some(t)),
+        };
+        let expires_ms = ttl.map_or(carried_expiry, |ttl| expiry_ms(now, ttl));
+        let (frames, seqs, last_rel, last_crc) = encode_frames(last_seq + 1, expires_ms, records);
+        let last = *seqs.last().expect("append is never called without records");
+        let tail = match current {
+            Some(t) if t.end < self.options.segment_bytes => {
+                let path = dir.join(segment_name(t.seg_first));
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io("open", &path))?;
+                file.write_all_at(&frames, t.end).map_err(io("write", &path))?;
+                file.sync_data().map_err(io("fsync", &path))?;
+                Tail {
+                    last_off: t.end + last_rel,
+                    last_seq: last,
+                    last_crc,
+                    end: t.end + frames.len() as u64,
+                    expires_ms,
+                    ..t
+                }
+            }
+            _ => {
+                let first = last_seq + 1;
+                let header = encode_segment_header(first, name);
+                let seg = segment_name(first);
+                write_atomic(&dir, &seg, &[&header, &frames])?;
+                let path = dir.join(&seg);
+                let ino = fs::metadata(&path).map_err(io("inspect", &path))?.ino();
+                debug!(log = name, first, "started a log segment");
+                Tail {
+                    seg_first: first,
+                    ino,
+                    last_off: header.len() as u64 + last_rel,
+                    last_seq: last,
+                    last_crc,
+                    end: (header.len() + frames.len()) as u64,
+                    expires_ms,
+                }
+            }
+        };
+        self.tails().insert(hashed, tail);
+        Ok(seqs)
+    }
+
+    pub(crate) fn log_read(&self, name: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>, Error> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (hashed, dir) = self.log_paths(name);
+        self.ensure_recovered(&hashed, &dir, name)?;
+        let Some((tail, segments)) = self.scan_tail(&hashed, &dir, name, false)? else {
+            return Ok(Vec::new());
+        };
+        if !is_live(tail.expires_ms, unix_ms()) {
+            return Ok(Vec::new());
+        }
+        let start = after.saturating_add(1).max(Self::read_trim(&dir, name)?);
+        if start > tail.last_seq {
+            return Ok(Vec::new());
+        }
+        let from = segments.partition_point(|&f| f <= start).saturating_sub(1);
+        let mut out = Vec::new();
+        for &first in &segments[from..] {
+            if first > tail.seg_first {
+                break;
+            }
+            let is_last = first == tail.seg_first;
+            let path = dir.join(segment_name(first));
+            let file = match File::open(&path) {
+                Ok(file) => file,
+                // Trimmed away by another process meanwhile.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_error("open", &path, e)),
+            };
+            let header = read_segment_header(&file, Some(name))?;
+            let limit_pos = if is_last {
+                tail.end
+            } else {
+                file.metadata().map_err(io("inspect", &path))?.len()
+            };
+            let mut frames = Frames::new(file, header.len, limit_pos, self.options.max_value_bytes)
+                .map_err(io("read", &path))?;
+            loop {
+                match frames.next(start).map_err(io("read", &path))? {
+                    Step::End => break,
+                    Step::Bad(reason) => {
+                        return Err(Error::corrupt(name, format!("log segment {first}: {reason}")));
+                    }
+                    Step::Frame { seq, data, .. } => {
+                        if let Some(data) = data {
+                            out.push(LogRecord { seq, data });
+                            if out.len() >= limit {
+                                return Ok(out);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn log_trim(&self, name: &str, before: u64) -> Result<u64, Error> {
+        let (hashed, dir) = self.log_paths(name);
+        let _guard = self.lock_stripe("log", &hashed)?;
+        let Some((tail, segments)) = self.scan_tail(&hashed, &dir, name, true)? else {
+            return Ok(0);
+        };
+        self.recovered().insert(hashed.clone());
+        if !is_live(tail.expires_ms, unix_ms()) {
+            return Ok(0);
+        }
+        let old = Self::read_trim(&dir, name)?;
+        // Records appended later are never dropped by an earlier trim.
+        let new = before.min(tail.last_seq + 1);
+        if new <= old {
+            return Ok(0);
+        }
+        // Count what is dropped now: frames numbered in old..new.
+        let mut dropped = 0;
+        let from = segments.partition_point(|&f| f <= old).saturating_sub(1);
+        'segments: for &first in &segments[from..] {
+            if first >= new {
+                break;
+            }
+            let path = dir.join(segment_name(first));
+            let file = File::open(&path).map_err(io("open", &path))?;
+            let header = read_segment_header(&file, Some(name))?;
+            let limit_pos = if first == tail.seg_first {
+                tail.end
+            } else {
+                file.metadata().map_err(io("inspect", &path))?.len()
+            };
+            let mut frames = Frames::new(file, header.len, limit_pos, self.options.max_value_bytes)
+                .map_err(io("read", &path))?;
+            while let Step::Frame { seq, .. } = frames.next(u64::MAX).map_err(io("read", &path))? {
+                if seq >= new {
+                    break 'segments;
+                }
+                if seq >= old {
+                    dropped += 1;
+                }
+            }
+        }
+        let bytes = serde_json::to_vec(&Trim { trim_before: new })
+            .map_err(|e| Error::backend(crate::fsio::NAME, e))?;
+        write_atomic(&dir, TRIM_FILE, &[&bytes])?;
+        // Whole segments below the trim point go; the last one always stays,
+        // since it says where numbering continues.
+        let mut removed_any = false;
+        for pair in segments.windows(2) {
+            if pair[1] <= new {
+                let path = dir.join(segment_name(pair[0]));
+                match fs::remove_file(&path) {
+                    Ok(()) => removed_any = true,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error("remove", &path, e)),
+                }
+            }
+        }
+        if removed_any {
+            sync_dir(&dir)?;
+        }
+        Ok(dropped)
+    }
+
+    /// Moves a log directory into the trash (one atomic rename) and removes it.
+    fn remove_log_dir(&self, hashed: &str, dir: &Path) -> Result<bool, Error> {
+        let trash = self.trash_dir.join(format!("{hashed}.{}", unix_micros()));
+        match fs::rename(dir, &trash) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_error("move into the trash", dir, e)),
+        }
+        sync_dir(&self.log_dir)?;
+        self.tails().remove(hashed);
+        if let Err(e) = fs::remove_dir_all(&trash) {
+            warn!(path = %trash.display(), error = %e, "could not empty the trash");
+        }
+        Ok(true)
+    }
+
+    pub(crate) fn log_delete(&self, name: &str) -> Result<(), Error> {
+        let (hashed, dir) = self.log_paths(name);
+        let _guard = self.lock_stripe("log", &hashed)?;
+        self.remove_log_dir(&hashed, &dir)?;
+        Ok(())
+    }
+
+    /// Deletes every expired log (all its segments at once), and what
+    /// crashed writers left behind.
+    pub(crate) fn log_sweep(&self) -> Result<u64, Error> {
+        let now = unix_ms();
+        let mut removed = 0;
+        let entries = fs::read_dir(&self.log_dir).map_err(io("list", &self.log_dir))?;
+        for entry in entries {
+            let entry = entry.map_err(io("list", &self.log_dir))?;
+            let Some(hashed) = entry.file_name().to_str().filter(|n| is_hashed_name(n)).map(str::to_owned) else {
+                continue;
+            };
+            let dir = entry.path();
+            let _guard = self.lock_stripe("log", &hashed)?;
+            let Some(segments) = list_segments(&dir)? else {
+                continue;
+            };
+            let Some(&last) = segments.last() else {
+                // A log whose only segment was never written (or whose
+                // expired records were discarded): nothing to keep.
+                self.remove_log_dir(&hashed, &dir)?;
+                continue;
+            };
+            let path = dir.join(segment_name(last));
+            let file = File::open(&path).map_err(io("open", &path))?;
+            let name = match read_segment_header(&file, None) {
+                Ok(header) => header.name,
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "skipping an unreadable log in the sweep");
+                    continue;
+                }
+            };
+            if hashed_name("log", &name) != hashed {
+                warn!(path = %path.display(), "skipping a log segment that belongs elsewhere");
+                continue;
+            }
+            let tail = match self.scan_tail(&hashed, &dir, &name, true) {
+                Ok(tail) => tail,
+                Err(e) => {
+                    warn!(log = name, error = %e, "skipping an unreadable log in the sweep");
+                    continue;
+                }
+            };
+            if let Some((tail, _)) = tail
+                && !is_live(tail.expires_ms, now)
+                && self.remove_log_dir(&hashed, &dir)?
+            {
+                debug!(log = name, "removed an expired log");
+                removed += 1;
+            } else {
+                remove_stale_temps(&dir, STALE_TEMP_AGE)?;
+            }
+        }
+        self.empty_trash();
+        Ok(removed)
+    }
+
+    /// Reads every segment of every log in full and reports what does not
+    /// check out. A torn tail not cut yet is counted, not a problem.
+    pub(crate) fn verify_logs(&self) -> Result<LogCheck, Error> {
+        let mut check = LogCheck::default();
+        let entries = fs::read_dir(&self.log_dir).map_err(io("list", &self.log_dir))?;
+        for entry in entries {
+            let entry = entry.map_err(io("list", &self.log_dir))?;
+            let Some(hashed) = entry.file_name().to_str().filter(|n| is_hashed_name(n)).map(str::to_owned) else {
+                continue;
+            };
+            let dir = entry.path();
+            let Some(segments) = list_segments(&dir)? else {
+                continue;
+            };
+            check.logs += 1;
+            let mut prev_seq = 0;
+            for (i, &first) in segments.iter().enumerate() {
+                let is_last = i + 1 == segments.len();
+                let path = dir.join(segment_name(first));
+                let label = format!("log/{hashed}/{}", segment_name(first));
+                let Ok(file) = File::open(&path) else {
+                    continue;
+                };
+                let header = match read_segment_header(&file, None) {
+                    Ok(header) => header,
+                    Err(e) => {
+                        check.problems.push(format!("{label}: {e}"));
+                        continue;
+                    }
+                };
+                if hashed_name("log", &header.name) != hashed || header.first != first {
+                    check.problems.push(format!("{label}: header does not match its place"));
+                    continue;
+                }
+                let len = file.metadata().map_err(io("inspect", &path))?.len();
+                let mut frames = Frames::new(file, header.len, len, self.options.max_value_bytes)
+                    .map_err(io("read", &path))?;
+                let mut count = 0;
+                loop {
+                    match frames.next(0).map_err(io("read", &path))? {
+                        Step::End => break,
+                        Step::Frame { seq, .. } if seq > prev_seq && (count > 0 || seq == first) => {
+                            prev_seq = seq;
+                            count += 1;
+                            check.records += 1;
+                        }
+                        step => {
+                            let reason = match step {
+                                Step::Bad(reason) => reason,
+                                _ => "frame out of order".into(),
+                            };
+                            if is_last && count > 0 {
+                                check.torn_bytes += len - frames.pos;
+                            } else {
+                                check.problems.push(format!("{label}: {reason} at {}", frames.pos));
+                            }
+                            break;
+                        }
+                    }
+                }
+                if count == 0 {
+                    check.problems.push(format!("{label}: holds no readable record"));
+                }
+            }
+        }
+        Ok(check)
+    }
+}
