@@ -179,6 +179,8 @@ pub struct WriteStats {
     pub operations: u64,
     /// Operations waiting for the writer right now.
     pub queued: usize,
+    /// Operations in the transaction the writer is running right now.
+    pub running: usize,
 }
 
 /// A [`KvStore`] and [`LogStore`] in one SQLite database. Clones share the
@@ -268,6 +270,26 @@ impl SqliteStore {
     /// The database file, or `None` for an in-memory store.
     pub fn path(&self) -> Option<&Path> {
         self.inner.readers.as_ref().map(|r| r.path.as_path())
+    }
+
+    /// Closes this handle. When it is the last one (no clone left), waits
+    /// until every queued write has committed and the database is closed,
+    /// its write-ahead log checkpointed; otherwise the others keep it open.
+    ///
+    /// Dropping the last handle closes the database too, in the background.
+    pub async fn close(self) -> Result<()> {
+        let Ok(inner) = Arc::try_unwrap(self.inner) else {
+            return Ok(());
+        };
+        let Inner {
+            writer, readers, ..
+        } = inner;
+        tokio::task::spawn_blocking(move || {
+            drop(readers);
+            writer.shutdown_blocking()
+        })
+        .await
+        .map_err(|e| Error::backend(NAME, e))?
     }
 
     /// What the writer thread has done so far: how many transactions, how

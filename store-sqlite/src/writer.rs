@@ -97,6 +97,7 @@ pub(crate) struct Stats {
     transactions: AtomicU64,
     operations: AtomicU64,
     queued: AtomicUsize,
+    running: AtomicUsize,
 }
 
 impl Stats {
@@ -105,6 +106,7 @@ impl Stats {
             transactions: self.transactions.load(Ordering::Relaxed),
             operations: self.operations.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
+            running: self.running.load(Ordering::Relaxed),
         }
     }
 }
@@ -114,6 +116,7 @@ impl Stats {
 pub(crate) struct Writer {
     jobs: mpsc::Sender<Box<dyn Job>>,
     stats: Arc<Stats>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Writer {
@@ -129,7 +132,7 @@ impl Writer {
         let (ready_tx, ready) = oneshot::channel();
         let stats = Arc::new(Stats::default());
         let thread_stats = Arc::clone(&stats);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("mcp-persist-sqlite".to_owned())
             .spawn(move || {
                 let ctx = Ctx {
@@ -160,7 +163,21 @@ impl Writer {
                 tracing::debug!(db = ctx.db, "SQLite writer stopping");
             })
             .map_err(|e| Error::backend(crate::error::NAME, e))?;
-        Ok((Writer { jobs, stats }, ready))
+        Ok((
+            Writer {
+                jobs,
+                stats,
+                thread,
+            },
+            ready,
+        ))
+    }
+
+    /// Stops taking jobs and blocks until the thread has committed the ones
+    /// already queued and closed the connection.
+    pub(crate) fn shutdown_blocking(self) -> Result<()> {
+        drop(self.jobs);
+        self.thread.join().map_err(|_| writer_gone())
     }
 
     pub(crate) fn stats(&self) -> WriteStats {
@@ -228,6 +245,7 @@ fn serve(
                 Err(_) => break,
             }
         }
+        stats.running.store(batch.len(), Ordering::Relaxed);
         stats.queued.fetch_sub(batch.len(), Ordering::Relaxed);
         let outcome = run_batch(conn, ctx, &mut batch);
         match &outcome {
@@ -246,6 +264,7 @@ fn serve(
         for job in batch {
             job.finish(outcome.as_ref().err(), ctx);
         }
+        stats.running.store(0, Ordering::Relaxed);
         if woke_tails {
             appended.notify_waiters();
         }
