@@ -261,10 +261,12 @@ fn serve(
             }
         }
         let woke_tails = outcome.is_ok() && batch.iter().any(|job| job.appends());
+        // Before any answer goes out, so that a caller who got one sees
+        // counters that include its own transaction.
+        stats.running.store(0, Ordering::Relaxed);
         for job in batch {
             job.finish(outcome.as_ref().err(), ctx);
         }
-        stats.running.store(0, Ordering::Relaxed);
         if woke_tails {
             appended.notify_waiters();
         }
