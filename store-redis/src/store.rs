@@ -1,0 +1,751 @@
+//! [`RedisStore`]: both backend traits over Redis or Redis Cluster.
+
+use std::{
+    fmt,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use mcp_persist_core::{
+    Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, Result, Version,
+    backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
+};
+use redis::Value;
+use tracing::{Instrument, debug, debug_span, info};
+
+use crate::{
+    conn::{Conn, Target, Timeouts, scan_all},
+    error::{self, BACKEND},
+    keys::{DEFAULT_PREFIX, KeyLayout},
+    scripts::{self, APPEND, DELETE, PUT},
+};
+
+/// How long the version of a deleted or expired key is remembered exactly
+/// (see [`RedisStore`]'s versions section).
+pub const VERSION_MEMORY: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Records read per `XRANGE` round trip.
+const READ_PAGE: usize = 256;
+
+/// Idle dedicated connections kept for `wait_after`.
+const IDLE_BLOCKING: usize = 8;
+
+/// A [`KvStore`] and [`LogStore`] on Redis (6.2 or newer; 7.0 or newer for
+/// logs) or a Redis Cluster.
+///
+/// Open one with [`RedisStore::standalone`] or [`RedisStore::cluster`]. A
+/// store is cheap to clone; clones share one connection, on which concurrent
+/// operations are pipelined.
+///
+/// # What is stored where
+///
+/// Every Redis key starts with the configured prefix (default
+/// `mcp-persist:`), then a Redis Cluster hash tag made of the kind and the
+/// store key: `<prefix>{kv:<key>}` holds a record, `<prefix>{kv:<key>}:ver`
+/// the last version handed out for it, `<prefix>{log:<name>}` a log. Each
+/// operation touches the keys of one hash tag only, so it runs unchanged on a
+/// Cluster.
+///
+/// # Guarantees
+///
+/// * **Compare-and-swap** runs as one Lua script: the record's value and
+///   version are stored together in one string, so a `put` or `delete` with
+///   a precondition is linearizable per key. A failed precondition is
+///   [`Error::Conflict`] (or [`Error::AlreadyExists`] for `Create`).
+/// * **Versions** are the server clock in microseconds, or one more than the
+///   key's last version when the clock is behind it. The last version of a
+///   deleted or expired key is remembered for [`VERSION_MEMORY`]; past that,
+///   the clock keeps new versions above old ones (as long as the server's
+///   clock does not step back by more than that).
+/// * **TTL** rides with the write (`SET ... PX`); Redis never returns an
+///   expired key.
+/// * **Logs** are Redis Streams with ids `0-<seq>`. An append adds its
+///   records and refreshes the log's expiry (`PEXPIRE`) in one atomic script.
+///   `wait_after` blocks in `XREAD BLOCK` on a dedicated connection, never on
+///   the shared one.
+/// * **Durability** is Redis's: with `appendonly yes` and
+///   `appendfsync always`, an acknowledged write survives a `kill -9` of the
+///   server.
+/// * **Errors**: a server that cannot be reached, has gone away or does not
+///   answer within the operation timeout gives [`Error::Unavailable`] within
+///   that time; the same store works again once the server is back (the
+///   connection is re-established in the background). An answer that is not
+///   in the store's format (a key written by something else) is
+///   [`Error::Corrupt`] naming the key.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Conn,
+    target: Target,
+    layout: KeyLayout,
+    timeouts: Timeouts,
+    cluster: bool,
+    idle_blocking: Mutex<Vec<Conn>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URLs may carry a password: never print them.
+        f.debug_struct("RedisStore")
+            .field("cluster", &self.inner.cluster)
+            .field("key_prefix", &self.inner.layout.prefix())
+            .field("operation_timeout", &self.inner.timeouts.operation)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Endpoint {
+    Standalone(String),
+    Cluster(Vec<String>),
+}
+
+/// Settings of a [`RedisStore`] before it connects.
+#[must_use = "a builder does nothing until `connect` is awaited"]
+pub struct RedisStoreBuilder {
+    endpoint: Endpoint,
+    prefix: String,
+    timeouts: Timeouts,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("cluster", &matches!(self.endpoint, Endpoint::Cluster(_)))
+            .field("key_prefix", &self.prefix)
+            .field("connect_timeout", &self.timeouts.connect)
+            .field("operation_timeout", &self.timeouts.operation)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store on one Redis server, e.g. `redis://127.0.0.1:6379/`
+    /// (`rediss://` for TLS is not built in; `redis://user:password@host/db`
+    /// carries credentials).
+    pub fn standalone(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Endpoint::Standalone(url.into()))
+    }
+
+    /// A store on a Redis Cluster, reached through any of these seed nodes;
+    /// the rest of the cluster is discovered from them.
+    pub fn cluster<I, S>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::new(Endpoint::Cluster(
+            urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// The prefix of every Redis key this store writes.
+    pub fn key_prefix(&self) -> &str {
+        self.inner.layout.prefix()
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    fn conn(&self) -> Conn {
+        self.inner.shared.clone()
+    }
+
+    /// Runs `fut` within the operation timeout.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let after = self.inner.timeouts.operation;
+        match tokio::time::timeout(after, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(error::no_reply(operation, after)),
+        }
+    }
+
+    async fn blocking_conn(&self) -> Result<Conn> {
+        let idle = self
+            .inner
+            .idle_blocking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => {
+                debug!("opening a dedicated connection for blocking reads");
+                let t = self.inner.timeouts;
+                match tokio::time::timeout(t.operation, self.inner.target.dedicated(t)).await {
+                    Ok(conn) => conn.map_err(|e| error::map(e, "(connection)")),
+                    Err(_) => Err(error::no_reply("connect", t.operation)),
+                }
+            }
+        }
+    }
+
+    fn return_blocking_conn(&self, conn: Conn) {
+        let mut idle = self
+            .inner
+            .idle_blocking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_BLOCKING {
+            idle.push(conn);
+        }
+    }
+
+    async fn read_page(
+        &self,
+        log: &str,
+        stream: &[u8],
+        after: u64,
+        count: usize,
+    ) -> Result<Vec<LogRecord>> {
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(stream)
+            .arg(format!("(0-{after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(count);
+        let reply: Value = cmd
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| error::map(e, log))?;
+        parse_entries(log, reply)
+    }
+}
+
+impl RedisStoreBuilder {
+    fn new(endpoint: Endpoint) -> Self {
+        RedisStoreBuilder {
+            endpoint,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeouts: Timeouts {
+                connect: Duration::from_secs(2),
+                operation: Duration::from_secs(5),
+            },
+        }
+    }
+
+    /// The prefix of every Redis key the store writes (default
+    /// `mcp-persist:`). Stores with different prefixes share a server without
+    /// seeing each other's keys. It may not contain `{` or `}`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long one attempt to connect may take (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.connect = timeout;
+        self
+    }
+
+    /// How long an operation may wait for the server before it fails with
+    /// [`Error::Unavailable`] (default 5 s). `wait_after` may block for its
+    /// own timeout on top of this.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.operation = timeout;
+        self
+    }
+
+    /// Connects. Fails with [`Error::InvalidInput`] for a malformed URL or
+    /// prefix and [`Error::Unavailable`] when the server cannot be reached.
+    pub async fn connect(self) -> Result<RedisStore> {
+        let layout = KeyLayout::new(&self.prefix)?;
+        let t = self.timeouts;
+        let (cluster, connecting) = match &self.endpoint {
+            Endpoint::Standalone(url) => {
+                check_url(url)?;
+                (false, Target::connect_standalone(url, t).await)
+            }
+            Endpoint::Cluster(urls) => {
+                if urls.is_empty() {
+                    return Err(Error::invalid(
+                        "Redis Cluster URLs",
+                        "at least one seed node is needed",
+                    ));
+                }
+                for url in urls {
+                    check_url(url)?;
+                }
+                (true, Target::connect_cluster(urls, t).await)
+            }
+        };
+        let (shared, target) = connecting.map_err(|e| match e.kind() {
+            redis::ErrorKind::InvalidClientConfig => Error::invalid("Redis URL", e.to_string()),
+            _ => error::map(e, "(connection)"),
+        })?;
+        info!(cluster, key_prefix = %layout.prefix(), "connected to redis");
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                shared,
+                target,
+                layout,
+                timeouts: t,
+                cluster,
+                idle_blocking: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+}
+
+fn check_url(url: &str) -> Result<()> {
+    use redis::IntoConnectionInfo;
+    // The parse error never echoes the URL, which may hold a password.
+    url.into_connection_info()
+        .map(|_| ())
+        .map_err(|e| Error::invalid("Redis URL", e.to_string()))
+}
+
+/// A duration in whole milliseconds, at least 1, at most about 100 years.
+fn millis(d: Duration) -> u64 {
+    const MAX: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+    u64::try_from(d.as_millis()).unwrap_or(MAX).clamp(1, MAX)
+}
+
+fn unexpected(key: &str, what: &str) -> Error {
+    Error::backend(
+        BACKEND,
+        format!("unexpected reply from Redis for `{key}`: {what}"),
+    )
+}
+
+fn status_of<'a>(key: &str, reply: &'a Value) -> Result<(i64, Option<&'a Value>)> {
+    match reply {
+        Value::Array(items) => match items.first() {
+            Some(Value::Int(status)) => Ok((*status, items.get(1))),
+            _ => Err(unexpected(key, "script status missing")),
+        },
+        _ => Err(unexpected(key, "script did not return an array")),
+    }
+}
+
+fn bytes_of(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn parse_u64(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// Splits a stored `<version>:<value>` string.
+fn parse_record(key: &str, mut raw: Vec<u8>) -> Result<KvEntry> {
+    let sep = raw
+        .iter()
+        .take(21)
+        .position(|&b| b == b':')
+        .ok_or_else(|| error::corrupt(key, "the record has no version header"))?;
+    let version = parse_u64(&raw[..sep])
+        .ok_or_else(|| error::corrupt(key, "the record's version header is not a number"))?;
+    raw.drain(..=sep);
+    Ok(KvEntry {
+        value: raw,
+        version: Version::new(version),
+    })
+}
+
+/// The sequence number of a stream entry id `0-<seq>`.
+fn parse_id(log: &str, id: &[u8]) -> Result<u64> {
+    id.strip_prefix(b"0-").and_then(parse_u64).ok_or_else(|| {
+        error::corrupt(
+            log,
+            format!(
+                "stream entry id `{}` was not written by this store",
+                String::from_utf8_lossy(id)
+            ),
+        )
+    })
+}
+
+/// Parses the entries of an `XRANGE` reply (or of one stream of `XREAD`).
+fn parse_entries(log: &str, reply: Value) -> Result<Vec<LogRecord>> {
+    let Value::Array(entries) = reply else {
+        return match reply {
+            Value::Nil => Ok(Vec::new()),
+            _ => Err(unexpected(log, "stream entries are not an array")),
+        };
+    };
+    let mut records = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let Value::Array(mut parts) = entry else {
+            return Err(unexpected(log, "stream entry is not an array"));
+        };
+        if parts.len() != 2 {
+            return Err(unexpected(log, "stream entry is not an id and fields"));
+        }
+        let fields = parts.pop().expect("length checked above");
+        let id = parts.pop().expect("length checked above");
+        let seq = parse_id(log, bytes_of(&id).unwrap_or_default())?;
+        let Value::Array(fields) = fields else {
+            return Err(unexpected(log, "stream entry fields are not an array"));
+        };
+        let mut data = None;
+        let mut fields = fields.into_iter();
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            if bytes_of(&name) == Some(b"d") {
+                if let Value::BulkString(bytes) = value {
+                    data = Some(bytes);
+                }
+            }
+        }
+        let data = data.ok_or_else(|| {
+            error::corrupt(log, format!("stream entry 0-{seq} has no data field"))
+        })?;
+        records.push(LogRecord { seq, data });
+    }
+    Ok(records)
+}
+
+#[async_trait]
+impl KvStore for RedisStore {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+        validate_key(key)?;
+        let record = self.inner.layout.record(key);
+        let work = async {
+            let reply: Value = redis::cmd("GET")
+                .arg(&record)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|e| error::map(e, key))?;
+            match reply {
+                Value::Nil => Ok(None),
+                Value::BulkString(raw) => parse_record(key, raw).map(Some),
+                _ => Err(unexpected(key, "GET did not return a string")),
+            }
+        };
+        self.bounded("get", work)
+            .instrument(debug_span!("redis.get", key))
+            .await
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        mode: PutMode,
+        ttl: Option<Duration>,
+    ) -> Result<Version> {
+        validate_key(key)?;
+        validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+        let layout = &self.inner.layout;
+        let (record, version) = (layout.record(key), layout.version(key));
+        let (mode_arg, expected) = match mode {
+            PutMode::Overwrite => ("o", String::new()),
+            PutMode::Create => ("c", String::new()),
+            PutMode::Update(v) => ("u", v.get().to_string()),
+        };
+        let ttl_ms = ttl.map(millis);
+        let ttl_arg = ttl_ms.map(|t| t.to_string()).unwrap_or_default();
+        let companion_arg = ttl_ms
+            .map(|t| t.saturating_add(millis(VERSION_MEMORY)).to_string())
+            .unwrap_or_default();
+        let work = async {
+            let reply = PUT
+                .run(
+                    &mut self.conn(),
+                    &[&record, &version],
+                    &[
+                        mode_arg.as_bytes(),
+                        expected.as_bytes(),
+                        &value,
+                        ttl_arg.as_bytes(),
+                        companion_arg.as_bytes(),
+                    ],
+                )
+                .await
+                .map_err(|e| error::map(e, key))?;
+            match status_of(key, &reply)? {
+                (scripts::OK, Some(v)) => bytes_of(v)
+                    .and_then(parse_u64)
+                    .map(Version::new)
+                    .ok_or_else(|| unexpected(key, "version is not a number")),
+                (scripts::EXISTS, _) => Err(Error::AlreadyExists {
+                    key: key.to_owned(),
+                }),
+                (scripts::CONFLICT, _) => Err(Error::Conflict {
+                    key: key.to_owned(),
+                }),
+                (scripts::CORRUPT, _) => Err(error::corrupt(
+                    key,
+                    "the stored record has no valid version header; delete it to write the key again",
+                )),
+                _ => Err(unexpected(key, "unknown script status")),
+            }
+        };
+        self.bounded("put", work)
+            .instrument(debug_span!("redis.put", key, ?mode))
+            .await
+    }
+
+    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
+        validate_key(key)?;
+        let layout = &self.inner.layout;
+        let (record, version) = (layout.record(key), layout.version(key));
+        let expected = if_version.map(|v| v.get().to_string()).unwrap_or_default();
+        let grace = millis(VERSION_MEMORY).to_string();
+        let work = async {
+            let reply = DELETE
+                .run(
+                    &mut self.conn(),
+                    &[&record, &version],
+                    &[expected.as_bytes(), grace.as_bytes()],
+                )
+                .await
+                .map_err(|e| error::map(e, key))?;
+            match status_of(key, &reply)? {
+                (scripts::OK, Some(Value::Int(deleted))) => Ok(*deleted == 1),
+                (scripts::CONFLICT, _) => Err(Error::Conflict {
+                    key: key.to_owned(),
+                }),
+                _ => Err(unexpected(key, "unknown script status")),
+            }
+        };
+        self.bounded("delete", work)
+            .instrument(debug_span!("redis.delete", key))
+            .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let layout = &self.inner.layout;
+        let pattern = layout.record_pattern(prefix);
+        let work = async {
+            let found = scan_all(&mut self.conn(), &pattern)
+                .await
+                .map_err(|e| error::map(e, prefix))?;
+            let mut keys: Vec<String> = found
+                .iter()
+                .filter_map(|k| layout.key_of_record(k))
+                .filter(|k| k.starts_with(prefix))
+                .map(str::to_owned)
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            Ok(keys)
+        };
+        self.bounded("list", work)
+            .instrument(debug_span!("redis.list", prefix))
+            .await
+    }
+}
+
+#[async_trait]
+impl LogStore for RedisStore {
+    fn backend_name(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn append(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        validate_key(log)?;
+        for record in &records {
+            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+        }
+        if records.is_empty() && ttl.is_none() {
+            return Ok(Vec::new());
+        }
+        let stream = self.inner.layout.log(log);
+        let ttl_arg = ttl.map(|t| millis(t).to_string()).unwrap_or_default();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(records.len() + 1);
+        args.push(ttl_arg.as_bytes());
+        args.extend(records.iter().map(Vec::as_slice));
+        let work = async {
+            let reply = APPEND
+                .run(&mut self.conn(), &[&stream], &args)
+                .await
+                .map_err(|e| error::map(e, log))?;
+            let Value::Array(ids) = reply else {
+                return Err(unexpected(log, "append did not return ids"));
+            };
+            if ids.len() != records.len() {
+                return Err(unexpected(log, "append returned the wrong number of ids"));
+            }
+            ids.iter()
+                .map(|id| parse_id(log, bytes_of(id).unwrap_or_default()))
+                .collect()
+        };
+        self.bounded("append", work)
+            .instrument(debug_span!("redis.append", log, records = records.len()))
+            .await
+    }
+
+    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+        validate_key(log)?;
+        if limit == 0 || after == u64::MAX {
+            return Ok(Vec::new());
+        }
+        let stream = self.inner.layout.log(log);
+        let work = async {
+            let mut records: Vec<LogRecord> = Vec::new();
+            let mut cursor = after;
+            loop {
+                let want = (limit - records.len()).min(READ_PAGE);
+                let page = self.read_page(log, &stream, cursor, want).await?;
+                let full = page.len() == want;
+                if let Some(last) = page.last() {
+                    cursor = last.seq;
+                }
+                records.extend(page);
+                if !full || records.len() == limit || cursor == u64::MAX {
+                    return Ok(records);
+                }
+            }
+        };
+        // A long log is read in pages; the timeout applies to the whole read.
+        self.bounded("read_after", work)
+            .instrument(debug_span!("redis.read_after", log, after))
+            .await
+    }
+
+    async fn wait_after(
+        &self,
+        log: &str,
+        after: u64,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<LogRecord>> {
+        let ready = self.read_after(log, after, limit).await?;
+        if !ready.is_empty() || timeout.is_zero() || limit == 0 || after == u64::MAX {
+            return Ok(ready);
+        }
+        let stream = self.inner.layout.log(log);
+        let block_ms = millis(timeout);
+        let mut conn = self.blocking_conn().await?;
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(limit.min(u32::MAX as usize))
+            .arg("BLOCK")
+            .arg(block_ms)
+            .arg("STREAMS")
+            .arg(&stream)
+            .arg(format!("0-{after}"));
+        let bound = timeout + self.inner.timeouts.operation;
+        let span = debug_span!("redis.wait_after", log, after, ?timeout);
+        let reply = match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut conn))
+            .instrument(span)
+            .await
+        {
+            Ok(Ok(reply)) => {
+                self.return_blocking_conn(conn);
+                reply
+            }
+            Ok(Err(e)) => return Err(error::map(e, log)),
+            Err(_) => return Err(error::no_reply("wait_after", bound)),
+        };
+        match reply {
+            Value::Nil => Ok(Vec::new()),
+            Value::Array(mut streams) => {
+                let Some(Value::Array(mut stream)) = streams.pop() else {
+                    return Err(unexpected(log, "XREAD reply has no stream"));
+                };
+                let entries = stream
+                    .pop()
+                    .ok_or_else(|| unexpected(log, "XREAD reply has no entries"))?;
+                parse_entries(log, entries)
+            }
+            Value::Map(mut streams) => {
+                let (_, entries) = streams
+                    .pop()
+                    .ok_or_else(|| unexpected(log, "XREAD reply has no stream"))?;
+                parse_entries(log, entries)
+            }
+            _ => Err(unexpected(log, "XREAD did not return streams")),
+        }
+    }
+
+    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
+        validate_key(log)?;
+        if before <= 1 {
+            return Ok(0);
+        }
+        let stream = self.inner.layout.log(log);
+        let work = async {
+            let dropped: u64 = redis::cmd("XTRIM")
+                .arg(&stream)
+                .arg("MINID")
+                .arg(format!("0-{before}"))
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|e| error::map(e, log))?;
+            Ok(dropped)
+        };
+        self.bounded("trim", work)
+            .instrument(debug_span!("redis.trim", log, before))
+            .await
+    }
+
+    async fn delete(&self, log: &str) -> Result<()> {
+        validate_key(log)?;
+        let stream = self.inner.layout.log(log);
+        let work = async {
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(&stream)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|e| error::map(e, log))?;
+            Ok(())
+        };
+        self.bounded("delete", work)
+            .instrument(debug_span!("redis.delete_log", log))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_and_bad_headers_are_corrupt() {
+        let entry = parse_record("k", b"42:a:b".to_vec()).expect("valid record");
+        assert_eq!(entry.version, Version::new(42));
+        assert_eq!(entry.value, b"a:b");
+        let empty = parse_record("k", b"7:".to_vec()).expect("valid record");
+        assert!(empty.value.is_empty());
+        for bad in [&b"no header"[..], b":x", b"12a:x", b""] {
+            assert!(
+                matches!(parse_record("k", bad.to_vec()), Err(Error::Corrupt { ref key, .. }) if key == "k"),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn only_store_ids_parse() {
+        assert_eq!(parse_id("l", b"0-17").expect("store id"), 17);
+        assert!(matches!(
+            parse_id("l", b"1700000000000-0"),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(parse_id("l", b"0-"), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn millis_is_never_zero() {
+        assert_eq!(millis(Duration::from_micros(10)), 1);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert!(millis(Duration::MAX) < 1 << 53);
+    }
+}
