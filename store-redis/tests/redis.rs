@@ -1,0 +1,296 @@
+//! Behaviour of the Redis backend beyond the core suite: hash tags on a
+//! Cluster, records written by something else, blocking reads that never
+//! hold up the shared connection, and typed errors for bad settings.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Endpoint, Topology, unique_prefix};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_store_redis::RedisStore;
+use redis::aio::ConnectionLike;
+
+/// Keys whose braces would split a naive layout across Cluster slots.
+const BRACE_KEYS: [&str; 6] = ["}starts", "{}", "a}b{c}", "{x}", "}", "x}:ver"];
+
+async fn brace_keys_work_on(topology: Topology) {
+    let Some(endpoint) = Endpoint::of(topology) else {
+        return;
+    };
+    let store = endpoint.open(&unique_prefix("braces")).await;
+    for key in BRACE_KEYS {
+        let v1 = store
+            .put(
+                key,
+                b"1".to_vec(),
+                PutMode::Create,
+                Some(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create {key:?}: {e}"));
+        let v2 = store
+            .put(key, b"2".to_vec(), PutMode::Update(v1), None)
+            .await
+            .unwrap_or_else(|e| panic!("update {key:?}: {e}"));
+        assert!(
+            KvStore::delete(&store, key, Some(v2))
+                .await
+                .expect("delete")
+        );
+        let v3 = store
+            .put(key, b"3".to_vec(), PutMode::Create, None)
+            .await
+            .expect("create again");
+        assert!(v3 > v2, "version of {key:?} did not survive the delete");
+        let seqs = store
+            .append(
+                key,
+                vec![b"a".to_vec(), b"b".to_vec()],
+                Some(Duration::from_secs(60)),
+            )
+            .await
+            .expect("append");
+        assert_eq!(
+            store.read_after(key, seqs[0], 10).await.expect("read")[0].data,
+            b"b"
+        );
+    }
+    let mut expected: Vec<&str> = BRACE_KEYS.to_vec();
+    expected.sort_unstable();
+    assert_eq!(store.list("").await.expect("list"), expected);
+}
+
+#[tokio::test]
+async fn keys_with_braces_work_standalone() {
+    brace_keys_work_on(Topology::Standalone).await;
+}
+
+#[tokio::test]
+async fn keys_with_braces_stay_in_one_cluster_slot() {
+    brace_keys_work_on(Topology::Cluster).await;
+}
+
+/// A raw connection to the standalone test server.
+async fn raw(endpoint: &Endpoint) -> Option<redis::aio::MultiplexedConnection> {
+    let Endpoint::Standalone(url) = endpoint else {
+        return None;
+    };
+    let client = redis::Client::open(url.as_str()).expect("url");
+    Some(
+        client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection"),
+    )
+}
+
+async fn raw_cmd(conn: &mut impl ConnectionLike, args: &[&[u8]]) -> redis::Value {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).expect("ascii command"));
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async(conn).await.expect("raw command")
+}
+
+#[tokio::test]
+async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
+    let Some(endpoint) = Endpoint::of(Topology::Standalone) else {
+        return;
+    };
+    let prefix = unique_prefix("corrupt");
+    let store = endpoint.open(&prefix).await;
+    let mut raw = raw(&endpoint).await.expect("standalone");
+
+    // A string without our version header.
+    let record = format!("{prefix}{{kv:plain}}");
+    raw_cmd(&mut raw, &[b"SET", record.as_bytes(), b"written by hand"]).await;
+    let err = store.get("plain").await.expect_err("no header");
+    assert!(
+        matches!(err, Error::Corrupt { ref key, .. } if key == "plain"),
+        "got {err:?}"
+    );
+    for mode in [PutMode::Create, PutMode::Overwrite] {
+        let err = store
+            .put("plain", b"new".to_vec(), mode, None)
+            .await
+            .expect_err("a corrupt record is not overwritten");
+        assert!(matches!(err, Error::Corrupt { .. }), "got {err:?}");
+    }
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"GET", record.as_bytes()]).await,
+        redis::Value::BulkString(b"written by hand".to_vec()),
+        "the damaged record must be left as it was"
+    );
+    // Deleting it deliberately makes the key usable again.
+    assert!(
+        KvStore::delete(&store, "plain", None)
+            .await
+            .expect("delete")
+    );
+    store
+        .put("plain", b"fresh".to_vec(), PutMode::Create, None)
+        .await
+        .expect("create after delete");
+
+    // A key of another Redis type.
+    let record = format!("{prefix}{{kv:list}}");
+    raw_cmd(&mut raw, &[b"RPUSH", record.as_bytes(), b"x"]).await;
+    let err = store.get("list").await.expect_err("wrong type");
+    assert!(
+        matches!(err, Error::Corrupt { ref key, .. } if key == "list"),
+        "got {err:?}"
+    );
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the Redis error is kept"
+    );
+
+    // A stream entry with an id and fields this store never writes.
+    let stream = format!("{prefix}{{log:events}}");
+    raw_cmd(
+        &mut raw,
+        &[b"XADD", stream.as_bytes(), b"*", b"other", b"x"],
+    )
+    .await;
+    let err = store
+        .read_after("events", 0, 10)
+        .await
+        .expect_err("foreign entry");
+    assert!(
+        matches!(err, Error::Corrupt { ref key, .. } if key == "events"),
+        "got {err:?}"
+    );
+    let stream = format!("{prefix}{{log:nodata}}");
+    raw_cmd(
+        &mut raw,
+        &[b"XADD", stream.as_bytes(), b"0-1", b"other", b"x"],
+    )
+    .await;
+    let err = store
+        .read_after("nodata", 0, 10)
+        .await
+        .expect_err("no data field");
+    assert!(
+        matches!(err, Error::Corrupt { ref key, .. } if key == "nodata"),
+        "got {err:?}"
+    );
+    let err = store.append("list", vec![b"x".to_vec()], None).await.err();
+    assert!(
+        err.is_none(),
+        "a log and a record of the same name are distinct"
+    );
+}
+
+async fn waiting_never_blocks_others_on(topology: Topology) {
+    let Some(endpoint) = Endpoint::of(topology) else {
+        return;
+    };
+    let store = endpoint.open(&unique_prefix("tail")).await;
+    let first = store
+        .append("tail", vec![b"first".to_vec()], None)
+        .await
+        .expect("append")[0];
+    // Several tails wait at once on the same store handle...
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let tail = store.clone();
+        waiting.push(tokio::spawn(async move {
+            tail.wait_after("tail", first, 10, Duration::from_secs(30))
+                .await
+        }));
+    }
+    // ...while the same handle keeps working: were the tails blocking its
+    // connection, this append would wait for them and they would time out
+    // empty.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store
+        .put("k", b"v".to_vec(), PutMode::Overwrite, None)
+        .await
+        .expect("put while others wait");
+    store
+        .append("tail", vec![b"second".to_vec()], None)
+        .await
+        .expect("append while others wait");
+    for tail in waiting {
+        let got = tail.await.expect("task").expect("wait_after");
+        assert_eq!(got.len(), 1, "the tail must see the append");
+        assert_eq!(got[0].data, b"second");
+    }
+}
+
+#[tokio::test]
+async fn waiting_never_blocks_others_standalone() {
+    waiting_never_blocks_others_on(Topology::Standalone).await;
+}
+
+#[tokio::test]
+async fn waiting_never_blocks_others_on_a_cluster() {
+    waiting_never_blocks_others_on(Topology::Cluster).await;
+}
+
+#[tokio::test]
+async fn prefixes_isolate_stores_on_one_server() {
+    let Some(endpoint) = Endpoint::of(Topology::Standalone) else {
+        return;
+    };
+    let a = endpoint.open(&unique_prefix("a")).await;
+    let b = endpoint.open(&unique_prefix("b")).await;
+    a.put("shared/name", b"a".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put a");
+    b.put("shared/name", b"b".to_vec(), PutMode::Create, None)
+        .await
+        .expect("the same key under another prefix is another key");
+    assert_eq!(a.list("").await.expect("list"), vec!["shared/name"]);
+    assert_eq!(
+        b.get("shared/name")
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
+        b"b"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    // A port that nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let err = RedisStore::standalone(format!("redis://127.0.0.1:{port}/"))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    assert!(matches!(err, Error::Unavailable { .. }), "got {err:?}");
+    assert!(err.is_transient());
+}
+
+#[tokio::test]
+async fn bad_settings_are_invalid_input() {
+    let err = RedisStore::standalone("not a url")
+        .connect()
+        .await
+        .expect_err("bad url");
+    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
+    let err = RedisStore::standalone("redis://user:hunter2@127.0.0.1:1/")
+        .key_prefix("app{1}:")
+        .connect()
+        .await
+        .expect_err("braces in the prefix");
+    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+    let builder = RedisStore::standalone("redis://user:hunter2@127.0.0.1:1/");
+    assert!(
+        !format!("{builder:?}").contains("hunter2"),
+        "the builder prints no password"
+    );
+    let err = RedisStore::cluster(Vec::<String>::new())
+        .connect()
+        .await
+        .expect_err("no seed nodes");
+    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
+}
