@@ -53,7 +53,7 @@ enum StreamOwner {
     Other(Option<SessionId>),
 }
 
-impl<C: StreamableHttpClient> DurableHttpClient<C> {
+impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
     #[allow(clippy::too_many_arguments)]
     async fn post(
         &self,
@@ -345,7 +345,7 @@ where
     response.expect_initialized::<E>().await
 }
 
-impl<C: StreamableHttpClient> StreamableHttpClient for DurableHttpClient<C> {
+impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<C> {
     type Error = C::Error;
 
     async fn post_message(

@@ -4,7 +4,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{BoxError, InFlightRequest, ServerKey};
+use mcp_persist_core::{BoxError, InFlightRequest, RequestId, ServerKey, SessionId};
 use rmcp::{
     model::InitializeResult,
     transport::streamable_http_client::{SseError, StreamableHttpClient, StreamableHttpError},
@@ -15,6 +15,7 @@ use tracing::info;
 
 use super::{
     ClientError, ClientNotice, StartKind,
+    journal::Op,
     recovery::{Recovery, RecoveryConfig},
     state::{Shared, lock},
 };
@@ -112,6 +113,8 @@ pub struct ClientHandle {
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) start: StartKind,
     pub(crate) interrupted: Arc<std::sync::Mutex<Vec<InFlightRequest>>>,
+    /// The session the interrupted requests were sent in.
+    pub(crate) interrupted_session: Option<SessionId>,
     pub(crate) recovery: RecoveryConfig,
 }
 
@@ -187,11 +190,33 @@ impl ClientHandle {
     /// that cannot be resumed is reported as lost, with its method and
     /// params, for the application to decide.
     pub fn recover(&self) -> Vec<Recovery> {
+        let Some(session) = self.interrupted_session.clone() else {
+            return Vec::new();
+        };
         let requests = std::mem::take(&mut *lock(&self.interrupted));
         requests
             .into_iter()
-            .map(|request| Recovery::new(self.clone(), request))
+            .map(|request| Recovery::new(self.clone(), session.clone(), request))
             .collect()
+    }
+
+    /// Removes an interrupted request from the journal once the application
+    /// has dealt with it (a [`Recovery::Lost`] it re-sent or gave up on, a
+    /// [`Recovery::Task`] whose result is in). A resumed request leaves the
+    /// journal by itself when its answer is read.
+    pub fn dismiss(&self, request: &InFlightRequest) {
+        if let Some(session) = &self.interrupted_session {
+            self.forget_request(session, &request.id);
+        }
+        lock(&self.interrupted).retain(|r| r.id != request.id);
+    }
+
+    pub(crate) fn forget_request(&self, session: &SessionId, id: &RequestId) {
+        if self.shared.health.persisting() {
+            self.shared
+                .journal
+                .send(Op::Complete(session.clone(), id.clone()));
+        }
     }
 
     /// Ends the session: sends `DELETE` to the server and forgets the stored

@@ -226,10 +226,12 @@ impl ResumedRequest {
             self.stream = None;
             self.handle.forget_request(&self.session, &self.request.id);
             info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
-            let answer = match (value.get_mut("result"), value.get_mut("error")) {
-                (Some(result), _) => Ok(result.take()),
-                (None, Some(error)) => Err(error.take()),
-                (None, None) => Err(Value::Null),
+            let answer = match value.as_object_mut() {
+                Some(object) => match (object.remove("result"), object.remove("error")) {
+                    (Some(result), _) => Ok(result),
+                    (None, error) => Err(error.unwrap_or(Value::Null)),
+                },
+                None => Err(Value::Null),
             };
             return Some(Ok(RecoveredMessage::Answer(answer)));
         }

@@ -1,0 +1,275 @@
+//! The user story, with real processes: a client process is killed with
+//! SIGKILL in the middle of a slow tool call; a new process on the same
+//! store continues the session without `initialize`, collects the answer
+//! and the progress it missed, and never reuses a request id.
+//!
+//! Runs on the SQLite store. The test binary is its own child:
+//! started with `MCP_PERSIST_CLIENT_CHILD` set, it plays a client process.
+
+mod client_support;
+
+use std::{process::Stdio, sync::atomic::Ordering, time::Duration};
+
+use mcp_persist_core::{KvStore, Stores};
+use mcp_persist_transport_http::client::{DurableClientBuilder, RecoveredMessage, Recovery};
+use rmcp::{
+    ClientHandler, RoleClient, ServiceExt,
+    model::{
+        CallToolRequestParams, NumberOrString, ProgressNotificationParam, ProgressToken,
+        RequestMetaObject,
+    },
+    service::NotificationContext,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const CHILD_ENV: &str = "MCP_PERSIST_CLIENT_CHILD";
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    if let Ok(role) = std::env::var(CHILD_ENV) {
+        runtime.block_on(child(&role));
+        return;
+    }
+    for backend in ["sqlite"] {
+        eprintln!("user story on the {backend} store ...");
+        runtime.block_on(user_story(backend));
+        eprintln!("user story on the {backend} store: ok");
+    }
+}
+
+async fn open_store(backend: &str, dir: &str) -> Stores {
+    let path = std::path::Path::new(dir);
+    match backend {
+        "sqlite" => Stores::new(
+            mcp_persist_store_sqlite::SqliteStore::open(path.join("state.db"))
+                .await
+                .expect("open sqlite"),
+        ),
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+#[derive(Clone)]
+struct Progress(tokio::sync::mpsc::UnboundedSender<f64>);
+
+impl ClientHandler for Progress {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.progress);
+    }
+}
+
+/// A client process. Prints one JSON line per step on stdout.
+async fn child(role: &str) {
+    let url = std::env::var("URL").expect("URL");
+    let backend = std::env::var("BACKEND").expect("BACKEND");
+    let dir = std::env::var("DIR").expect("DIR");
+    let stores = open_store(&backend, &dir).await;
+    let (transport, handle) = DurableClientBuilder::new(&url, &stores)
+        .build()
+        .await
+        .expect("build");
+    let say = |v: Value| println!("{v}");
+    match role {
+        "first" => {
+            let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+            let client = Progress(tx).serve(transport).await.expect("serve");
+            client.list_tools(None).await.expect("list");
+            let echo = client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(json!({"n": 1}).as_object().cloned().expect("object")),
+                )
+                .await
+                .expect("echo");
+            assert_eq!(echo.is_error, Some(false));
+            let mut slow = CallToolRequestParams::new("slow");
+            slow.meta = Some(RequestMetaObject::with_progress_token(ProgressToken(
+                NumberOrString::String("slow-work".into()),
+            )));
+            let peer = client.peer().clone();
+            tokio::spawn(async move {
+                let _ = peer.call_tool(slow).await;
+            });
+            // Killed mid-way: after the first progress, with the journal written.
+            progress.recv().await.expect("first progress");
+            handle.flush().await;
+            say(json!({"ready": true, "session": handle.session_id()}));
+            std::future::pending::<()>().await;
+        }
+        "second" => {
+            let info = handle.initialize_result();
+            let interrupted = handle.interrupted();
+            say(json!({
+                "resumed": handle.resumed(),
+                "server_name": info.as_ref().map(|i| i.server_info.name.clone()),
+                "server_version": info.as_ref().map(|i| i.server_info.version.clone()),
+                "instructions": info.as_ref().and_then(|i| i.instructions.clone()),
+                "tools_capability": info.as_ref().map(|i| i.capabilities.tools.is_some()),
+                "interrupted": interrupted.iter().map(|r| json!({
+                    "method": r.method, "params": r.params, "cursor": r.last_event_id,
+                })).collect::<Vec<_>>(),
+            }));
+            let (tx, _progress) = tokio::sync::mpsc::unbounded_channel();
+            let client = Progress(tx).serve(transport).await.expect("serve");
+            let echo = client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(json!({"n": 2}).as_object().cloned().expect("object")),
+                )
+                .await;
+            say(json!({"first_request_ok": echo.is_ok(), "session": handle.session_id()}));
+            for recovery in handle.recover() {
+                match recovery {
+                    Recovery::Resumable(resumed) => {
+                        let (seen, answer) = resumed.collect().await.expect("recovered");
+                        let progress = seen
+                            .iter()
+                            .filter_map(|m| match m {
+                                RecoveredMessage::Notification(n) => {
+                                    n["params"]["progress"].as_f64()
+                                }
+                                _ => None,
+                            })
+                            .collect::<Vec<_>>();
+                        say(json!({"recovered": answer.expect("result"), "progress": progress}));
+                    }
+                    other => say(json!({"not_resumable": format!("{other:?}")})),
+                }
+            }
+            // More calls after recovery, then a clean close: no DELETE.
+            for n in 3..6 {
+                client
+                    .call_tool(CallToolRequestParams::new("echo").with_arguments(
+                        json!({ "n": n }).as_object().cloned().expect("object"),
+                    ))
+                    .await
+                    .expect("echo");
+            }
+            handle.flush().await;
+            say(json!({"interrupted_after": handle.interrupted().len(), "done": true}));
+            client.cancel().await.expect("close");
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+struct Child {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Child {
+    fn spawn(role: &str, url: &str, backend: &str, dir: &str) -> Child {
+        let mut child = tokio::process::Command::new(std::env::current_exe().expect("exe"))
+            .env(CHILD_ENV, role)
+            .env("URL", url)
+            .env("BACKEND", backend)
+            .env("DIR", dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("stdout");
+        Child {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    async fn line(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+            .await
+            .expect("child answered in time")
+            .expect("read child")
+            .expect("child printed a line");
+        serde_json::from_str(&line).expect("child prints JSON")
+    }
+}
+
+async fn user_story(backend: &str) {
+    let server = client_support::start_server(8).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+
+    // Process 1: initialize, call tools, start the slow one, die.
+    let mut first = Child::spawn("first", &server.url, backend, &dir_s);
+    let ready = first.line().await;
+    assert_eq!(ready["ready"], true);
+    let session = ready["session"].as_str().expect("session id").to_owned();
+    first.child.start_kill().expect("SIGKILL");
+    first.child.wait().await.expect("reaped");
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+
+    // Process 2: same store.
+    let mut second = Child::spawn("second", &server.url, backend, &dir_s);
+    let offline = second.line().await;
+    // 1. Stored server facts before any network call.
+    assert_eq!(offline["resumed"], true, "{offline}");
+    assert_eq!(offline["server_name"], "counting-server");
+    assert_eq!(offline["server_version"], "7.1.0");
+    assert_eq!(offline["instructions"], "Call slow for long work.");
+    assert_eq!(offline["tools_capability"], true);
+    let interrupted = offline["interrupted"].as_array().expect("list");
+    assert_eq!(interrupted.len(), 1, "{offline}");
+    assert_eq!(interrupted[0]["method"], "tools/call");
+    assert_eq!(interrupted[0]["params"]["name"], "slow");
+    assert!(interrupted[0]["cursor"].is_string(), "{offline}");
+
+    // 2. No initialize; the first request rides the old session.
+    let first_request = second.line().await;
+    assert_eq!(first_request["first_request_ok"], true);
+    assert_eq!(first_request["session"], session.as_str());
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+
+    // 3. The slow tool's answer and the progress missed, the tool run once.
+    let recovered = second.line().await;
+    assert_eq!(
+        recovered["recovered"]["content"][0]["text"], "slow done",
+        "{recovered}"
+    );
+    let progress: Vec<f64> = recovered["progress"]
+        .as_array()
+        .expect("progress")
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert!(!progress.is_empty(), "missed progress is replayed");
+    assert_eq!(progress.last().copied(), Some(8.0), "{progress:?}");
+    assert!(progress.windows(2).all(|w| w[0] < w[1]), "{progress:?}");
+
+    let done = second.line().await;
+    assert_eq!(done["done"], true);
+    assert_eq!(done["interrupted_after"], 0);
+    second.child.wait().await.expect("second exits");
+    assert_eq!(server.stats.runs_of("slow"), 1, "the slow tool ran once");
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+
+    // 4. One session, and no request id used twice in it.
+    let requests = server.stats.requests.lock().expect("lock").clone();
+    assert!(requests.iter().all(|(s, _, _)| *s == session), "{requests:?}");
+    let mut ids: Vec<&String> = requests.iter().map(|(_, id, _)| id).collect();
+    let total = ids.len();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), total, "a request id was reused: {requests:?}");
+    assert_eq!(total, 7, "{requests:?}");
+    // The session was kept: the server still knows it.
+    assert!(
+        server
+            .sessions
+            .sessions
+            .read()
+            .await
+            .contains_key(session.as_str())
+    );
+}
