@@ -28,10 +28,10 @@
 //! * **Versioned schema.** The schema version lives in the database's
 //!   `user_version` ([`SCHEMA_VERSION`]) and older databases are migrated
 //!   forward on open. A database written by a newer version of this crate is
-//!   refused with [`Error::NewerSchema`](mcp_persist_core::Error::NewerSchema)
+//!   refused with [`Error::NewerSchema`]
 //!   and left untouched; a SQLite file of another application is refused with
-//!   [`Error::InvalidInput`](mcp_persist_core::Error::InvalidInput), a file that
-//!   is not a database with [`Error::Corrupt`](mcp_persist_core::Error::Corrupt).
+//!   [`Error::InvalidInput`], a file that
+//!   is not a database with [`Error::Corrupt`].
 //! * **Private file.** A database file this crate creates is mode 0600 (its
 //!   folder 0700 if it creates that too); SQLite gives the `-wal` and `-shm`
 //!   files beside it the same mode.
@@ -118,7 +118,7 @@ pub enum Durability {
 #[non_exhaustive]
 pub struct SqliteOptions {
     /// How long a write waits for another process's write lock before it
-    /// fails with [`Error::Timeout`](mcp_persist_core::Error::Timeout).
+    /// fails with [`Error::Timeout`].
     /// Default: 5 seconds.
     pub busy_timeout: Duration,
     /// What a commit guarantees. Default: [`Durability::Full`].
@@ -222,10 +222,10 @@ impl SqliteStore {
     /// it (mode 0600) and its folder (mode 0700) if missing, and migrating an
     /// older schema forward.
     ///
-    /// Fails with [`Error::NewerSchema`](mcp_persist_core::Error::NewerSchema)
+    /// Fails with [`Error::NewerSchema`]
     /// for a database of a newer version of this crate,
-    /// [`Error::InvalidInput`](mcp_persist_core::Error::InvalidInput) for one of
-    /// another application and [`Error::Corrupt`](mcp_persist_core::Error::Corrupt)
+    /// [`Error::InvalidInput`] for one of
+    /// another application and [`Error::Corrupt`]
     /// for a file that is not a database; none of them is modified.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, SqliteOptions::default()).await
@@ -500,3 +500,8 @@ impl LogStore for SqliteStore {
         self.write(0, false, ops::log_sweep).await
     }
 }
+
+/// The README's example compiles (it is `no_run`: it writes to the disk).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

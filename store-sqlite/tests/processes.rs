@@ -82,11 +82,16 @@ impl Rng {
 /// commit and multi-record appends are both in flight when the kill lands).
 /// Every acknowledgement is printed only after the call returned `Ok`.
 async fn crash_child(db: String) {
+    // A failure in any task must end the child at once, visibly (the parent
+    // checks that the child died of its SIGKILL and of nothing else).
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("crash child failed: {info}");
+        std::process::abort();
+    }));
     let store = SqliteStore::open(&db).await.expect("child opens the store");
-    let mut tasks = Vec::new();
     {
         let store = store.clone();
-        tasks.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             loop {
                 let current = store.get(COUNTER).await.expect("get counter");
                 let (n, mode) = match &current {
@@ -99,11 +104,11 @@ async fn crash_child(db: String) {
                     .expect("only this task writes the counter");
                 println!("ACK kv {}", n + 1);
             }
-        }));
+        });
     }
     for t in 0..LOGS {
         let store = store.clone();
-        tasks.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             let log = format!("crash/log-{t}");
             let existing = store
                 .read_after(&log, 0, usize::MAX)
@@ -125,11 +130,10 @@ async fn crash_child(db: String) {
                 n += count;
                 println!("ACK log {t} {}", pairs.join(" "));
             }
-        }));
+        });
     }
-    for task in tasks {
-        task.await.expect("child task");
-    }
+    // Runs until the parent kills it.
+    std::future::pending::<()>().await;
 }
 
 fn parse_counter(value: &[u8]) -> u64 {
@@ -287,6 +291,15 @@ fn sigkill_loses_no_acknowledged_write() {
         thread::sleep(Duration::from_micros(rng.below(25_000)));
         child.kill().expect("SIGKILL the child");
         let status = child.wait().expect("reap the child");
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                status.signal(),
+                Some(9),
+                "the child died of something else: {status}"
+            );
+        }
         assert!(!status.success(), "the child exited on its own: {status}");
         reader.join().expect("stdout reader");
         for line in lines.try_iter() {

@@ -1,0 +1,259 @@
+//! Throughput of `SqliteStore` against plain rusqlite, measured in one run.
+//!
+//! Log appends from 64 concurrent appenders (64 SSE streams writing at once)
+//! are compared with two raw rusqlite baselines on the same settings (WAL,
+//! `synchronous=FULL`, same record size): one transaction per record, which
+//! is what a store without group commit pays, and one transaction for a
+//! whole batch, the ceiling. Then key-value operations per second.
+//!
+//! Run it in release mode: `cargo xtask bench`, or
+//! `cargo run --release -p mcp-persist-store-sqlite --example bench`.
+//! Each measurement stops at a count or a time limit, whichever comes
+//! first; the whole run takes well under a minute.
+
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use mcp_persist_core::{KvStore, LogStore, PutMode};
+use mcp_persist_store_sqlite::SqliteStore;
+use rusqlite::{Connection, params};
+
+const RECORD_BYTES: usize = 256;
+const APPENDERS: usize = 64;
+/// Per-measurement limits.
+const MAX_OPS: usize = 20_000;
+const MAX_TIME: Duration = Duration::from_secs(5);
+
+struct Row {
+    what: &'static str,
+    ops: usize,
+    elapsed: Duration,
+    note: String,
+}
+
+impl Row {
+    fn per_second(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+fn record(i: usize) -> Vec<u8> {
+    let mut data = format!("{i:08}:").into_bytes();
+    data.resize(RECORD_BYTES, b'x');
+    data
+}
+
+fn raw_connection(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))?;
+    anyhow::ensure!(mode == "wal", "WAL not available: {mode}");
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(
+        "CREATE TABLE log_records (log TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,
+                                   PRIMARY KEY (log, seq))",
+    )?;
+    Ok(conn)
+}
+
+/// Plain rusqlite, one `BEGIN IMMEDIATE ... COMMIT` per record.
+fn raw_one_transaction_per_record(path: &Path) -> Result<Row> {
+    let conn = raw_connection(path)?;
+    let start = Instant::now();
+    let mut ops = 0;
+    while ops < MAX_OPS && start.elapsed() < MAX_TIME {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        conn.prepare_cached("INSERT INTO log_records (log, seq, data) VALUES (?1, ?2, ?3)")?
+            .execute(params!["stream/0", ops as i64 + 1, record(ops)])?;
+        conn.execute_batch("COMMIT")?;
+        ops += 1;
+    }
+    Ok(Row {
+        what: "raw rusqlite, one transaction per record",
+        ops,
+        elapsed: start.elapsed(),
+        note: String::new(),
+    })
+}
+
+/// Plain rusqlite, every record in one transaction.
+fn raw_one_batched_transaction(path: &Path) -> Result<Row> {
+    let conn = raw_connection(path)?;
+    let start = Instant::now();
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    {
+        let mut insert =
+            conn.prepare_cached("INSERT INTO log_records (log, seq, data) VALUES (?1, ?2, ?3)")?;
+        for i in 0..MAX_OPS {
+            insert.execute(params![
+                format!("stream/{}", i % APPENDERS),
+                i as i64 + 1,
+                record(i)
+            ])?;
+        }
+    }
+    conn.execute_batch("COMMIT")?;
+    Ok(Row {
+        what: "raw rusqlite, one batched transaction",
+        ops: MAX_OPS,
+        elapsed: start.elapsed(),
+        note: String::new(),
+    })
+}
+
+/// Runs `op(task, i)` from `tasks` concurrent tasks until the count or time
+/// limit, and reports the operations done.
+async fn concurrent<F, Fut>(tasks: usize, op: F) -> Result<(usize, Duration)>
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let start = Instant::now();
+    let per_task = MAX_OPS.div_ceil(tasks);
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let op = Arc::clone(&op);
+            tokio::spawn(async move {
+                let mut done = 0;
+                while done < per_task && start.elapsed() < MAX_TIME {
+                    op(task, done).await?;
+                    done += 1;
+                }
+                Ok::<_, anyhow::Error>(done)
+            })
+        })
+        .collect();
+    let mut ops = 0;
+    for handle in handles {
+        ops += handle.await??;
+    }
+    Ok((ops, start.elapsed()))
+}
+
+async fn store_appends(store: &SqliteStore) -> Result<Row> {
+    let before = store.write_stats();
+    let s = store.clone();
+    let (ops, elapsed) = concurrent(APPENDERS, move |task, i| {
+        let s = s.clone();
+        async move {
+            s.append(&format!("stream/{task}"), vec![record(i)], None)
+                .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let after = store.write_stats();
+    let per_commit = (after.operations - before.operations) as f64
+        / (after.transactions - before.transactions).max(1) as f64;
+    Ok(Row {
+        what: "SqliteStore append, 64 concurrent appenders",
+        ops,
+        elapsed,
+        note: format!("{per_commit:.1} appends per commit"),
+    })
+}
+
+async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
+    let s = store.clone();
+    let (ops, elapsed) = concurrent(tasks, move |task, i| {
+        let s = s.clone();
+        async move {
+            s.put(&format!("key/{task}"), record(i), PutMode::Overwrite, None)
+                .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(Row {
+        what,
+        ops,
+        elapsed,
+        note: String::new(),
+    })
+}
+
+async fn store_gets(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
+    let s = store.clone();
+    let (ops, elapsed) = concurrent(tasks, move |task, _| {
+        let s = s.clone();
+        async move {
+            let found = s.get(&format!("key/{}", task % APPENDERS)).await?;
+            anyhow::ensure!(found.is_some(), "written above");
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(Row {
+        what,
+        ops,
+        elapsed,
+        note: String::new(),
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let dir = tempfile::tempdir().context("temp dir")?;
+    let path = |name: &str| dir.path().join(name);
+
+    // The raw baselines are blocking code: run them off the runtime.
+    let p = path("raw-per-record.db");
+    let per_record =
+        tokio::task::spawn_blocking(move || raw_one_transaction_per_record(&p)).await??;
+    let p = path("raw-batched.db");
+    let batched = tokio::task::spawn_blocking(move || raw_one_batched_transaction(&p)).await??;
+
+    let store = SqliteStore::open(path("store.db")).await?;
+    let appends = store_appends(&store).await?;
+    let puts_concurrent =
+        store_puts(&store, APPENDERS, "SqliteStore put, 64 concurrent writers").await?;
+    let puts_single = store_puts(&store, 1, "SqliteStore put, one writer").await?;
+    let gets_concurrent =
+        store_gets(&store, APPENDERS, "SqliteStore get, 64 concurrent readers").await?;
+    let gets_single = store_gets(&store, 1, "SqliteStore get, one reader").await?;
+    store.close().await?;
+
+    let baseline = per_record.per_second();
+    println!(
+        "SQLite {} (bundled), WAL, synchronous=FULL, {RECORD_BYTES}-byte records, files in {}",
+        rusqlite::version(),
+        dir.path().display()
+    );
+    println!();
+    println!(
+        "| {:<46} | {:>7} | {:>10} | {:>14} | {:<26} |",
+        "what", "ops", "ops/s", "vs 1 tx/record", "note"
+    );
+    println!(
+        "|{:-<48}|{:-<9}|{:-<12}|{:-<16}|{:-<28}|",
+        "", "", "", "", ""
+    );
+    for row in [
+        &per_record,
+        &batched,
+        &appends,
+        &puts_concurrent,
+        &puts_single,
+        &gets_concurrent,
+        &gets_single,
+    ] {
+        println!(
+            "| {:<46} | {:>7} | {:>10.0} | {:>13.1}x | {:<26} |",
+            row.what,
+            row.ops,
+            row.per_second(),
+            row.per_second() / baseline,
+            row.note
+        );
+    }
+    println!();
+    let ratio = appends.per_second() / baseline;
+    println!(
+        "group commit: concurrent appends at {ratio:.1}x the one-transaction-per-record baseline (aim: at least 5x)"
+    );
+    Ok(())
+}
