@@ -144,6 +144,9 @@ fn test(_args: &[String]) -> Result<()> {
 /// mode, that measures itself against a baseline in the same process.
 const BENCHES: &[(&str, &str, &str)] = &[
     // (name, package, example)
+    ("file", "mcp-persist-store-file", "bench"),
+    ("sqlite", "mcp-persist-store-sqlite", "bench"),
+    ("redis", "mcp-persist-store-redis", "bench"),
 ];
 
 fn bench(args: &[String]) -> Result<()> {
