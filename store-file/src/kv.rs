@@ -30,8 +30,8 @@ use tracing::{debug, warn};
 
 use crate::{
     fsio::{
-        hashed_name, io, io_error, is_hashed_name, is_live, u32_at, u64_at, unix_ms,
-        unix_micros, write_atomic,
+        hashed_name, io, io_error, is_hashed_name, is_live, u32_at, u64_at, unix_micros, unix_ms,
+        write_atomic,
     },
     store::Inner,
 };
@@ -107,7 +107,9 @@ fn parse_header(bytes: &[u8]) -> Result<(Header, &[u8]), BadHeader> {
         value_crc: u32_at(bytes, 32),
     };
     let Some(key) = bytes.get(HEADER..HEADER + header.key_len) else {
-        return Err(BadHeader::Corrupt("record file is truncated inside its key".into()));
+        return Err(BadHeader::Corrupt(
+            "record file is truncated inside its key".into(),
+        ));
     };
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&bytes[..36]);
@@ -116,7 +118,10 @@ fn parse_header(bytes: &[u8]) -> Result<(Header, &[u8]), BadHeader> {
         return Err(BadHeader::Corrupt("record header checksum mismatch".into()));
     }
     if header.kind != KIND_VALUE && header.kind != KIND_TOMBSTONE {
-        return Err(BadHeader::Corrupt(format!("unknown record kind {}", header.kind)));
+        return Err(BadHeader::Corrupt(format!(
+            "unknown record kind {}",
+            header.kind
+        )));
     }
     Ok((header, key))
 }
@@ -185,6 +190,16 @@ fn decode(key: &str, mut bytes: Vec<u8>) -> Result<Stored, Error> {
     })
 }
 
+/// The header of a record file, read on its own.
+enum HeaderRead {
+    /// The file vanished meanwhile.
+    Gone,
+    /// A checked header and the key.
+    Good(Header, String),
+    /// Unreadable, with the reason.
+    Bad(String),
+}
+
 /// What [`Inner::verify_kv`] found.
 #[derive(Debug, Default)]
 pub(crate) struct KvCheck {
@@ -209,12 +224,16 @@ impl Inner {
         };
         let meta = file.metadata().map_err(io("inspect", path))?;
         self.check_file_mode(path, &meta);
-        let limit = (HEADER + mcp_persist_core::backend::MAX_KEY_BYTES + self.options.max_value_bytes)
-            as u64;
+        let limit = (HEADER
+            + mcp_persist_core::backend::MAX_KEY_BYTES
+            + self.options.max_value_bytes) as u64;
         if meta.len() > limit {
             return Err(Error::corrupt(
                 key,
-                format!("record file is {} bytes, larger than any record", meta.len()),
+                format!(
+                    "record file is {} bytes, larger than any record",
+                    meta.len()
+                ),
             ));
         }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
@@ -293,11 +312,9 @@ impl Inner {
                 Some(v)
             }
             Slot::Damaged(e @ Error::NewerSchema { .. }) => return Err(e),
+            // A precondition cannot be judged against an unreadable record.
+            Slot::Damaged(e) if mode != PutMode::Overwrite => return Err(e),
             Slot::Damaged(e) => {
-                if mode != PutMode::Overwrite {
-                    // A precondition cannot be judged against an unreadable record.
-                    return Err(e);
-                }
                 let kept = self.quarantine(&path, &name)?;
                 warn!(key, error = %e, kept = %kept.display(),
                     "overwriting a corrupt record; the damaged file was kept aside");
@@ -343,15 +360,13 @@ impl Inner {
         }
     }
 
-    /// Reads the header and key of one record file. `Ok(None)` when it
-    /// vanished meanwhile; `Err(reason)` when it is unreadable.
-    fn read_header(path: &std::path::Path) -> io::Result<Option<Result<(Header, String, u64), String>>> {
+    /// Reads the header and key of one record file.
+    fn read_header(path: &std::path::Path) -> io::Result<HeaderRead> {
         let mut file = match File::open(path) {
             Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HeaderRead::Gone),
             Err(e) => return Err(e),
         };
-        let len = file.metadata()?.len();
         let mut head = vec![0u8; HEADER + mcp_persist_core::backend::MAX_KEY_BYTES];
         let mut filled = 0;
         while filled < head.len() {
@@ -361,14 +376,16 @@ impl Inner {
             }
         }
         head.truncate(filled);
-        Ok(Some(match parse_header(&head) {
+        Ok(match parse_header(&head) {
             Ok((header, key)) => match std::str::from_utf8(key) {
-                Ok(key) => Ok((header, key.to_owned(), len)),
-                Err(_) => Err("key is not UTF-8".to_owned()),
+                Ok(key) => HeaderRead::Good(header, key.to_owned()),
+                Err(_) => HeaderRead::Bad("key is not UTF-8".to_owned()),
             },
-            Err(BadHeader::Newer(format)) => Err(format!("record format {format} is newer than this build")),
-            Err(BadHeader::Corrupt(reason)) => Err(reason),
-        }))
+            Err(BadHeader::Newer(format)) => {
+                HeaderRead::Bad(format!("record format {format} is newer than this build"))
+            }
+            Err(BadHeader::Corrupt(reason)) => HeaderRead::Bad(reason),
+        })
     }
 
     /// Every record file name in the key-value directory.
@@ -391,8 +408,8 @@ impl Inner {
         for name in self.record_names()? {
             let path = self.kv_dir.join(&name);
             match Self::read_header(&path).map_err(io("read", &path))? {
-                None => {}
-                Some(Ok((header, key, _))) => {
+                HeaderRead::Gone => {}
+                HeaderRead::Good(header, key) => {
                     if header.kind == KIND_VALUE
                         && is_live(header.expires_ms, now)
                         && key.starts_with(prefix)
@@ -401,7 +418,7 @@ impl Inner {
                         keys.push(key);
                     }
                 }
-                Some(Err(reason)) => {
+                HeaderRead::Bad(reason) => {
                     warn!(file = %path.display(), reason, "skipping an unreadable record file in list");
                 }
             }
@@ -417,7 +434,8 @@ impl Inner {
         let mut candidates = Vec::new();
         for name in self.record_names()? {
             let path = self.kv_dir.join(&name);
-            if let Some(Ok((header, _, _))) = Self::read_header(&path).map_err(io("read", &path))?
+            if let HeaderRead::Good(header, _) =
+                Self::read_header(&path).map_err(io("read", &path))?
                 && (header.kind == KIND_TOMBSTONE || !is_live(header.expires_ms, now))
             {
                 candidates.push((name, header.version));
@@ -432,7 +450,7 @@ impl Inner {
                 // Look again under the lock: the key may have been written since.
                 let still_dead = matches!(
                     Self::read_header(&path).map_err(io("read", &path))?,
-                    Some(Ok((h, _, _))) if (h.kind == KIND_TOMBSTONE || !is_live(h.expires_ms, unix_ms()))
+                    HeaderRead::Good(h, _) if (h.kind == KIND_TOMBSTONE || !is_live(h.expires_ms, unix_ms()))
                         && h.version <= max
                 );
                 if still_dead {
@@ -457,17 +475,17 @@ impl Inner {
         for name in self.record_names()? {
             let path = self.kv_dir.join(&name);
             let key = match Self::read_header(&path).map_err(io("read", &path))? {
-                None => continue,
-                Some(Ok((_, key, _))) => key,
-                Some(Err(reason)) => {
+                HeaderRead::Gone => continue,
+                HeaderRead::Good(_, key) => key,
+                HeaderRead::Bad(reason) => {
                     check.problems.push(format!("kv/{name}: {reason}"));
                     continue;
                 }
             };
             if hashed_name("kv", &key) != name {
-                check
-                    .problems
-                    .push(format!("kv/{name}: holds key {key:?}, which belongs elsewhere"));
+                check.problems.push(format!(
+                    "kv/{name}: holds key {key:?}, which belongs elsewhere"
+                ));
                 continue;
             }
             match self.read_record(&key, &path) {

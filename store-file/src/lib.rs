@@ -88,7 +88,9 @@
 //! This crate has no cargo features.
 
 #[cfg(not(unix))]
-compile_error!("mcp-persist-store-file supports Unix only (POSIX renames, directory fsync, file modes)");
+compile_error!(
+    "mcp-persist-store-file supports Unix only (POSIX renames, directory fsync, file modes)"
+);
 
 mod fsio;
 mod kv;

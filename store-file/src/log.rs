@@ -131,7 +131,8 @@ struct SegmentHeader {
 /// Reads and checks a segment header. `Err` holds the typed error to return
 /// (`key` names the log when the caller knows it).
 fn read_segment_header(file: &File, key: Option<&str>) -> Result<SegmentHeader, Error> {
-    let corrupt = |reason: &str| Error::corrupt(key.unwrap_or("<log>"), format!("log segment: {reason}"));
+    let corrupt =
+        |reason: &str| Error::corrupt(key.unwrap_or("<log>"), format!("log segment: {reason}"));
     let mut fixed = [0u8; SEGMENT_FIXED];
     file.read_exact_at(&mut fixed, 0)
         .map_err(|_| corrupt("shorter than its header"))?;
@@ -171,7 +172,11 @@ fn read_segment_header(file: &File, key: Option<&str>) -> Result<SegmentHeader, 
 
 /// Encodes `records` as frames numbered from `first_seq`. Returns the bytes,
 /// the sequence numbers, and the offset and checksum of the last frame.
-fn encode_frames(first_seq: u64, expires_ms: u64, records: &[Vec<u8>]) -> (Vec<u8>, Vec<u64>, u64, u32) {
+fn encode_frames(
+    first_seq: u64,
+    expires_ms: u64,
+    records: &[Vec<u8>],
+) -> (Vec<u8>, Vec<u64>, u64, u32) {
     let size = records.iter().map(|r| FRAME + r.len()).sum();
     let mut out = Vec::with_capacity(size);
     let mut seqs = Vec::with_capacity(records.len());
@@ -348,8 +353,8 @@ impl Inner {
             }
         };
         let reader = file.try_clone().map_err(io("open", &path))?;
-        let mut frames =
-            Frames::new(reader, tail.end, len, self.options.max_value_bytes).map_err(io("read", &path))?;
+        let mut frames = Frames::new(reader, tail.end, len, self.options.max_value_bytes)
+            .map_err(io("read", &path))?;
         let torn = loop {
             match frames.next(0).map_err(io("read", &path))? {
                 Step::End => break None,
@@ -392,8 +397,12 @@ impl Inner {
         {
             file.set_len(tail.end).map_err(io("truncate", &path))?;
             file.sync_all().map_err(io("fsync", &path))?;
-            warn!(log = name, cut_bytes = len - tail.end, reason,
-                "cut the torn tail of a log left by an interrupted append");
+            warn!(
+                log = name,
+                cut_bytes = len - tail.end,
+                reason,
+                "cut the torn tail of a log left by an interrupted append"
+            );
         }
         self.tails().insert(hashed.to_owned(), tail);
         Ok(Some((tail, segments)))
@@ -467,7 +476,8 @@ impl Inner {
                     .write(true)
                     .open(&path)
                     .map_err(io("open", &path))?;
-                file.write_all_at(&frames, t.end).map_err(io("write", &path))?;
+                file.write_all_at(&frames, t.end)
+                    .map_err(io("write", &path))?;
                 file.sync_data().map_err(io("fsync", &path))?;
                 Tail {
                     last_off: t.end + last_rel,
@@ -501,7 +511,12 @@ impl Inner {
         Ok(seqs)
     }
 
-    pub(crate) fn log_read(&self, name: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>, Error> {
+    pub(crate) fn log_read(
+        &self,
+        name: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<LogRecord>, Error> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -543,7 +558,10 @@ impl Inner {
                 match frames.next(start).map_err(io("read", &path))? {
                     Step::End => break,
                     Step::Bad(reason) => {
-                        return Err(Error::corrupt(name, format!("log segment {first}: {reason}")));
+                        return Err(Error::corrupt(
+                            name,
+                            format!("log segment {first}: {reason}"),
+                        ));
                     }
                     Step::Frame { seq, data, .. } => {
                         if let Some(data) = data {
@@ -654,7 +672,12 @@ impl Inner {
         let entries = fs::read_dir(&self.log_dir).map_err(io("list", &self.log_dir))?;
         for entry in entries {
             let entry = entry.map_err(io("list", &self.log_dir))?;
-            let Some(hashed) = entry.file_name().to_str().filter(|n| is_hashed_name(n)).map(str::to_owned) else {
+            let Some(hashed) = entry
+                .file_name()
+                .to_str()
+                .filter(|n| is_hashed_name(n))
+                .map(str::to_owned)
+            else {
                 continue;
             };
             let dir = entry.path();
@@ -709,7 +732,12 @@ impl Inner {
         let entries = fs::read_dir(&self.log_dir).map_err(io("list", &self.log_dir))?;
         for entry in entries {
             let entry = entry.map_err(io("list", &self.log_dir))?;
-            let Some(hashed) = entry.file_name().to_str().filter(|n| is_hashed_name(n)).map(str::to_owned) else {
+            let Some(hashed) = entry
+                .file_name()
+                .to_str()
+                .filter(|n| is_hashed_name(n))
+                .map(str::to_owned)
+            else {
                 continue;
             };
             let dir = entry.path();
@@ -733,7 +761,9 @@ impl Inner {
                     }
                 };
                 if hashed_name("log", &header.name) != hashed || header.first != first {
-                    check.problems.push(format!("{label}: header does not match its place"));
+                    check
+                        .problems
+                        .push(format!("{label}: header does not match its place"));
                     continue;
                 }
                 let len = file.metadata().map_err(io("inspect", &path))?.len();
@@ -743,7 +773,9 @@ impl Inner {
                 loop {
                     match frames.next(0).map_err(io("read", &path))? {
                         Step::End => break,
-                        Step::Frame { seq, .. } if seq > prev_seq && (count > 0 || seq == first) => {
+                        Step::Frame { seq, .. }
+                            if seq > prev_seq && (count > 0 || seq == first) =>
+                        {
                             prev_seq = seq;
                             count += 1;
                             check.records += 1;
@@ -756,14 +788,18 @@ impl Inner {
                             if is_last && count > 0 {
                                 check.torn_bytes += len - frames.pos;
                             } else {
-                                check.problems.push(format!("{label}: {reason} at {}", frames.pos));
+                                check
+                                    .problems
+                                    .push(format!("{label}: {reason} at {}", frames.pos));
                             }
                             break;
                         }
                     }
                 }
                 if count == 0 {
-                    check.problems.push(format!("{label}: holds no readable record"));
+                    check
+                        .problems
+                        .push(format!("{label}: holds no readable record"));
                 }
             }
         }

@@ -69,15 +69,24 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
-    store.put("victim", b"precious value".to_vec(), PutMode::Create, None).await.expect("put");
-    store.put("bystander", b"fine".to_vec(), PutMode::Create, None).await.expect("put");
+    store
+        .put("victim", b"precious value".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
+    store
+        .put("bystander", b"fine".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
     let file = record_file(&dir, "victim");
     let whole = fs::read(&file).expect("read");
 
     let damages: [(&str, Vec<u8>); 3] = [
         ("truncated", whole[..whole.len() - 5].to_vec()),
         ("header only", whole[..20].to_vec()),
-        ("garbage", (0..whole.len()).map(|i| (i * 31 % 256) as u8).collect()),
+        (
+            "garbage",
+            (0..whole.len()).map(|i| (i * 31 % 256) as u8).collect(),
+        ),
     ];
     for (what, bytes) in damages {
         fs::write(&file, &bytes).expect("damage the record");
@@ -87,17 +96,38 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
             matches!(&err, Error::Corrupt { key, .. } if key == "victim"),
             "{what}: want Corrupt naming the key, got {err:?}"
         );
-        assert!(err.to_string().contains("victim"), "{what}: message names the key: {err}");
+        assert!(
+            err.to_string().contains("victim"),
+            "{what}: message names the key: {err}"
+        );
         // Other keys still read, list still works, and a write that needs the
         // old version refuses rather than guessing.
-        assert_eq!(store.get("bystander").await.expect("get").expect("present").value, b"fine");
-        assert!(store.list("").await.expect("list").contains(&"bystander".to_owned()));
+        assert_eq!(
+            store
+                .get("bystander")
+                .await
+                .expect("get")
+                .expect("present")
+                .value,
+            b"fine"
+        );
+        assert!(
+            store
+                .list("")
+                .await
+                .expect("list")
+                .contains(&"bystander".to_owned())
+        );
         let err = store
             .put("victim", b"x".to_vec(), PutMode::Create, None)
             .await
             .expect_err("create over damage");
         assert!(matches!(err, Error::Corrupt { .. }), "{what}: got {err:?}");
-        assert_eq!(fs::read(&file).expect("read"), bytes, "{what}: the damaged file was touched");
+        assert_eq!(
+            fs::read(&file).expect("read"),
+            bytes,
+            "{what}: the damaged file was touched"
+        );
         let report = store.verify().await.expect("verify");
         assert_eq!(report.problems.len(), 1, "{what}: {:?}", report.problems);
         assert_eq!(report.live_records, 1);
@@ -121,7 +151,10 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
-    store.put("future", b"v".to_vec(), PutMode::Create, None).await.expect("put");
+    store
+        .put("future", b"v".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
     let file = record_file(&dir, "future");
     let mut bytes = fs::read(&file).expect("read");
     bytes[4] = 9; // record format 9
@@ -137,16 +170,27 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
         .await
         .expect_err("overwrite of a newer record");
     assert!(matches!(err, Error::NewerSchema { .. }), "got {err:?}");
-    assert_eq!(fs::read(&file).expect("read"), bytes, "newer record was changed");
+    assert_eq!(
+        fs::read(&file).expect("read"),
+        bytes,
+        "newer record was changed"
+    );
     // Deleting it deliberately works, and keeps the file aside.
-    assert!(KvStore::delete(&store, "future", None).await.expect("delete"));
+    assert!(
+        KvStore::delete(&store, "future", None)
+            .await
+            .expect("delete")
+    );
     assert_eq!(store.get("future").await.expect("get"), None);
     assert_eq!(walk(&dir.join("quarantine")).len(), 1);
 
     // A store laid out by a newer version does not open.
     fs::write(dir.join("store.json"), br#"{"format":2,"version_floor":0}"#).expect("write meta");
     let err = FileStore::open(&dir).await.expect_err("newer store");
-    assert!(matches!(err, Error::NewerSchema { found: 2, .. }), "got {err:?}");
+    assert!(
+        matches!(err, Error::NewerSchema { found: 2, .. }),
+        "got {err:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,8 +202,14 @@ async fn directories_are_0700_and_files_0600() {
         .await
         .expect("open");
     for i in 0..5 {
-        store.put(&format!("k{i}"), vec![i; 10], PutMode::Overwrite, None).await.expect("put");
-        store.append("log", vec![vec![i; 100]], None).await.expect("append");
+        store
+            .put(&format!("k{i}"), vec![i; 10], PutMode::Overwrite, None)
+            .await
+            .expect("put");
+        store
+            .append("log", vec![vec![i; 100]], None)
+            .await
+            .expect("append");
     }
     KvStore::delete(&store, "k0", None).await.expect("delete");
     store.trim("log", 3).await.expect("trim");
@@ -196,8 +246,14 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
         long.as_str(),
     ];
     for (i, key) in keys.iter().enumerate() {
-        store.put(key, vec![i as u8], PutMode::Create, None).await.expect("put");
-        store.append(key, vec![vec![i as u8]], None).await.expect("append");
+        store
+            .put(key, vec![i as u8], PutMode::Create, None)
+            .await
+            .expect("put");
+        store
+            .append(key, vec![vec![i as u8]], None)
+            .await
+            .expect("append");
     }
     let err = store
         .put("nul\0../../x", b"x".to_vec(), PutMode::Create, None)
@@ -218,24 +274,37 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
     assert_eq!(outside, vec![dir.clone()]);
     // Every key is its own record, under a hashed name, and reads back.
     for (i, key) in keys.iter().enumerate() {
-        assert_eq!(store.get(key).await.expect("get").expect("present").value, vec![i as u8]);
-        assert_eq!(store.read_after(key, 0, 10).await.expect("read")[0].data, vec![i as u8]);
+        assert_eq!(
+            store.get(key).await.expect("get").expect("present").value,
+            vec![i as u8]
+        );
+        assert_eq!(
+            store.read_after(key, 0, 10).await.expect("read")[0].data,
+            vec![i as u8]
+        );
     }
     let mut sorted: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
     sorted.sort();
     assert_eq!(store.list("").await.expect("list"), sorted);
     for path in walk(&dir) {
-        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         assert!(name.len() <= 64 + 20, "file name {name:?} is long");
-        assert!(!name.contains("passwd") && !name.contains(".."), "file name {name:?} leaks a key");
+        assert!(
+            !name.contains("passwd") && !name.contains(".."),
+            "file name {name:?} leaks a key"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
     for tail in [
-        &b"\x10\x00\x00"[..],                      // a partial frame header
-        &[0u8; 300][..],                           // zeros, as a power cut leaves them
+        &b"\x10\x00\x00"[..],                                   // a partial frame header
+        &[0u8; 300][..],                                        // zeros, as a power cut leaves them
         &b"\x05\x00\x00\x00garbage after the last record!"[..], // a frame whose checksum fails
     ] {
         let tmp = tempfile::tempdir().expect("temp dir");
@@ -243,7 +312,11 @@ async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
         let seqs = {
             let store = open(&dir).await;
             store
-                .append("events", vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()], None)
+                .append(
+                    "events",
+                    vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+                    None,
+                )
                 .await
                 .expect("append")
         };
@@ -263,8 +336,15 @@ async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
         assert_eq!(before.torn_tail_bytes, tail.len() as u64);
         let read = store.read_after("events", 0, 100).await.expect("read");
         assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
-        assert_eq!(fs::metadata(&seg).expect("stat").len(), good_len, "torn tail not cut");
-        let next = store.append("events", vec![b"d".to_vec()], None).await.expect("append");
+        assert_eq!(
+            fs::metadata(&seg).expect("stat").len(),
+            good_len,
+            "torn tail not cut"
+        );
+        let next = store
+            .append("events", vec![b"d".to_vec()], None)
+            .await
+            .expect("append");
         assert_eq!(next, vec![seqs[2] + 1]);
         let read = store.read_after("events", 0, 100).await.expect("read");
         assert_eq!(
@@ -284,9 +364,15 @@ async fn damage_inside_a_log_is_corrupt_naming_the_log() {
         .await
         .expect("open");
     for i in 0..20u8 {
-        store.append("stream", vec![vec![i; 64]], None).await.expect("append");
+        store
+            .append("stream", vec![vec![i; 64]], None)
+            .await
+            .expect("append");
     }
-    store.append("other", vec![b"fine".to_vec()], None).await.expect("append");
+    store
+        .append("other", vec![b"fine".to_vec()], None)
+        .await
+        .expect("append");
     let log_dir = fs::read_dir(dir.join("log"))
         .expect("log root")
         .map(|e| e.expect("entry").path())
@@ -299,12 +385,18 @@ async fn damage_inside_a_log_is_corrupt_naming_the_log() {
     fs::write(first, &bytes).expect("write");
 
     let store = open(&dir).await;
-    let err = store.read_after("stream", 0, 100).await.expect_err("damaged log");
+    let err = store
+        .read_after("stream", 0, 100)
+        .await
+        .expect_err("damaged log");
     assert!(
         matches!(&err, Error::Corrupt { key, .. } if key == "stream"),
         "got {err:?}"
     );
-    assert_eq!(store.read_after("other", 0, 10).await.expect("read")[0].data, b"fine");
+    assert_eq!(
+        store.read_after("other", 0, 10).await.expect("read")[0].data,
+        b"fine"
+    );
     assert_eq!(store.verify().await.expect("verify").problems.len(), 1);
 }
 
@@ -317,22 +409,39 @@ async fn trim_deletes_whole_segments_and_keeps_numbering() {
         .expect("open");
     let mut seqs = Vec::new();
     for i in 0..100u32 {
-        seqs.extend(store.append("l", vec![i.to_be_bytes().repeat(8)], None).await.expect("append"));
+        seqs.extend(
+            store
+                .append("l", vec![i.to_be_bytes().repeat(8)], None)
+                .await
+                .expect("append"),
+        );
     }
     let log_dir = only_log_dir(&dir);
     let before = segments(&log_dir).len();
     assert!(before > 5, "only {before} segments");
     assert_eq!(store.trim("l", seqs[80]).await.expect("trim"), 80);
-    assert!(segments(&log_dir).len() <= 4, "whole segments were not deleted");
+    assert!(
+        segments(&log_dir).len() <= 4,
+        "whole segments were not deleted"
+    );
     let left = store.read_after("l", 0, usize::MAX).await.expect("read");
-    assert_eq!(left.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[80..].to_vec());
+    assert_eq!(
+        left.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        seqs[80..].to_vec()
+    );
     // Trimming past the end drops only what exists.
     assert_eq!(store.trim("l", u64::MAX).await.expect("trim"), 20);
     assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
-    let next = store.append("l", vec![b"more".to_vec()], None).await.expect("append");
+    let next = store
+        .append("l", vec![b"more".to_vec()], None)
+        .await
+        .expect("append");
     assert!(next[0] > seqs[99]);
     let reopened = open(&dir).await;
-    assert_eq!(reopened.read_after("l", 0, 10).await.expect("read")[0].data, b"more");
+    assert_eq!(
+        reopened.read_after("l", 0, 10).await.expect("read")[0].data,
+        b"more"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,26 +450,52 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
     let short = Some(Duration::from_millis(50));
-    let v_deleted = store.put("deleted", b"1".to_vec(), PutMode::Create, None).await.expect("put");
-    KvStore::delete(&store, "deleted", None).await.expect("delete");
-    let v_expired = store.put("expiring", b"1".to_vec(), PutMode::Create, short).await.expect("put");
-    store.put("kept", b"1".to_vec(), PutMode::Create, None).await.expect("put");
-    store.append("old-log", vec![b"x".to_vec()], short).await.expect("append");
-    store.append("live-log", vec![b"y".to_vec()], None).await.expect("append");
+    let v_deleted = store
+        .put("deleted", b"1".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
+    KvStore::delete(&store, "deleted", None)
+        .await
+        .expect("delete");
+    let v_expired = store
+        .put("expiring", b"1".to_vec(), PutMode::Create, short)
+        .await
+        .expect("put");
+    store
+        .put("kept", b"1".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
+    store
+        .append("old-log", vec![b"x".to_vec()], short)
+        .await
+        .expect("append");
+    store
+        .append("live-log", vec![b"y".to_vec()], None)
+        .await
+        .expect("append");
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     assert_eq!(KvStore::sweep_expired(&store).await.expect("sweep"), 2);
     assert_eq!(LogStore::sweep_expired(&store).await.expect("sweep"), 1);
     assert_eq!(fs::read_dir(dir.join("kv")).expect("kv").count(), 1);
     assert_eq!(fs::read_dir(dir.join("log")).expect("log").count(), 1);
-    assert_eq!(store.read_after("live-log", 0, 10).await.expect("read")[0].data, b"y");
+    assert_eq!(
+        store.read_after("live-log", 0, 10).await.expect("read")[0].data,
+        b"y"
+    );
 
     // The reclaimed keys' next versions are above every version they had,
     // even from a fresh handle.
     let store = open(&dir).await;
-    let v = store.put("deleted", b"2".to_vec(), PutMode::Create, None).await.expect("put");
+    let v = store
+        .put("deleted", b"2".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
     assert!(v > v_deleted, "{v} after {v_deleted}");
-    let v = store.put("expiring", b"2".to_vec(), PutMode::Create, None).await.expect("put");
+    let v = store
+        .put("expiring", b"2".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
     assert!(v > v_expired, "{v} after {v_expired}");
 }
 
@@ -374,12 +509,25 @@ async fn an_expired_log_restarts_empty_on_append() {
         .await
         .expect("append");
     // An append without a TTL keeps the log's expiry.
-    store.append("l", vec![b"old too".to_vec()], None).await.expect("append");
+    store
+        .append("l", vec![b"old too".to_vec()], None)
+        .await
+        .expect("append");
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
-    let next = store.append("l", vec![b"new".to_vec()], None).await.expect("append");
+    let next = store
+        .append("l", vec![b"new".to_vec()], None)
+        .await
+        .expect("append");
     assert!(next[0] > first[0]);
     let read = store.read_after("l", 0, 10).await.expect("read");
-    assert_eq!(read.into_iter().map(|r| r.data).collect::<Vec<_>>(), vec![b"new".to_vec()]);
-    assert_eq!(segments(&only_log_dir(&dir)).len(), 1, "expired segments were kept");
+    assert_eq!(
+        read.into_iter().map(|r| r.data).collect::<Vec<_>>(),
+        vec![b"new".to_vec()]
+    );
+    assert_eq!(
+        segments(&only_log_dir(&dir)).len(),
+        1,
+        "expired segments were kept"
+    );
 }

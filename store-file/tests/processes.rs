@@ -104,7 +104,12 @@ async fn crash_child(store: &FileStore, tag: &str) {
         let (n, _) = increment(store, "counter").await;
         println!("ACK kv {n}");
         store
-            .put("blob", vec![(n % 251) as u8; BLOB_BYTES], PutMode::Overwrite, None)
+            .put(
+                "blob",
+                vec![(n % 251) as u8; BLOB_BYTES],
+                PutMode::Overwrite,
+                None,
+            )
             .await
             .expect("put blob");
         println!("ACK blob {n}");
@@ -113,7 +118,10 @@ async fn crash_child(store: &FileStore, tag: &str) {
             .map(|k| format!("{tag}:{k}").into_bytes())
             .collect();
         j += batch;
-        let seqs = store.append("log", records.clone(), None).await.expect("append");
+        let seqs = store
+            .append("log", records.clone(), None)
+            .await
+            .expect("append");
         for (seq, data) in seqs.iter().zip(&records) {
             println!("ACK log {seq} {}", String::from_utf8_lossy(data));
         }
@@ -136,7 +144,12 @@ async fn increment_child(store: &FileStore, tag: &str, count: u64) {
 
 fn child(role: &str, dir: &Path, tag: &str, count: u64) -> Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["child_process", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "child_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_ENV, role)
         .env(DIR_ENV, dir)
         .env(TAG_ENV, tag)
@@ -221,7 +234,10 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         }
         proc.kill().expect("SIGKILL the child");
         let status = proc.wait().expect("reap the child");
-        assert!(!status.success(), "child {kill} ended by itself instead of being killed");
+        assert!(
+            !status.success(),
+            "child {kill} ended by itself instead of being killed"
+        );
         reader.join().expect("reader thread");
         let mut acks = Acks::default();
         lines.extend(rx.try_iter());
@@ -243,7 +259,11 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
                 .unwrap_or_else(|e| panic!("store does not open after kill {kill}: {e}"));
             // Every record parses; a torn log tail may be there, not yet cut.
             let before = store.verify().await.expect("verify");
-            assert!(before.is_clean(), "after kill {kill}: {:?}", before.problems);
+            assert!(
+                before.is_clean(),
+                "after kill {kill}: {:?}",
+                before.problems
+            );
             if before.torn_tail_bytes > 0 {
                 torn_tails_seen += 1;
             }
@@ -262,7 +282,10 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
                 found == last_acked || found == last_acked + 1,
                 "after kill {kill}: counter is {found}, last acknowledged {last_acked}"
             );
-            assert!(found >= counter, "after kill {kill}: counter went back from {counter} to {found}");
+            assert!(
+                found >= counter,
+                "after kill {kill}: counter went back from {counter} to {found}"
+            );
             counter = found;
             if let Some(blob) = store.get("blob").await.expect("get blob") {
                 assert_eq!(blob.value.len(), BLOB_BYTES, "after kill {kill}: blob size");
@@ -275,12 +298,23 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
             // The log: what was there before, unchanged, then this child's
             // records: every acknowledged one, in order, then at most the one
             // batch it was appending when killed.
-            let read = store.read_after("log", 0, usize::MAX).await.expect("read log");
+            let read = store
+                .read_after("log", 0, usize::MAX)
+                .await
+                .expect("read log");
             let read: Vec<(u64, String)> = read
                 .into_iter()
-                .map(|r| (r.seq, String::from_utf8(r.data).expect("log record is utf8")))
+                .map(|r| {
+                    (
+                        r.seq,
+                        String::from_utf8(r.data).expect("log record is utf8"),
+                    )
+                })
                 .collect();
-            assert!(read.windows(2).all(|w| w[0].0 < w[1].0), "after kill {kill}: seqs not increasing");
+            assert!(
+                read.windows(2).all(|w| w[0].0 < w[1].0),
+                "after kill {kill}: seqs not increasing"
+            );
             assert!(
                 read.len() >= log.len() && read[..log.len()] == log[..],
                 "after kill {kill}: earlier log records changed or vanished"
@@ -293,16 +327,26 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
                 new
             );
             let unacked = &new[acks.log.len()..];
-            assert!(unacked.len() <= 3, "after kill {kill}: more than one unacknowledged batch: {unacked:?}");
+            assert!(
+                unacked.len() <= 3,
+                "after kill {kill}: more than one unacknowledged batch: {unacked:?}"
+            );
             for (k, (_, data)) in new.iter().enumerate() {
-                assert_eq!(data, &format!("{tag}:{k}"), "after kill {kill}: unexpected record");
+                assert_eq!(
+                    data,
+                    &format!("{tag}:{k}"),
+                    "after kill {kill}: unexpected record"
+                );
             }
             log = read;
 
             // Touching the log cut any torn tail: nothing follows the last record.
             let after = store.verify().await.expect("verify");
             assert!(after.is_clean(), "after kill {kill}: {:?}", after.problems);
-            assert_eq!(after.torn_tail_bytes, 0, "after kill {kill}: torn tail not cut");
+            assert_eq!(
+                after.torn_tail_bytes, 0,
+                "after kill {kill}: torn tail not cut"
+            );
             assert_eq!(after.log_records, log.len() as u64);
         });
     }
@@ -311,7 +355,10 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         started.elapsed(),
         log.len()
     );
-    assert!(counter > 0 && !log.is_empty(), "the children never got to write");
+    assert!(
+        counter > 0 && !log.is_empty(),
+        "the children never got to write"
+    );
 }
 
 fn spin(d: Duration) {
@@ -351,7 +398,10 @@ fn two_processes_increment_one_key_to_the_exact_total() {
         assert_eq!(entry.value, (2 * EACH).to_string().into_bytes());
         // Appends from both processes: all there, numbered in order, and
         // each process's own records in the order it made them.
-        let read = store.read_after("shared-log", 0, usize::MAX).await.expect("read");
+        let read = store
+            .read_after("shared-log", 0, usize::MAX)
+            .await
+            .expect("read");
         assert_eq!(read.len() as u64, 2 * EACH);
         assert!(read.windows(2).all(|w| w[0].seq < w[1].seq));
         for tag in ["a", "b"] {

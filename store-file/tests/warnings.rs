@@ -63,7 +63,10 @@ async fn a_store_open_to_others_draws_a_warning() {
     // A private store: no warning.
     let private = tmp.path().join("private");
     let store = FileStore::open(&private).await.expect("open");
-    store.put("k", b"v".to_vec(), PutMode::Create, None).await.expect("put");
+    store
+        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
     store.get("k").await.expect("get");
     assert_eq!(warnings.take(), Vec::<String>::new());
 
@@ -74,14 +77,21 @@ async fn a_store_open_to_others_draws_a_warning() {
     let store = FileStore::open(&shared).await.expect("open");
     let seen = warnings.take();
     assert!(
-        seen.iter().any(|w| w.contains("accessible by group or others") && w.contains("755")),
+        seen.iter()
+            .any(|w| w.contains("accessible by group or others") && w.contains("755")),
         "no warning about the directory: {seen:?}"
     );
     // The store does not change modes it did not create.
-    assert_eq!(fs::metadata(&shared).expect("stat").permissions().mode() & 0o777, 0o755);
+    assert_eq!(
+        fs::metadata(&shared).expect("stat").permissions().mode() & 0o777,
+        0o755
+    );
 
     // A record file someone made group-readable: warned about when read.
-    store.put("k", b"v".to_vec(), PutMode::Create, None).await.expect("put");
+    store
+        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
     let file = fs::read_dir(shared.join("kv"))
         .expect("kv")
         .next()
@@ -93,7 +103,8 @@ async fn a_store_open_to_others_draws_a_warning() {
     store.get("k").await.expect("get");
     let seen = warnings.take();
     assert!(
-        seen.iter().any(|w| w.contains("accessible by group or others") && w.contains("640")),
+        seen.iter()
+            .any(|w| w.contains("accessible by group or others") && w.contains("640")),
         "no warning about the record file: {seen:?}"
     );
     // The value never appears in a warning.
