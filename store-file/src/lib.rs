@@ -38,6 +38,14 @@
 //! TTLs are wall-clock based and honoured on every read; expired records and
 //! logs are reclaimed by [`KvStore::sweep_expired`] and
 //! [`LogStore::sweep_expired`] (correctness never depends on sweeping).
+//! Both traits name a `delete` and a `sweep_expired`; with both in scope,
+//! call them as `KvStore::delete(&store, key, None)`.
+//!
+//! Versions are the greater of the key's previous version plus one, the
+//! store's version floor plus one, and the current time in microseconds: a
+//! deleted key keeps its version in a deletion marker until a sweep raises
+//! the floor above it, and even a key whose record was lost to damage gets a
+//! version above any it had.
 //!
 //! # Layout
 //!

@@ -8,6 +8,7 @@
 
 use std::{
     io::{BufRead, BufReader},
+    os::unix::process::ExitStatusExt,
     path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc,
@@ -234,9 +235,11 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         }
         proc.kill().expect("SIGKILL the child");
         let status = proc.wait().expect("reap the child");
-        assert!(
-            !status.success(),
-            "child {kill} ended by itself instead of being killed"
+        // It must die of the SIGKILL, not of a failure of its own first.
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "child {kill} ended otherwise: {status:?}"
         );
         reader.join().expect("reader thread");
         let mut acks = Acks::default();
