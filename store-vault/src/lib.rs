@@ -1,4 +1,297 @@
-//! The AWS Secrets Manager backend of mcp-persist. **Not built yet.**
+//! AWS Secrets Manager as an mcp-persist backend, for credentials.
 //!
-//! This crate will hold `SecretsManagerStore`, implementing `KvStore` (and
-//! deliberately no `LogStore`) over AWS Secrets Manager, for credentials.
+//! Companies keep OAuth tokens and client secrets in a secrets manager, not
+//! on a laptop's disk or in a shared database: a fleet of clients shares one
+//! credential through it, and every rotation is auditable.
+//! [`SecretsManagerStore`] is a [`KvStore`] over Secrets Manager, and
+//! **deliberately no [`LogStore`](mcp_persist_core::LogStore)**: Secrets
+//! Manager cannot hold an event log. Route credentials here and everything
+//! else to a backend that holds logs, in one call with
+//! [`SecretsManagerStoreBuilder::build_split`].
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), mcp_persist_core::Error> {
+//! use mcp_persist_core::{CredentialKey, MemoryStore};
+//! use mcp_persist_store_vault::SecretsManagerStore;
+//!
+//! // Region, credentials and endpoint come from the standard AWS environment
+//! // (AWS_REGION, AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, profiles, ...).
+//! // Credentials go to Secrets Manager, under `my-agent/`; everything else
+//! // to the other backend (an `mcp_persist_store_sqlite::SqliteStore` in
+//! // production, memory here).
+//! let stores = SecretsManagerStore::builder("my-agent/")
+//!     .build_split(MemoryStore::new())
+//!     .await?;
+//! let key = CredentialKey::new("https://auth.example.com", "https://mcp.example.com/mcp")?;
+//! if let Some(stored) = stores.credentials().load(&key).await? {
+//!     println!("token expires at {:?}", stored.record.expires_at);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # How records are kept
+//!
+//! * **One secret per key**, named `<prefix><escaped key>`: bytes outside
+//!   the characters secret names allow are written `=XX` (hex), `=` itself
+//!   included, so the mapping is reversible and collision-free. A key whose
+//!   name would pass 512 characters is cut and followed by `=H` and its
+//!   SHA-256; its full text is kept in the secret's description, and every
+//!   read checks it. Prefixes of two stores must not be prefixes of one
+//!   another.
+//! * **The value is the secret's binary value, whole**: up to 64 KiB
+//!   ([`MAX_VALUE_BYTES`]); one byte more is [`Error::TooLarge`] and writes
+//!   nothing. The record's version, expiry and a digest of key and value
+//!   live in the id of the secret version (the client request token, which
+//!   Secrets Manager lets the writer choose), so writes are idempotent: a
+//!   retried call carries the same token and is recognised.
+//! * **Compare-and-swap through staging labels**: a write adds a version
+//!   under a pending label, then moves `AWSCURRENT` to it with
+//!   `RemoveFromVersionId` set to the version it read. If another writer
+//!   moved the label first, the move fails and the write is
+//!   [`Error::Conflict`] (an `Update`) or reads again (an `Overwrite`).
+//! * **Versions** are counters kept in the version stamps. A delete writes a
+//!   tombstone version rather than deleting the secret, so counting goes on;
+//!   and a new counter is never below the clock in microseconds, so versions
+//!   keep increasing even after the sweep removed a secret for good (as
+//!   long as clocks do not run backwards past that).
+//! * **TTL** is kept in the version stamp and honoured on every read; an
+//!   expired record is absent. [`KvStore::sweep_expired`] removes the
+//!   secrets of expired and deleted records from the service, with a
+//!   recovery window or without one ([`Deletion`]).
+//! * **Rate**: Secrets Manager allows about 50 write calls per second per
+//!   account. Write calls are spaced by a rate limiter
+//!   ([`SecretsManagerStoreBuilder::max_writes_per_second`]), and overwrites
+//!   of one key that arrive while one is in flight are coalesced into a single
+//!   write (each still gets its own version). Throttling answers are retried
+//!   by the SDK with backoff, then surface as [`Error::Backend`] with a
+//!   [`Throttled`] source.
+//! * **No secret text in errors or logs**: errors keep the service's code and
+//!   message and the transport error, never a response body; traces name
+//!   keys (public identifiers) and sizes, never values.
+//!
+//! # No logs
+//!
+//! ```compile_fail
+//! // A store that holds no logs cannot be put where logs go.
+//! # async fn f(vault: mcp_persist_store_vault::SecretsManagerStore) {
+//! let stores = mcp_persist_core::Stores::new(vault);
+//! # }
+//! ```
+//!
+//! A bundle built with this store and no log store answers
+//! [`Stores::events`](mcp_persist_core::Stores::events) with
+//! [`Error::Unsupported`].
+//!
+//! # Features
+//!
+//! This crate has no cargo features. It uses the AWS SDK with rustls and
+//! the tokio runtime, and without the SSO and credential-process providers.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use aws_sdk_secretsmanager::{Client, config::retry::RetryConfig};
+use mcp_persist_core::{Error, KvStore, LogStore, Result, Stores};
+
+mod error;
+mod gate;
+mod names;
+mod stamp;
+mod store;
+
+/// The AWS SDK configuration loader this crate was built with.
+pub use aws_config;
+/// The Secrets Manager client this crate was built with, to build one explicitly.
+pub use aws_sdk_secretsmanager;
+pub use error::{ServiceError, Throttled};
+
+/// The backend's name in errors and traces.
+pub const BACKEND: &str = "secrets-manager";
+
+/// The largest value one secret holds: 64 KiB, the service's limit.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// The default ceiling on write calls per second, under the service's
+/// 50 per second per account.
+pub const DEFAULT_WRITES_PER_SECOND: u32 = 40;
+
+/// How the sweep removes the secrets of expired and deleted records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// Schedule the deletion, recoverable for this many days (7 to 30).
+    /// A write that raced the sweep is restored.
+    RecoveryWindowDays(u8),
+    /// Delete at once, skipping the recovery window. A write landing in the
+    /// instant between the sweep's last check and its delete is lost.
+    Immediate,
+}
+
+impl Default for Deletion {
+    /// The shortest recovery window, seven days.
+    fn default() -> Self {
+        Deletion::RecoveryWindowDays(7)
+    }
+}
+
+/// A [`KvStore`] in AWS Secrets Manager. Clones share one client.
+///
+/// **It holds no logs** ([`SecretsManagerStore::HOLDS_LOGS`]): it implements
+/// no [`LogStore`], and says so in a trace when it is built.
+#[derive(Clone)]
+pub struct SecretsManagerStore {
+    inner: Arc<store::Inner>,
+}
+
+impl fmt::Debug for SecretsManagerStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretsManagerStore")
+            .field("prefix", &self.inner.names.prefix())
+            .field("deletion", &self.inner.deletion)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecretsManagerStore {
+    /// Whether this backend holds event logs: it does not. Route logs to
+    /// another backend ([`SecretsManagerStoreBuilder::build_split`]).
+    pub const HOLDS_LOGS: bool = false;
+
+    /// A builder for a store whose secret names start with `prefix`
+    /// (characters `A-Z a-z 0-9 / _ + = . @ -`, at most 256).
+    pub fn builder(prefix: impl Into<String>) -> SecretsManagerStoreBuilder {
+        SecretsManagerStoreBuilder {
+            prefix: prefix.into(),
+            client: None,
+            retry: None,
+            deletion: Deletion::default(),
+            writes_per_second: Some(DEFAULT_WRITES_PER_SECOND),
+        }
+    }
+
+    /// A store configured from the standard AWS environment, with defaults.
+    pub async fn from_env(prefix: impl Into<String>) -> Result<Self> {
+        Self::builder(prefix).build().await
+    }
+
+    /// Whether this store holds event logs: never ([`Self::HOLDS_LOGS`]).
+    pub fn holds_logs(&self) -> bool {
+        Self::HOLDS_LOGS
+    }
+
+    /// The prefix of this store's secret names.
+    pub fn prefix(&self) -> &str {
+        self.inner.names.prefix()
+    }
+
+    /// The Secrets Manager client in use.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// A bundle with credentials here and everything else in `rest`.
+    pub fn split<B: KvStore + LogStore>(self, rest: B) -> Stores {
+        Stores::new(rest).with_credentials(Arc::new(self))
+    }
+}
+
+/// Configures a [`SecretsManagerStore`].
+#[derive(Debug)]
+pub struct SecretsManagerStoreBuilder {
+    prefix: String,
+    client: Option<Client>,
+    retry: Option<RetryConfig>,
+    deletion: Deletion,
+    writes_per_second: Option<u32>,
+}
+
+impl SecretsManagerStoreBuilder {
+    /// Uses this client instead of one configured from the environment.
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Retries each call up to `max_attempts` times in all, with exponential
+    /// backoff from `initial_backoff`, on throttling and transient errors.
+    /// Without it, the client's own retry configuration stays (the SDK's
+    /// standard: 3 attempts).
+    pub fn retry(mut self, max_attempts: u32, initial_backoff: Duration) -> Self {
+        self.retry = Some(
+            RetryConfig::standard()
+                .with_max_attempts(max_attempts.max(1))
+                .with_initial_backoff(initial_backoff),
+        );
+        self
+    }
+
+    /// How the sweep removes secrets (default: a 7-day recovery window).
+    pub fn deletion(mut self, deletion: Deletion) -> Self {
+        self.deletion = deletion;
+        self
+    }
+
+    /// At most this many write calls start per second, from this store and
+    /// its clones ([`DEFAULT_WRITES_PER_SECOND`] unless set); `None` removes
+    /// the limit. Each record write is two calls (a new version, then the
+    /// label move). Processes sharing an account share the service's limit:
+    /// divide it between them.
+    pub fn max_writes_per_second(mut self, limit: Option<u32>) -> Self {
+        self.writes_per_second = limit;
+        self
+    }
+
+    /// Builds the store. Without an explicit client, loads the standard AWS
+    /// configuration; a missing region is [`Error::InvalidInput`].
+    pub async fn build(self) -> Result<SecretsManagerStore> {
+        let names = names::Names::new(self.prefix)?;
+        if let Deletion::RecoveryWindowDays(days) = self.deletion
+            && !(7..=30).contains(&days)
+        {
+            return Err(Error::invalid(
+                "recovery window",
+                format!("{days} days; Secrets Manager allows 7 to 30"),
+            ));
+        }
+        let client = match self.client {
+            Some(client) => client,
+            None => {
+                let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                if config.region().is_none() {
+                    return Err(Error::invalid(
+                        "AWS configuration",
+                        "no region: set AWS_REGION (or a profile's region), or pass a client",
+                    ));
+                }
+                Client::new(&config)
+            }
+        };
+        let client = match self.retry {
+            Some(retry) => {
+                Client::from_conf(client.config().to_builder().retry_config(retry).build())
+            }
+            None => client,
+        };
+        tracing::info!(
+            prefix = names.prefix(),
+            backend = BACKEND,
+            "Secrets Manager store ready; it holds no logs: route event logs to another backend"
+        );
+        Ok(SecretsManagerStore {
+            inner: Arc::new(store::Inner {
+                client,
+                names,
+                deletion: self.deletion,
+                limiter: gate::RateLimiter::new(self.writes_per_second),
+                coalescer: gate::Coalescer::default(),
+            }),
+        })
+    }
+
+    /// Builds the store and a [`Stores`] bundle with credentials in it and
+    /// everything else (client state, server sessions, event logs) in
+    /// `rest`, a backend that holds logs, such as SQLite.
+    pub async fn build_split<B: KvStore + LogStore>(self, rest: B) -> Result<Stores> {
+        Ok(self.build().await?.split(rest))
+    }
+}

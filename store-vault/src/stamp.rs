@@ -1,0 +1,249 @@
+//! Version stamps: what this store keeps in a secret version's id.
+//!
+//! Secrets Manager lets the writer choose a version's id (the client request
+//! token, 32 to 64 characters). This store writes every version with a
+//! stamp as its id, so the whole 64 KiB of the secret stays for the value:
+//!
+//! ```text
+//! mp1 <counter: 16 hex> <expiry, ms since the epoch, 0 = none: 12 hex> <kind: v|e|t> <digest: 24 hex>
+//! ```
+//!
+//! * the **counter** is the record's [`Version`](mcp_persist_core::Version);
+//! * the **expiry** is the TTL, honoured on every read;
+//! * the **kind** says whether the version holds a value, the empty value
+//!   (Secrets Manager refuses empty secrets, so a placeholder byte is
+//!   stored), or a tombstone left by a delete;
+//! * the **digest** is the first 96 bits of a SHA-256 over the key, the
+//!   counter, the expiry, the kind and the value. It makes the id
+//!   deterministic (a retried write is recognised as the same write), and a
+//!   read checks it, so a value that does not belong to its key or stamp is
+//!   [`Error::Corrupt`] rather than returned.
+//!
+//! The leading `mp` and schema digit let a later format be recognised as
+//! [`Error::NewerSchema`] instead of being misread.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mcp_persist_core::{Error, Result};
+use sha2::{Digest, Sha256};
+
+const MAGIC: &str = "mp";
+/// The stamp schema this build writes and reads.
+pub(crate) const SCHEMA: u32 = 1;
+const LEN: usize = 2 + 1 + 16 + 12 + 1 + 24;
+/// The largest expiry a stamp holds (48 bits of milliseconds, year 10889).
+const MAX_EXPIRY_MS: u64 = (1 << 48) - 1;
+
+/// What a version holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A value of at least one byte, stored as it is.
+    Value,
+    /// The empty value (a placeholder byte is stored).
+    Empty,
+    /// A delete: the key is absent from this version on.
+    Tombstone,
+}
+
+impl Kind {
+    fn code(self) -> char {
+        match self {
+            Kind::Value => 'v',
+            Kind::Empty => 'e',
+            Kind::Tombstone => 't',
+        }
+    }
+}
+
+/// A parsed version stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub(crate) counter: u64,
+    /// Milliseconds since the epoch after which the record is gone; 0: never.
+    pub(crate) expires_ms: u64,
+    pub(crate) kind: Kind,
+    digest: [u8; 12],
+}
+
+/// Milliseconds since the Unix epoch (0 for a clock before it).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Microseconds since the Unix epoch: the floor of every new counter, so
+/// versions keep increasing even after a secret was removed for good.
+pub(crate) fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The expiry of a write made now with `ttl` (0: none).
+pub(crate) fn expiry(ttl: Option<Duration>) -> u64 {
+    match ttl {
+        None => 0,
+        Some(ttl) => {
+            let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            now_ms().saturating_add(ttl).clamp(1, MAX_EXPIRY_MS)
+        }
+    }
+}
+
+fn digest(key: &str, counter: u64, expires_ms: u64, kind: Kind, value: &[u8]) -> [u8; 12] {
+    let mut hash = Sha256::new();
+    hash.update(b"mcp-persist secrets manager stamp v1\0");
+    hash.update((key.len() as u64).to_be_bytes());
+    hash.update(key.as_bytes());
+    hash.update(counter.to_be_bytes());
+    hash.update(expires_ms.to_be_bytes());
+    hash.update([kind.code() as u8]);
+    hash.update(value);
+    let full = hash.finalize();
+    let mut out = [0u8; 12];
+    out.copy_from_slice(&full[..12]);
+    out
+}
+
+impl Stamp {
+    /// The stamp of a new version.
+    pub(crate) fn new(key: &str, counter: u64, expires_ms: u64, kind: Kind, value: &[u8]) -> Self {
+        Stamp {
+            counter,
+            expires_ms,
+            kind,
+            digest: digest(key, counter, expires_ms, kind, value),
+        }
+    }
+
+    /// The version id to write.
+    pub(crate) fn id(&self) -> String {
+        let mut id = format!(
+            "{MAGIC}{SCHEMA}{:016x}{:012x}{}",
+            self.counter,
+            self.expires_ms,
+            self.kind.code()
+        );
+        for b in self.digest {
+            id.push_str(&format!("{b:02x}"));
+        }
+        id
+    }
+
+    /// Parses a version id; `key` names the record in errors.
+    pub(crate) fn parse(key: &str, id: &str) -> Result<Self> {
+        let not_ours = || {
+            Error::corrupt(
+                key,
+                "the secret's current version was not written by mcp-persist",
+            )
+        };
+        let rest = id.strip_prefix(MAGIC).ok_or_else(not_ours)?;
+        let schema = rest
+            .chars()
+            .next()
+            .and_then(|c| c.to_digit(10))
+            .ok_or_else(not_ours)?;
+        if schema > SCHEMA {
+            return Err(Error::NewerSchema {
+                key: key.into(),
+                found: schema,
+                supported: SCHEMA,
+            });
+        }
+        if schema != SCHEMA || id.len() != LEN || !id.is_ascii() {
+            return Err(not_ours());
+        }
+        let hex = |range: std::ops::Range<usize>| {
+            u64::from_str_radix(&id[range], 16).map_err(|_| not_ours())
+        };
+        let counter = hex(3..19)?;
+        let expires_ms = hex(19..31)?;
+        let kind = match &id[31..32] {
+            "v" => Kind::Value,
+            "e" => Kind::Empty,
+            "t" => Kind::Tombstone,
+            _ => return Err(not_ours()),
+        };
+        let mut digest = [0u8; 12];
+        for (i, b) in digest.iter_mut().enumerate() {
+            let at = 32 + 2 * i;
+            *b = u8::from_str_radix(&id[at..at + 2], 16).map_err(|_| not_ours())?;
+        }
+        Ok(Stamp {
+            counter,
+            expires_ms,
+            kind,
+            digest,
+        })
+    }
+
+    /// Whether the record is there at `now_ms`: not a tombstone, not expired.
+    pub(crate) fn is_live(&self, now_ms: u64) -> bool {
+        self.kind != Kind::Tombstone && (self.expires_ms == 0 || self.expires_ms > now_ms)
+    }
+
+    /// Whether `value` is what this stamp was written with, for `key`.
+    pub(crate) fn matches(&self, key: &str, value: &[u8]) -> bool {
+        digest(key, self.counter, self.expires_ms, self.kind, value) == self.digest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_round_trip_within_the_token_limits() {
+        for (kind, value) in [
+            (Kind::Value, &b"hello"[..]),
+            (Kind::Empty, &b""[..]),
+            (Kind::Tombstone, &b""[..]),
+        ] {
+            let stamp = Stamp::new("k", u64::MAX, MAX_EXPIRY_MS, kind, value);
+            let id = stamp.id();
+            assert!((32..=64).contains(&id.len()), "{}", id.len());
+            let parsed = Stamp::parse("k", &id).expect("parses");
+            assert_eq!(parsed, stamp);
+            assert!(parsed.matches("k", value));
+            assert!(!parsed.matches("other", value));
+            assert!(!parsed.matches("k", b"changed"));
+        }
+    }
+
+    #[test]
+    fn liveness_follows_kind_and_expiry() {
+        let now = now_ms();
+        assert!(Stamp::new("k", 1, 0, Kind::Value, b"x").is_live(now));
+        assert!(Stamp::new("k", 1, now + 1000, Kind::Value, b"x").is_live(now));
+        assert!(!Stamp::new("k", 1, now, Kind::Value, b"x").is_live(now));
+        assert!(!Stamp::new("k", 1, 0, Kind::Tombstone, b"").is_live(now));
+    }
+
+    #[test]
+    fn foreign_and_newer_ids_are_typed_errors() {
+        let uuid = "EXAMPLE1-90ab-cdef-fedc-ba987EXAMPLE";
+        assert!(matches!(
+            Stamp::parse("k", uuid),
+            Err(Error::Corrupt { ref key, .. }) if key == "k"
+        ));
+        let newer = Stamp::new("k", 1, 0, Kind::Value, b"x")
+            .id()
+            .replacen("mp1", "mp2", 1);
+        assert!(matches!(
+            Stamp::parse("k", &newer),
+            Err(Error::NewerSchema {
+                found: 2,
+                supported: 1,
+                ..
+            })
+        ));
+        let mut bad = Stamp::new("k", 1, 0, Kind::Value, b"x").id();
+        bad.replace_range(31..32, "z");
+        assert!(matches!(
+            Stamp::parse("k", &bad),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}
