@@ -158,6 +158,7 @@ async fn store_appends(store: &SqliteStore) -> Result<Row> {
 }
 
 async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
+    let before = store.write_stats();
     let s = store.clone();
     let (ops, elapsed) = concurrent(tasks, move |task, i| {
         let s = s.clone();
@@ -168,11 +169,14 @@ async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Re
         }
     })
     .await?;
+    let after = store.write_stats();
+    let per_commit = (after.operations - before.operations) as f64
+        / (after.transactions - before.transactions).max(1) as f64;
     Ok(Row {
         what,
         ops,
         elapsed,
-        note: String::new(),
+        note: format!("{per_commit:.1} puts per commit"),
     })
 }
 
