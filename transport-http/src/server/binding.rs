@@ -47,7 +47,7 @@ impl Principal {
     }
 }
 
-type PrincipalFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+pub(super) type PrincipalFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 struct Shared {
     sessions: mcp_persist_core::SessionStore,
@@ -100,11 +100,19 @@ impl SessionBindingLayer {
     /// A layer checking sessions in `sessions` and, when given, event ids
     /// in `events`, reading the principal from the [`Principal`] extension.
     pub fn new(sessions: mcp_persist_core::SessionStore, events: Option<mcp_persist_core::EventStore>) -> Self {
+        Self::with_principal_fn(sessions, events, Arc::new(principal_from_extension))
+    }
+
+    pub(super) fn with_principal_fn(
+        sessions: mcp_persist_core::SessionStore,
+        events: Option<mcp_persist_core::EventStore>,
+        principal: Arc<PrincipalFn>,
+    ) -> Self {
         SessionBindingLayer {
             shared: Arc::new(Shared {
                 sessions,
                 events,
-                principal: Arc::new(principal_from_extension),
+                principal,
                 bindings: Mutex::default(),
             }),
         }
@@ -116,14 +124,7 @@ impl SessionBindingLayer {
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
-        SessionBindingLayer {
-            shared: Arc::new(Shared {
-                sessions: self.shared.sessions.clone(),
-                events: self.shared.events.clone(),
-                principal: Arc::new(f),
-                bindings: Mutex::default(),
-            }),
-        }
+        Self::with_principal_fn(self.shared.sessions.clone(), self.shared.events.clone(), Arc::new(f))
     }
 }
 

@@ -47,7 +47,7 @@ pub use rmcp::transport::streamable_http_server::{
 pub use session_store::DurableSessionStore;
 
 /// Builds a durable rmcp server configuration; see the [module docs](self).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DurableServerBuilder {
     stores: Stores,
     idle_ttl: Duration,
@@ -55,9 +55,31 @@ pub struct DurableServerBuilder {
     tail_idle: Duration,
     config: StreamableHttpServerConfig,
     session_config: SessionConfig,
+    principal: Option<Arc<binding::PrincipalFn>>,
+}
+
+impl std::fmt::Debug for DurableServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableServerBuilder")
+            .field("stores", &self.stores)
+            .field("idle_ttl", &self.idle_ttl)
+            .field("events", &self.events)
+            .field("tail_idle", &self.tail_idle)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DurableServerBuilder {
+    /// Reads the request's principal with `f` instead of from the
+    /// [`Principal`] request extension (see [`SessionBindingLayer`]).
+    pub fn principal_from<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.principal = Some(Arc::new(f));
+        self
+    }
+
     /// How long a session lives without being used, on every instance
     /// (default 30 minutes). Touches are coalesced to one store write per
     /// tenth of this.
@@ -123,7 +145,10 @@ impl DurableServerBuilder {
         Ok(DurableServer {
             config,
             manager,
-            layer: SessionBindingLayer::new(sessions, events),
+            layer: match self.principal {
+                Some(f) => SessionBindingLayer::with_principal_fn(sessions, events, f),
+                None => SessionBindingLayer::new(sessions, events),
+            },
         })
     }
 }
@@ -148,6 +173,7 @@ impl DurableServer {
             tail_idle: Duration::from_secs(60),
             config: StreamableHttpServerConfig::default(),
             session_config: SessionConfig::default(),
+            principal: None,
         }
     }
 

@@ -1,0 +1,325 @@
+#![allow(deprecated)] // Sampling is deprecated by SEP-2577 but still part of 2025-11-25, which this demo serves.
+//! A durable rmcp Streamable HTTP server: run several of these on one store
+//! and any of them serves any session.
+//!
+//! ```text
+//! cargo run -p mcp-persist-transport-http --example server -- \
+//!     --backend sqlite --store ./state.db --port 8080
+//! ```
+//!
+//! Tools: `slow_progress` (sends `count` progress notifications, `delay_ms`
+//! apart, each carrying `tag`, then answers), `ask_sampling` (asks the
+//! client to sample, so it needs the client's sampling capability) and
+//! `stats` (how many `initialize` requests this process answered, and how
+//! many sessions it restored from the store). The principal is read from
+//! the `x-demo-user` header (a stand-in for real authentication).
+//!
+//! Flags: `--port N` (0 picks a free one), `--backend memory|sqlite`,
+//! `--store PATH`, `--idle-ttl-ms N`, `--sse-retry-ms N`, `--tail-idle-ms N`,
+//! `--event-retention-ms N`, `--event-max N`,
+//! `--rmcp-defaults` (rmcp's in-memory session manager, no stores: the
+//! baseline). It prints `LISTENING <address>` once it accepts connections.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use mcp_persist_core::{EventStoreConfig, Stores};
+use mcp_persist_transport_http::server::{DurableServer, StreamableHttpServerConfig};
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler,
+    model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CreateMessageRequestParams,
+        InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+        ProgressNotificationParam, SamplingMessage, ServerCapabilities, ServerConfig, Tool,
+    },
+    service::RequestContext,
+    transport::streamable_http_server::{
+        StreamableHttpService,
+        session::{SessionRestoreMarker, local::LocalSessionManager},
+    },
+};
+
+/// Per-process counters, shared by every handler of the process.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// `initialize` requests sent by clients.
+    pub initialize: AtomicU64,
+    /// `initialize` replays that restored a session from the store.
+    pub restored: AtomicU64,
+}
+
+/// The demo handler.
+#[derive(Clone)]
+pub struct DemoHandler {
+    counters: Arc<Counters>,
+}
+
+impl DemoHandler {
+    /// A handler counting into `counters`.
+    pub fn new(counters: Arc<Counters>) -> Self {
+        DemoHandler { counters }
+    }
+}
+
+fn schema(value: serde_json::Value) -> Arc<serde_json::Map<String, serde_json::Value>> {
+    match value {
+        serde_json::Value::Object(map) => Arc::new(map),
+        _ => Arc::default(),
+    }
+}
+
+fn tools() -> Vec<Tool> {
+    vec![
+        Tool::new(
+            "slow_progress",
+            "Sends `count` progress notifications `delay_ms` apart, then answers.",
+            schema(serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "count": {"type": "integer"},
+                    "delay_ms": {"type": "integer"},
+                    "tag": {"type": "string"}
+                }
+            })),
+        ),
+        Tool::new(
+            "ask_sampling",
+            "Asks the client to sample a reply to `prompt`.",
+            schema(serde_json::json!({"type": "object", "properties": {"prompt": {"type": "string"}}})),
+        ),
+        Tool::new(
+            "stats",
+            "Initialize requests answered and sessions restored by this process.",
+            schema(serde_json::json!({"type": "object"})),
+        ),
+    ]
+}
+
+impl ServerHandler for DemoHandler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        if context.extensions.get::<SessionRestoreMarker>().is_some() {
+            self.counters.restored.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.counters.initialize.fetch_add(1, Ordering::SeqCst);
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tools()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        tools().into_iter().find(|t| t.name == name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        let text = match request.name.as_ref() {
+            "slow_progress" => {
+                let count = args.get("count").and_then(|v| v.as_u64()).unwrap_or(10);
+                let delay = Duration::from_millis(args.get("delay_ms").and_then(|v| v.as_u64()).unwrap_or(10));
+                let tag = args.get("tag").and_then(|v| v.as_str()).unwrap_or("").to_owned();
+                let token = context
+                    .meta
+                    .get_progress_token()
+                    .ok_or_else(|| ErrorData::invalid_params("slow_progress needs a progress token", None))?;
+                for i in 1..=count {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    context
+                        .peer
+                        .notify_progress(
+                            ProgressNotificationParam::new(token.clone(), i as f64)
+                                .with_total(count as f64)
+                                .with_message(tag.clone()),
+                        )
+                        .await
+                        .map_err(|e| ErrorData::internal_error(format!("progress: {e}"), None))?;
+                }
+                format!("done {tag}")
+            }
+            "ask_sampling" => {
+                let prompt = args.get("prompt").and_then(|v| v.as_str()).unwrap_or("hello").to_owned();
+                let sampling = context
+                    .peer
+                    .peer_info()
+                    .is_some_and(|info| info.capabilities.sampling.is_some());
+                if !sampling {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(
+                        "the client did not declare the sampling capability",
+                    )])
+                    .into());
+                }
+                let reply = context
+                    .peer
+                    .create_message(CreateMessageRequestParams::new(vec![SamplingMessage::user_text(prompt)], 64))
+                    .await
+                    .map_err(|e| ErrorData::internal_error(format!("sampling: {e}"), None))?;
+                let reply = serde_json::to_value(&reply.message)
+                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                format!("sampled {reply}")
+            }
+            "stats" => serde_json::json!({
+                "initialize": self.counters.initialize.load(Ordering::SeqCst),
+                "restored": self.counters.restored.load(Ordering::SeqCst),
+            })
+            .to_string(),
+            other => return Err(ErrorData::invalid_params(format!("no tool named {other}"), None)),
+        };
+        Ok(CallToolResult::success(vec![ContentBlock::text(text)]).into())
+    }
+}
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Port on 127.0.0.1 (0: any free one).
+    pub port: u16,
+    /// `memory` or `sqlite`.
+    pub backend: String,
+    /// Database path for `sqlite`.
+    pub store: Option<std::path::PathBuf>,
+    /// Session idle TTL.
+    pub idle_ttl: Duration,
+    /// SSE retry hint sent to clients.
+    pub sse_retry: Duration,
+    /// How long a resumed stream waits for new events.
+    pub tail_idle: Duration,
+    /// Serve with rmcp's in-memory defaults instead (the baseline).
+    pub rmcp_defaults: bool,
+    /// Event retention age.
+    pub event_retention: Duration,
+    /// Events kept per stream.
+    pub event_max: u64,
+}
+
+impl Options {
+    /// Parses `args` (without the program name).
+    pub fn parse(args: impl IntoIterator<Item = String>) -> anyhow::Result<Options> {
+        let mut o = Options {
+            port: 0,
+            backend: "memory".into(),
+            store: None,
+            idle_ttl: Duration::from_secs(30 * 60),
+            sse_retry: Duration::from_millis(200),
+            tail_idle: Duration::from_secs(60),
+            rmcp_defaults: false,
+            event_retention: Duration::from_secs(60 * 60),
+            event_max: 10_000,
+        };
+        let mut args = args.into_iter();
+        while let Some(flag) = args.next() {
+            if flag == "--rmcp-defaults" {
+                o.rmcp_defaults = true;
+                continue;
+            }
+            let value = args.next().with_context(|| format!("{flag} needs a value"))?;
+            let ms = |v: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(v.parse()?)) };
+            match flag.as_str() {
+                "--port" => o.port = value.parse()?,
+                "--backend" => o.backend = value,
+                "--store" => o.store = Some(value.into()),
+                "--idle-ttl-ms" => o.idle_ttl = ms(&value)?,
+                "--sse-retry-ms" => o.sse_retry = ms(&value)?,
+                "--tail-idle-ms" => o.tail_idle = ms(&value)?,
+                "--event-retention-ms" => o.event_retention = ms(&value)?,
+                "--event-max" => o.event_max = value.parse()?,
+                other => anyhow::bail!("unknown flag {other}"),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Opens the backend the options name.
+pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
+    Ok(match options.backend.as_str() {
+        "memory" => Stores::new(mcp_persist_core::MemoryStore::new()),
+        "sqlite" => {
+            let path = options.store.as_ref().context("--backend sqlite needs --store PATH")?;
+            Stores::new(mcp_persist_store_sqlite::SqliteStore::open(path).await?)
+        }
+        other => anyhow::bail!("unknown backend {other} (memory, sqlite)"),
+    })
+}
+
+/// The router of a durable server over `stores`, counting into `counters`.
+pub fn durable_router(stores: Stores, options: &Options, counters: Arc<Counters>) -> anyhow::Result<axum::Router> {
+    let http = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
+    let server = DurableServer::builder(stores)
+        .idle_ttl(options.idle_ttl)
+        .tail_idle(options.tail_idle)
+        .event_retention(EventStoreConfig::new(options.event_retention, options.event_max))
+        .http_config(http)
+        .principal_from(|parts| {
+            parts
+                .headers
+                .get("x-demo-user")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        })
+        .build()?;
+    let service = server.service(move || Ok(DemoHandler::new(counters.clone())));
+    Ok(axum::Router::new().nest_service("/mcp", service))
+}
+
+/// The router of the baseline: the same handler on rmcp's in-memory defaults.
+pub fn rmcp_default_router(options: &Options, counters: Arc<Counters>) -> axum::Router {
+    let config = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
+    let service = StreamableHttpService::new(
+        move || Ok(DemoHandler::new(counters.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    axum::Router::new().nest_service("/mcp", service)
+}
+
+/// Serves until the process ends, printing `LISTENING <address>` first.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    let counters = Arc::new(Counters::default());
+    let router = if options.rmcp_defaults {
+        rmcp_default_router(&options, counters)
+    } else {
+        let stores = open_stores(&options).await?;
+        durable_router(stores, &options, counters)?
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", options.port)).await?;
+    println!("LISTENING {}", listener.local_addr()?);
+    axum::serve(listener, router).await?;
+    Ok(())
+}
+
+#[allow(dead_code)]
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    run(Options::parse(std::env::args().skip(1))?).await
+}

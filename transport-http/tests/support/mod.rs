@@ -1,0 +1,348 @@
+//! Shared test fixtures: server instances (in-process or child processes
+//! killed with SIGKILL), a switchable TCP load balancer, and rmcp clients.
+#![allow(dead_code, deprecated, unreachable_pub)]
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use mcp_persist_core::Stores;
+use rmcp::{
+    ClientHandler, ErrorData, RoleClient, ServiceExt,
+    model::{
+        ClientCapabilities, ClientInfo, CreateMessageRequestParams, CreateMessageResult, Implementation,
+        ProgressNotificationParam, SamplingMessage,
+    },
+    service::{NotificationContext, RequestContext, RunningService},
+    transport::{
+        StreamableHttpClientTransport,
+        common::client_side_sse::FixedInterval,
+        streamable_http_client::StreamableHttpClientTransportConfig,
+    },
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+    task::JoinHandle,
+};
+
+#[path = "../../examples/server.rs"]
+pub mod demo;
+
+/// The environment variable that turns the test binary into a demo server.
+pub const DEMO_ARGS_VAR: &str = "MCP_PERSIST_DEMO_SERVER_ARGS";
+
+/// One server instance.
+pub enum Instance {
+    InProcess { addr: SocketAddr, task: JoinHandle<()> },
+    Process { addr: SocketAddr, child: tokio::process::Child },
+}
+
+impl Instance {
+    /// An in-process instance over `stores`.
+    pub async fn in_process(stores: Stores, args: &[&str]) -> anyhow::Result<Instance> {
+        let options = demo::Options::parse(args.iter().map(|s| s.to_string()))?;
+        let counters = Arc::new(demo::Counters::default());
+        let router = demo::durable_router(stores, &options, counters)?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Instance::InProcess { addr, task })
+    }
+
+    /// A child process running the demo server (this test binary re-executed).
+    pub async fn process(args: &[&str]) -> anyhow::Result<Instance> {
+        let exe = std::env::current_exe()?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["--exact", "demo_server_process", "--nocapture", "--test-threads", "1"])
+            .env(DEMO_ARGS_VAR, args.join("\u{1f}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                // libtest may print "test demo_server_process ... " first.
+                if let Some((_, addr)) = line.split_once("LISTENING ") {
+                    return Ok::<_, anyhow::Error>(addr.trim().parse::<SocketAddr>()?);
+                }
+            }
+            anyhow::bail!("demo server exited before listening")
+        })
+        .await
+        .context("demo server did not start")??;
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Instance::Process { addr, child })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            Instance::InProcess { addr, .. } | Instance::Process { addr, .. } => *addr,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr())
+    }
+
+    /// Ends the instance abruptly: SIGKILL for a process; for an in-process
+    /// instance the server task is aborted, so it accepts nothing more.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        match self {
+            Instance::InProcess { task, .. } => {
+                task.abort();
+                let _ = (&mut *task).await;
+            }
+            Instance::Process { child, .. } => {
+                child.start_kill()?; // SIGKILL on unix
+                child.wait().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the demo server in this process when the test binary was started
+/// as one (see [`Instance::process`]); returns `false` otherwise.
+pub fn run_demo_server_if_asked() -> bool {
+    let Ok(args) = std::env::var(DEMO_ARGS_VAR) else {
+        return false;
+    };
+    let args: Vec<String> = args.split('\u{1f}').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let result = runtime.block_on(async move { demo::run(demo::Options::parse(args)?).await });
+    if let Err(e) = result {
+        eprintln!("demo server failed: {e:#}");
+        std::process::exit(1);
+    }
+    true
+}
+
+/// A TCP load balancer in front of the instances: every new connection goes
+/// to the current target; `cut` drops every open connection.
+pub struct Balancer {
+    pub addr: SocketAddr,
+    target: Arc<Mutex<SocketAddr>>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Balancer {
+    pub async fn new(target: SocketAddr) -> anyhow::Result<Balancer> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let target = Arc::new(Mutex::new(target));
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accept = tokio::spawn({
+            let target = target.clone();
+            let connections = connections.clone();
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let to = *target.lock().expect("lock");
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(to).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    connections.lock().expect("lock").push(task);
+                }
+            }
+        });
+        Ok(Balancer { addr, target, connections, accept })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Sends new connections to `target`.
+    pub fn switch(&self, target: SocketAddr) {
+        *self.target.lock().expect("lock") = target;
+    }
+
+    /// Drops every open connection, as a crashed instance or a network cut would.
+    pub fn cut(&self) {
+        for task in self.connections.lock().expect("lock").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// One progress notification as a client saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub progress: f64,
+    pub message: Option<String>,
+}
+
+/// An rmcp client handler that declares sampling (answering "pong") and
+/// reports progress notifications.
+#[derive(Clone)]
+pub struct TestClient {
+    pub progress: mpsc::UnboundedSender<Progress>,
+}
+
+impl ClientHandler for TestClient {
+    fn get_info(&self) -> ClientInfo {
+        let capabilities = ClientCapabilities::builder().enable_sampling().build();
+        ClientInfo::new(capabilities, Implementation::new("mcp-persist-test", "1.0"))
+    }
+
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        Ok(CreateMessageResult::new(SamplingMessage::assistant_text("pong"), "test-model".into()))
+    }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        let _ = self.progress.send(Progress {
+            progress: params.progress,
+            message: params.message,
+        });
+    }
+}
+
+pub type Client = RunningService<RoleClient, TestClient>;
+
+/// Connects an rmcp client to `url` as `user`.
+pub async fn connect(url: &str, user: &str) -> anyhow::Result<(Client, mpsc::UnboundedReceiver<Progress>)> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-demo-user", user.parse()?);
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .pool_max_idle_per_host(0)
+        .build()?;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    let mut retry = FixedInterval::default();
+    retry.max_times = Some(50);
+    retry.duration = Duration::from_millis(100);
+    config.retry_config = Arc::new(retry);
+    let transport = StreamableHttpClientTransport::with_client(http, config);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client = TestClient { progress: tx }.serve(transport).await?;
+    Ok((client, rx))
+}
+
+/// Calls a demo tool and returns the text of its answer.
+pub async fn call(client: &Client, name: &str, args: serde_json::Value) -> anyhow::Result<String> {
+    let serde_json::Value::Object(args) = args else {
+        anyhow::bail!("arguments must be an object");
+    };
+    let result = client
+        .call_tool(rmcp::model::CallToolRequestParams::new(name.to_owned()).with_arguments(args))
+        .await?;
+    let text = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("");
+    anyhow::ensure!(result.is_error != Some(true), "tool {name} failed: {text}");
+    Ok(text)
+}
+
+/// The per-process counters reported by the demo's `stats` tool.
+pub async fn stats(client: &Client) -> anyhow::Result<(u64, u64)> {
+    let text = call(client, "stats", serde_json::json!({})).await?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    Ok((
+        v["initialize"].as_u64().context("initialize")?,
+        v["restored"].as_u64().context("restored")?,
+    ))
+}
+
+/// Raw HTTP: an `initialize` as `user`; returns the session id.
+pub async fn raw_initialize(http: &reqwest::Client, url: &str, user: &str) -> anyhow::Result<String> {
+    let response = http
+        .post(url)
+        .header("x-demo-user", user)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(
+            serde_json::json!({
+                "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                           "clientInfo": {"name": "raw", "version": "1"}}
+            })
+            .to_string(),
+        )
+        .send()
+        .await?;
+    anyhow::ensure!(response.status() == 200, "initialize answered {}", response.status());
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .context("no session id")?
+        .to_str()?
+        .to_owned();
+    let _ = response.text().await?;
+    raw_post(http, url, user, &session, serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .await?;
+    Ok(session)
+}
+
+/// Raw HTTP: a POST on a session; returns status and body.
+pub async fn raw_post(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+    session: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<(u16, String)> {
+    let response = http
+        .post(url)
+        .header("x-demo-user", user)
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await?))
+}
+
+/// Raw HTTP: a resuming GET; returns status and body (read to its end).
+pub async fn raw_resume(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+    session: &str,
+    last_event_id: &str,
+) -> anyhow::Result<(u16, String)> {
+    let response = http
+        .get(url)
+        .header("x-demo-user", user)
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("accept", "text/event-stream")
+        .header("last-event-id", last_event_id)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await?))
+}
+
+/// The SSE event ids in `body`, in order.
+pub fn event_ids(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("id:")).map(|s| s.trim().to_owned()).collect()
+}
