@@ -211,5 +211,9 @@ fn main() -> Result<()> {
             row.baseline
         );
     }
+    println!(
+        "note: fsync latency depends on the disk's journal commits and other writers; \
+         both sides take turns, but compare ratios over a few runs"
+    );
     Ok(())
 }
