@@ -148,9 +148,11 @@ async fn child(role: &str) {
             // More calls after recovery, then a clean close: no DELETE.
             for n in 3..6 {
                 client
-                    .call_tool(CallToolRequestParams::new("echo").with_arguments(
-                        json!({ "n": n }).as_object().cloned().expect("object"),
-                    ))
+                    .call_tool(
+                        CallToolRequestParams::new("echo").with_arguments(
+                            json!({ "n": n }).as_object().cloned().expect("object"),
+                        ),
+                    )
                     .await
                     .expect("echo");
             }
@@ -256,7 +258,10 @@ async fn user_story(backend: &str) {
 
     // 4. One session, and no request id used twice in it.
     let requests = server.stats.requests.lock().expect("lock").clone();
-    assert!(requests.iter().all(|(s, _, _)| *s == session), "{requests:?}");
+    assert!(
+        requests.iter().all(|(s, _, _)| *s == session),
+        "{requests:?}"
+    );
     let mut ids: Vec<&String> = requests.iter().map(|(_, id, _)| id).collect();
     let total = ids.len();
     ids.sort();

@@ -175,10 +175,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 self.answer_back(session, &mut answer);
                 Ok(StreamableHttpPostResponse::Json(answer, sid))
             }
-            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => Ok(StreamableHttpPostResponse::Sse(
-                self.observe(stream, StreamOwner::Request(session.clone(), wire)),
-                sid,
-            )),
+            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
+                Ok(StreamableHttpPostResponse::Sse(
+                    self.observe(stream, StreamOwner::Request(session.clone(), wire)),
+                    sid,
+                ))
+            }
             Ok(other) => Ok(other),
         }
     }
@@ -356,15 +358,8 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult<Self::Error> {
-        self.post(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            custom_headers,
-            None,
-        )
-        .await
+        self.post(uri, message, session_id, auth_header, custom_headers, None)
+            .await
     }
 
     async fn post_message_with_max_sse_event_size(

@@ -232,10 +232,7 @@ impl ClientHandle {
         if let Ok(v) = HeaderValue::from_str(result.protocol_version.as_str()) {
             headers.insert(HeaderName::from_static("mcp-protocol-version"), v);
         }
-        let sent = self
-            .wire
-            .delete(Arc::from(session.as_str()), headers)
-            .await;
+        let sent = self.wire.delete(Arc::from(session.as_str()), headers).await;
         self.shared.on_ended(&session);
         self.flush().await;
         info!(server = %self.shared.key, session = %session, "session ended by the application");

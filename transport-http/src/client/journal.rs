@@ -149,7 +149,8 @@ impl Writer {
                             e.dirty = true;
                         }
                     }
-                    Op::Complete(sid, id) => match self.entries.get_mut(&(sid.clone(), id.clone())) {
+                    Op::Complete(sid, id) => match self.entries.get_mut(&(sid.clone(), id.clone()))
+                    {
                         Some(e) => e.completed = true,
                         // Journaled by an earlier process: delete it from the store.
                         None => self.deletes.push((sid, id)),
@@ -197,7 +198,9 @@ impl Writer {
                 let written = entry.written;
                 self.entries.remove(&key);
                 if written {
-                    self.store.complete_inflight(&self.key, &key.0, &key.1).await
+                    self.store
+                        .complete_inflight(&self.key, &key.0, &key.1)
+                        .await
                 } else {
                     Ok(())
                 }
@@ -227,7 +230,8 @@ impl Writer {
                 .store
                 .update_session(&self.key, |s| {
                     if s.session_id == sid {
-                        s.last_event_ids.insert("standalone".to_owned(), event.clone());
+                        s.last_event_ids
+                            .insert("standalone".to_owned(), event.clone());
                     }
                 })
                 .await;

@@ -109,7 +109,8 @@ use self::{
 };
 
 /// The rmcp transport a [`DurableClientBuilder`] makes.
-pub type DurableTransport<C = reqwest::Client> = StreamableHttpClientTransport<DurableHttpClient<C>>;
+pub type DurableTransport<C = reqwest::Client> =
+    StreamableHttpClientTransport<DurableHttpClient<C>>;
 
 /// How many request ids are reserved in the store at a time by default.
 pub const DEFAULT_ID_BLOCK: u32 = 256;

@@ -211,7 +211,9 @@ impl ResumedRequest {
             let Ok(mut value) = serde_json::from_str::<Value>(&data) else {
                 continue;
             };
-            let is_ours = value.get("id").is_some_and(|id| same_id(id, &self.request.id));
+            let is_ours = value
+                .get("id")
+                .is_some_and(|id| same_id(id, &self.request.id));
             if value.get("method").is_some() {
                 return Some(Ok(if value.get("id").is_some() {
                     RecoveredMessage::ServerRequest(value)
@@ -238,7 +240,9 @@ impl ResumedRequest {
     }
 
     /// Reads to the end: the notifications in order, and the final answer.
-    pub async fn collect(mut self) -> Result<(Vec<RecoveredMessage>, Result<Value, Value>), RecoveryError> {
+    pub async fn collect(
+        mut self,
+    ) -> Result<(Vec<RecoveredMessage>, Result<Value, Value>), RecoveryError> {
         let mut seen = Vec::new();
         while let Some(message) = self.next().await {
             match message? {

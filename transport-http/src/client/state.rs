@@ -85,6 +85,8 @@ struct SessionSlot {
     swallow_initialized: bool,
     /// The session in use, and its `InitializeResult`.
     current: Option<(SessionId, InitializeResult)>,
+    /// The session a 404 ended, until a new one replaces it.
+    expired: Option<SessionId>,
     /// Set when the application ends the session: lets the DELETE through.
     ending: bool,
 }
@@ -193,9 +195,11 @@ impl Shared {
         let replaced = {
             let mut slot = lock(&self.session);
             slot.seed = None;
+            let expired = slot.expired.take();
             slot.current
                 .replace((session_id.clone(), result.clone()))
                 .map(|(old, _)| old)
+                .or(expired)
         };
         {
             let mut blocks = self.ids.lock().await;
@@ -211,16 +215,15 @@ impl Shared {
         match (serde_json::to_value(&result), version) {
             (Ok(json), Ok(protocol_version)) => {
                 let now = Timestamp::now();
-                self.journal
-                    .send(Op::SaveSession(Box::new(LegacySession {
-                        session_id: session_id.clone(),
-                        protocol_version,
-                        initialize_result: json,
-                        request_id_high_water: ids.end,
-                        last_event_ids: Default::default(),
-                        created_at: now,
-                        updated_at: now,
-                    })));
+                self.journal.send(Op::SaveSession(Box::new(LegacySession {
+                    session_id: session_id.clone(),
+                    protocol_version,
+                    initialize_result: json,
+                    request_id_high_water: ids.end,
+                    last_event_ids: Default::default(),
+                    created_at: now,
+                    updated_at: now,
+                })));
             }
             (json, version) => {
                 warn!(server = %self.key, json_ok = json.is_ok(), version_ok = version.is_ok(),
@@ -241,6 +244,7 @@ impl Shared {
             let was = slot.current.as_ref().is_some_and(|(s, _)| s == session_id);
             if was {
                 slot.current = None;
+                slot.expired = Some(session_id.clone());
             }
             slot.seed = None;
             was
@@ -327,7 +331,11 @@ impl Shared {
         if !self.health.persisting() {
             return memory;
         }
-        match self.store.reserve_request_ids(&self.key, self.id_block).await {
+        match self
+            .store
+            .reserve_request_ids(&self.key, self.id_block)
+            .await
+        {
             Ok(r) if r.start >= above => r,
             Ok(r) => r.end.max(above)..r.end.max(above),
             Err(e) => {

@@ -17,9 +17,9 @@ use mcp_persist_transport_http::server::DurableEventStore;
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
-        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, InitializeRequestParams,
-        InitializeResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-        ServerCapabilities, ServerConfig, Tool,
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+        InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+        ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
     },
     service::RequestContext,
     transport::streamable_http_server::{
@@ -168,7 +168,14 @@ impl Drop for TestServer {
 impl TestServer {
     /// Deletes every session on the server side (as an expiry would).
     pub async fn forget_all_sessions(&self) {
-        let ids: Vec<_> = self.sessions.sessions.read().await.keys().cloned().collect();
+        let ids: Vec<_> = self
+            .sessions
+            .sessions
+            .read()
+            .await
+            .keys()
+            .cloned()
+            .collect();
         for id in ids {
             use rmcp::transport::streamable_http_server::SessionManager;
             let _ = self.sessions.close_session(&id).await;
