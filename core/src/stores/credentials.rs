@@ -77,6 +77,18 @@ impl Record for LeaseRecord {
     const SCHEMA: u32 = 1;
 }
 
+/// Which issuer a resource was last authorized with.
+#[derive(Serialize, Deserialize)]
+struct ResourceIssuer {
+    issuer: String,
+    updated_at: Timestamp,
+}
+
+impl Record for ResourceIssuer {
+    const KIND: &'static str = "resource_issuer";
+    const SCHEMA: u32 = 1;
+}
+
 fn key_part(key: &CredentialKey) -> String {
     format!("{}/{}", component(&key.issuer), component(&key.resource))
 }
@@ -93,6 +105,10 @@ impl CredentialStore {
 
     fn lease_key(key: &CredentialKey) -> String {
         format!("cred/lease/{}", key_part(key))
+    }
+
+    fn issuer_key(resource: &str) -> String {
+        format!("cred/issuer/{}", component(resource))
     }
 
     fn pending_key(state: &str) -> String {
@@ -256,6 +272,36 @@ impl CredentialStore {
         }
     }
 
+    /// The issuer whose credentials are in force for `resource` (the
+    /// canonical resource URL of a [`CredentialKey`]): the authorization
+    /// server the client last authorized with there. Credentials of any other
+    /// issuer stay stored under their own key and are never handed out for
+    /// this resource while another issuer is in force.
+    pub async fn current_issuer(&self, resource: &str) -> Result<Option<String>> {
+        Ok(read::<ResourceIssuer>(&*self.kv, &Self::issuer_key(resource))
+            .await?
+            .map(|s| s.record.issuer))
+    }
+
+    /// Records `issuer` as the authorization server in force for `resource`
+    /// (after the client met a new one there).
+    pub async fn set_current_issuer(&self, resource: &str, issuer: &str) -> Result<()> {
+        let record = ResourceIssuer {
+            issuer: issuer.to_owned(),
+            updated_at: Timestamp::now(),
+        };
+        write(
+            &*self.kv,
+            &Self::issuer_key(resource),
+            &record,
+            PutMode::Overwrite,
+            None,
+        )
+        .await?;
+        debug!(issuer, resource, "issuer in force for resource recorded");
+        Ok(())
+    }
+
     /// Keeps a pending authorization under its `state` for `ttl`.
     pub async fn save_pending(&self, pending: &PendingAuthorization, ttl: Duration) -> Result<()> {
         let key = Self::pending_key(pending.state.expose_secret());
@@ -292,5 +338,37 @@ impl CredentialStore {
     /// Every stored credential key (for tools and migrations).
     pub async fn keys(&self) -> Result<Vec<String>> {
         self.kv.list("cred/token/").await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    #[tokio::test]
+    async fn the_issuer_in_force_is_per_resource_and_replaced() {
+        let store = CredentialStore::new(Arc::new(MemoryStore::new()));
+        let resource = "https://mcp.example/mcp";
+        assert_eq!(store.current_issuer(resource).await.unwrap(), None);
+        store
+            .set_current_issuer(resource, "https://as1.example")
+            .await
+            .unwrap();
+        store
+            .set_current_issuer(resource, "https://as2.example")
+            .await
+            .unwrap();
+        assert_eq!(
+            store.current_issuer(resource).await.unwrap().as_deref(),
+            Some("https://as2.example")
+        );
+        assert_eq!(
+            store
+                .current_issuer("https://other.example/mcp")
+                .await
+                .unwrap(),
+            None
+        );
     }
 }

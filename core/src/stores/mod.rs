@@ -12,6 +12,7 @@
 //! | | `client/inflight/<profile>/<endpoint>/<session>/<id>` | [`InFlightRequest`](crate::InFlightRequest) |
 //! | [`CredentialStore`] | `cred/token/<issuer>/<resource>` | [`Credentials`](crate::Credentials) |
 //! | | `cred/lease/<issuer>/<resource>` | refresh lease (holder, short TTL) |
+//! | | `cred/issuer/<resource>` | the issuer in force for the resource |
 //! | | `cred/pending/<sha256 of state>` | [`PendingAuthorization`](crate::PendingAuthorization) |
 //! | [`SessionStore`] | `server/session/<session id>` | [`ServerSession`](crate::ServerSession) |
 //! | [`EventStore`] | `server/stream/<stream id>` (KV) | stream owner and token |
