@@ -30,9 +30,13 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `server` | yes | [`server`]: session and event stores for rmcp, the binding layer, the builder |
+//! | `auth` | no | [`auth`]: OAuth credentials that survive restarts, keyed by issuer and resource, shared safely between processes |
 
 #[cfg(feature = "server")]
 pub mod server;
 
 #[cfg(feature = "client")]
 pub mod client;
+
+#[cfg(feature = "auth")]
+pub mod auth;

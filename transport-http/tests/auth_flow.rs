@@ -1,0 +1,227 @@
+//! Durable OAuth credentials against a local authorization server and a
+//! protected rmcp server: restarts, refresh with rotation, migration to a
+//! new authorization server, and no secret in logs.
+
+mod auth_support;
+
+use std::{
+    io::Write,
+    sync::{Arc, Mutex, atomic::Ordering},
+};
+
+use auth_support::{World, expire, headless, start};
+use mcp_persist_core::{CredentialKey, CredentialStore, Stores, canonical_url};
+use mcp_persist_store_sqlite::SqliteStore;
+use mcp_persist_transport_http::{
+    auth::{DurableAuth, DurableAuthBuild},
+    client::DurableClientBuilder,
+};
+use rmcp::{ServiceExt, model::CallToolRequestParams};
+
+async fn open(path: &std::path::Path) -> Stores {
+    Stores::new(SqliteStore::open(path).await.expect("open sqlite"))
+}
+
+fn auth(world: &World, stores: &Stores) -> DurableAuth {
+    DurableAuth::new(world.mcp_url.clone(), stores.credentials())
+        .redirect_uri("http://127.0.0.1:9/callback")
+        .dynamic_registration("auth-flow-test")
+}
+
+/// One "process": build the transport, authorize if needed, call a tool.
+async fn run_once(world: &World, stores: &Stores) -> anyhow::Result<()> {
+    let (transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), stores)
+        .build_with_auth(&auth(world, stores))
+        .await?;
+    if !client.is_authorized().await {
+        client.authorize(None, headless).await?;
+    }
+    let service = ().serve(transport).await?;
+    service.list_all_tools().await?;
+    service
+        .call_tool(CallToolRequestParams::new("whoami"))
+        .await?;
+    service.cancel().await?;
+    Ok(())
+}
+
+async fn stored(
+    store: &CredentialStore,
+    issuer: &str,
+    resource: &str,
+) -> mcp_persist_core::Credentials {
+    let key = CredentialKey::new(issuer, resource).unwrap();
+    store.load(&key).await.unwrap().expect("stored").record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_once() {
+    let world = start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let resource = canonical_url("resource", &world.mcp_url).unwrap();
+    let issuer = world.auth(0).issuer.clone();
+
+    // First run: a full authorization.
+    let stores = open(&db).await;
+    run_once(&world, &stores).await.unwrap();
+    assert_eq!(world.auth(0).registrations(), 1);
+    assert_eq!(world.auth(0).code_exchanges.load(Ordering::SeqCst), 1);
+    let first = stored(&stores.credentials(), &issuer, &resource).await;
+    assert!(first.client.client_secret.is_some(), "registration kept");
+    assert!(first.server_metadata.is_some(), "metadata kept");
+    assert!(first.expires_at.is_some(), "absolute expiry kept");
+    drop(stores);
+
+    // Restart with a valid token: nothing reaches the authorization server,
+    // and the first MCP request carries the stored token.
+    let before = world.auth(0).requests();
+    let bearer_before = world.mcp.bearer.lock().unwrap().len();
+    let stores = open(&db).await;
+    run_once(&world, &stores).await.unwrap();
+    assert_eq!(world.auth(0).requests(), before, "no authorization-server request after a restart");
+    assert_eq!(world.mcp.unauthorized.load(Ordering::SeqCst), 0);
+    let used: Vec<String> = world.mcp.bearer.lock().unwrap()[bearer_before..].to_vec();
+    assert!(!used.is_empty());
+    assert!(used.iter().all(|t| t == first.access_token.expose_secret()));
+
+    // Time passes: the stored token expires. The next run refreshes once,
+    // with the stored client secret, and stores the rotated refresh token.
+    expire(&stores.credentials(), &issuer, &resource).await;
+    drop(stores);
+    let stores = open(&db).await;
+    run_once(&world, &stores).await.unwrap();
+    assert_eq!(world.auth(0).refreshes(), 1);
+    assert_eq!(world.auth(0).rejected_refreshes.load(Ordering::SeqCst), 0);
+    assert_eq!(world.auth(0).registrations(), 1, "no second registration");
+    let second = stored(&stores.credentials(), &issuer, &resource).await;
+    assert_ne!(second.refresh_token, first.refresh_token, "rotated token stored");
+    assert!(world
+        .auth(0)
+        .is_live_refresh_token(second.refresh_token.as_ref().unwrap().expose_secret()));
+    assert!(!world
+        .auth(0)
+        .is_live_refresh_token(first.refresh_token.as_ref().unwrap().expose_secret()));
+    let last = world.mcp.bearer.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last, second.access_token.expose_secret());
+    assert!(second.expires_at.unwrap() > first.obtained_at);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_authorization_server_gets_a_new_registration_and_never_the_old_credentials() {
+    let world = start(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let resource = canonical_url("resource", &world.mcp_url).unwrap();
+    let stores = open(&db).await;
+    run_once(&world, &stores).await.unwrap();
+    let as1 = stored(&stores.credentials(), &world.auth(0).issuer, &resource).await;
+
+    // The resource now names another authorization server.
+    world.migrate_to(1);
+    let (transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+        .build_with_auth(&auth(&world, &stores))
+        .await
+        .unwrap();
+    assert_eq!(client.issuer().as_deref(), Some(world.auth(0).issuer.as_str()));
+    // The old token is refused; the application authorizes again.
+    let refused = match ().serve(transport).await {
+        Ok(service) => {
+            let r = service.list_all_tools().await;
+            let _ = service.cancel().await;
+            r.is_err()
+        }
+        Err(_) => true,
+    };
+    assert!(refused, "the old issuer's token is refused after the migration");
+    client.authorize(None, headless).await.unwrap();
+    assert_eq!(client.issuer().as_deref(), Some(world.auth(1).issuer.as_str()));
+    assert_eq!(world.auth(1).registrations(), 1, "registered with the new server");
+    let seen = world.auth(1).client_ids_seen.lock().unwrap().clone();
+    assert!(!seen.is_empty());
+    assert!(
+        !seen.contains(&as1.client.client_id),
+        "the old client id never reached the new server"
+    );
+    let as1_secrets = world.auth(0).secrets.lock().unwrap().clone();
+    drop(client);
+
+    // A restart uses the new issuer's credentials, with no request to either
+    // authorization server; the old issuer's stay stored under their key.
+    let before = (world.auth(0).requests(), world.auth(1).requests());
+    run_once(&world, &stores).await.unwrap();
+    assert_eq!((world.auth(0).requests(), world.auth(1).requests()), before);
+    let as2 = stored(&stores.credentials(), &world.auth(1).issuer, &resource).await;
+    assert_ne!(as2.client.client_id, as1.client.client_id);
+    assert!(!as1_secrets.contains(&as2.access_token.expose_secret().to_owned()));
+    let as1_again = stored(&stores.credentials(), &world.auth(0).issuer, &resource).await;
+    assert_eq!(as1_again.client.client_id, as1.client.client_id);
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secret() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("debug")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let world = start(1).await;
+    let stores = Stores::new(SqliteStore::open_in_memory().await.unwrap());
+    let resource = canonical_url("resource", &world.mcp_url).unwrap();
+    let issuer = world.auth(0).issuer.clone();
+    run_once(&world, &stores).await.unwrap();
+    expire(&stores.credentials(), &issuer, &resource).await;
+    let (transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+        .build_with_auth(&auth(&world, &stores))
+        .await
+        .unwrap();
+    let service = ().serve(transport).await.unwrap();
+    service.list_all_tools().await.unwrap();
+    assert_eq!(world.auth(0).refreshes(), 1);
+    let creds = stores.credentials();
+    let key = CredentialKey::new(&issuer, &resource).unwrap();
+    let current = creds.load(&key).await.unwrap().unwrap();
+    // An error path too: a redirect whose `state` matches no pending
+    // authorization.
+    let error = client
+        .authorize(None, |url: String| async move {
+            let redirect = headless(url).await?;
+            Ok(redirect.replace("state=", "state=x"))
+        })
+        .await
+        .expect_err("an unknown state is refused");
+    let mut chain = format!("{error}");
+    let mut source = std::error::Error::source(&error);
+    while let Some(s) = source {
+        chain.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    let debug_output = format!("{client:?} {:?} {creds:?} {error:?} {chain}", current.record);
+    service.cancel().await.unwrap();
+
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("refreshed"), "the refresh is logged:\n{logs}");
+    let secrets = world.secrets();
+    assert!(secrets.len() >= 6, "tokens, client secret and verifier were issued");
+    for secret in &secrets {
+        assert!(!logs.contains(secret.as_str()), "a secret leaked into the logs");
+        assert!(!debug_output.contains(secret.as_str()), "a secret leaked into Debug");
+    }
+}

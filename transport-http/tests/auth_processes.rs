@@ -1,0 +1,167 @@
+//! Three processes sharing one SQLite store refresh the same expiring
+//! credential at once: one refresh request reaches the authorization server
+//! and all three go on with the rotated token.
+//!
+//! The children are this test binary run again with
+//! `MCP_PERSIST_AUTH_CHILD` set; `child` does nothing otherwise.
+
+mod auth_support;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use auth_support::{expire, headless, start};
+use mcp_persist_core::{CredentialKey, Stores, canonical_url};
+use mcp_persist_store_sqlite::SqliteStore;
+use mcp_persist_transport_http::{
+    auth::{DurableAuth, DurableAuthBuild},
+    client::DurableClientBuilder,
+};
+use rmcp::{ServiceExt, model::CallToolRequestParams};
+
+const CHILD: &str = "MCP_PERSIST_AUTH_CHILD";
+
+fn auth(url: &str, stores: &Stores) -> DurableAuth {
+    DurableAuth::new(url, stores.credentials())
+        .redirect_uri("http://127.0.0.1:9/callback")
+        .dynamic_registration("auth-processes-test")
+}
+
+/// The child's work: wait for the start signal, then one MCP request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let mut parts = spec.splitn(4, '|');
+    let (db, url, go, profile) = (
+        PathBuf::from(parts.next().unwrap()),
+        parts.next().unwrap().to_owned(),
+        PathBuf::from(parts.next().unwrap()),
+        parts.next().unwrap().to_owned(),
+    );
+    let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+    let (transport, _handle, client) = DurableClientBuilder::new(url.clone(), &stores)
+        .profile(profile)
+        .build_with_auth(&auth(&url, &stores))
+        .await
+        .unwrap();
+    assert!(client.is_authorized().await, "credentials stored by the parent");
+    println!("ready");
+    for _ in 0..3000 {
+        if go.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(go.exists(), "start signal");
+    let service = ().serve(transport).await.unwrap();
+    service
+        .call_tool(CallToolRequestParams::new("whoami"))
+        .await
+        .unwrap();
+    service.cancel().await.unwrap();
+    println!("done");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_refresh_one_expiring_credential_with_one_request() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    let world = start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    let go = dir.path().join("go");
+    let resource = canonical_url("resource", &world.mcp_url).unwrap();
+    let issuer = world.auth(0).issuer.clone();
+
+    {
+        let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+        let (_transport, _handle, client) =
+            DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+                .build_with_auth(&auth(&world.mcp_url, &stores))
+                .await
+                .unwrap();
+        client.authorize(None, headless).await.unwrap();
+        expire(&stores.credentials(), &issuer, &resource).await;
+    }
+    let requests_before = world.auth(0).requests();
+
+    let exe = std::env::current_exe().unwrap();
+    let mut children = Vec::new();
+    for i in 0..3 {
+        let spec = format!(
+            "{}|{}|{}|child-{i}",
+            db.display(),
+            world.mcp_url,
+            go.display()
+        );
+        let mut child = Command::new(&exe)
+            .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+            .env(CHILD, spec)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        children.push((child, rx));
+    }
+    for (_, rx) in &children {
+        let line = tokio::task::block_in_place(|| {
+            rx.iter()
+                .find(|l| l.trim() == "ready")
+                .expect("child got ready")
+        });
+        assert_eq!(line.trim(), "ready");
+    }
+    std::fs::write(&go, b"go").unwrap();
+    for (mut child, rx) in children {
+        // Bounded: a child that hangs is killed after two minutes.
+        let mut status = None;
+        for _ in 0..12_000 {
+            if let Some(s) = child.try_wait().unwrap() {
+                status = Some(s);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let Some(status) = status else {
+            let _ = child.kill();
+            panic!("child did not finish");
+        };
+        assert!(status.success(), "child failed: {status}");
+        let lines: Vec<String> = rx.try_iter().collect();
+        assert!(lines.iter().any(|l| l.trim() == "done"), "{lines:?}");
+    }
+
+    assert_eq!(world.auth(0).refreshes(), 1, "exactly one refresh request");
+    assert_eq!(world.auth(0).rejected_refreshes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        world.auth(0).requests(),
+        requests_before + 1,
+        "nothing else reached the authorization server"
+    );
+    let fresh = world.auth(0).refreshed_access_tokens.lock().unwrap()[0].clone();
+    let bearer = world.mcp.bearer.lock().unwrap().clone();
+    assert!(bearer.len() >= 3);
+    assert!(bearer.iter().all(|t| *t == fresh), "all three used the new token");
+
+    let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+    let key = CredentialKey::new(&issuer, &resource).unwrap();
+    let stored = stores.credentials().load(&key).await.unwrap().unwrap().record;
+    assert_eq!(stored.access_token.expose_secret(), fresh);
+    assert!(world
+        .auth(0)
+        .is_live_refresh_token(stored.refresh_token.unwrap().expose_secret()));
+}
