@@ -14,7 +14,7 @@
 //! many sessions it restored from the store). The principal is read from
 //! the `x-demo-user` header (a stand-in for real authentication).
 //!
-//! Flags: `--port N` (0 picks a free one), `--backend memory|sqlite`,
+//! Flags: `--port N` (0 picks a free one), `--backend memory|file|sqlite`,
 //! `--store PATH`, `--idle-ttl-ms N`, `--sse-retry-ms N`, `--tail-idle-ms N`,
 //! `--event-retention-ms N`, `--event-max N`,
 //! `--rmcp-defaults` (rmcp's in-memory session manager, no stores: the
@@ -200,9 +200,9 @@ impl ServerHandler for DemoHandler {
 pub struct Options {
     /// Port on 127.0.0.1 (0: any free one).
     pub port: u16,
-    /// `memory` or `sqlite`.
+    /// `memory`, `file` or `sqlite`.
     pub backend: String,
-    /// Database path for `sqlite`.
+    /// Database path for `sqlite`, directory for `file`.
     pub store: Option<std::path::PathBuf>,
     /// Session idle TTL.
     pub idle_ttl: Duration,
@@ -264,7 +264,11 @@ pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
             let path = options.store.as_ref().context("--backend sqlite needs --store PATH")?;
             Stores::new(mcp_persist_store_sqlite::SqliteStore::open(path).await?)
         }
-        other => anyhow::bail!("unknown backend {other} (memory, sqlite)"),
+        "file" => {
+            let path = options.store.as_ref().context("--backend file needs --store DIR")?;
+            Stores::new(mcp_persist_store_file::FileStore::open(path.clone()).await?)
+        }
+        other => anyhow::bail!("unknown backend {other} (memory, file, sqlite)"),
     })
 }
 

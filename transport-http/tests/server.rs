@@ -33,10 +33,19 @@ async fn memory_cluster(args: &[&str]) -> anyhow::Result<Cluster> {
 }
 
 async fn sqlite_cluster(args: &[&str]) -> anyhow::Result<Cluster> {
+    process_cluster("sqlite", "state.db", args).await
+}
+
+async fn file_cluster(args: &[&str]) -> anyhow::Result<Cluster> {
+    process_cluster("file", "state", args).await
+}
+
+/// Two child processes on one store of `backend` at `name` in a temp dir.
+async fn process_cluster(backend: &str, name: &str, args: &[&str]) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
-    let db = dir.path().join("state.db");
-    let db = db.to_str().expect("utf-8 temp path");
-    let mut all = vec!["--backend", "sqlite", "--store", db];
+    let path = dir.path().join(name);
+    let path = path.to_str().expect("utf-8 temp path");
+    let mut all = vec!["--backend", backend, "--store", path];
     all.extend_from_slice(args);
     Ok(Cluster {
         a: Instance::process(&all).await?,
@@ -283,4 +292,29 @@ async fn sqlite_idle_expiry() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_bad_resumption_input() -> anyhow::Result<()> {
     bad_resumption_scenario(sqlite_cluster(FOUR_EVENTS).await?).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_restore_after_sigkill() -> anyhow::Result<()> {
+    restore_scenario(file_cluster(&[]).await?).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_replay_across_processes() -> anyhow::Result<()> {
+    replay_scenario(file_cluster(&[]).await?).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_binding_refuses_other_principals() -> anyhow::Result<()> {
+    binding_scenario(file_cluster(&[]).await?).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_idle_expiry() -> anyhow::Result<()> {
+    expiry_scenario(file_cluster(SHORT_TTL).await?).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_bad_resumption_input() -> anyhow::Result<()> {
+    bad_resumption_scenario(file_cluster(FOUR_EVENTS).await?).await
 }
