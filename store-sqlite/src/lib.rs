@@ -24,7 +24,8 @@
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //! * **TTL** is a column: an expired record or log is never returned, and a
 //!   periodic sweep (and [`KvStore::sweep_expired`] /
-//!   [`LogStore::sweep_expired`]) reclaims the space.
+//!   [`LogStore::sweep_expired`]) reclaims the space. Expiry instants are
+//!   wall-clock milliseconds, so every process sharing the file agrees on them.
 //! * **Versioned schema.** The schema version lives in the database's
 //!   `user_version` ([`SCHEMA_VERSION`]) and older databases are migrated
 //!   forward on open. A database written by a newer version of this crate is
