@@ -60,6 +60,7 @@
 //!
 //! This crate has no optional features.
 
+mod batch;
 mod conn;
 mod error;
 mod keys;

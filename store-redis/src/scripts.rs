@@ -131,20 +131,40 @@ return {0, 1}
     )
 });
 
-/// `append`: `XADD`s with ids `0-<seq>` (Redis picks the next sequence
-/// number) and the log's `PEXPIRE`, in one atomic step.
+/// `append` of a batch: for each append, `XADD`s with ids `0-<seq>` (Redis
+/// picks the next sequence number) and its log's `PEXPIRE`. The script runs
+/// atomically, so every append adds its records and refreshes its expiry in
+/// one step.
 ///
-/// KEYS: stream. ARGV: TTL in ms (empty: keep the log's expiry), then the
-/// records. Returns the ids in order.
-pub(crate) static APPEND: LazyLock<Lua> = LazyLock::new(|| {
+/// KEYS: the streams. ARGV, for each append: the index of its stream in
+/// KEYS, its TTL in ms (empty: keep the log's expiry), its record count, its
+/// records. Returns, per append, `{0, id...}`, or `{1, error}` when Redis
+/// refused its first `XADD` (a key of another type), in which case nothing
+/// of that append was written and the others are unaffected.
+pub(crate) static APPEND_BATCH: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
-local ids = {}
-for i = 2, #ARGV do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], '0-*', 'd', ARGV[i])
+local out = {}
+local i = 1
+while i <= #ARGV do
+  local key = KEYS[tonumber(ARGV[i])]
+  local ttl = ARGV[i + 1]
+  local n = tonumber(ARGV[i + 2])
+  i = i + 3
+  local res = {0}
+  for j = 0, n - 1 do
+    local id = redis.pcall('XADD', key, '0-*', 'd', ARGV[i + j])
+    if type(id) == 'table' and id.err then
+      res = {1, id.err}
+      break
+    end
+    res[#res + 1] = id
+  end
+  i = i + n
+  if res[1] == 0 and ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
+  out[#out + 1] = res
 end
-if ARGV[1] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return ids
+return out
 "#,
     )
 });

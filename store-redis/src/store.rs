@@ -16,10 +16,11 @@ use redis::Value;
 use tracing::{Instrument, debug, debug_span, info};
 
 use crate::{
+    batch::{AppendJob, Appender},
     conn::{Conn, Target, Timeouts, scan_all},
     error::{self, BACKEND},
     keys::{DEFAULT_PREFIX, KeyLayout},
-    scripts::{self, APPEND, DELETE, PUT},
+    scripts::{self, DELETE, PUT},
 };
 
 /// How long the version of a deleted or expired key is remembered exactly
@@ -86,6 +87,7 @@ struct Inner {
     timeouts: Timeouts,
     cluster: bool,
     idle_blocking: Mutex<Vec<Conn>>,
+    appender: Appender,
 }
 
 impl fmt::Debug for RedisStore {
@@ -286,6 +288,7 @@ impl RedisStoreBuilder {
         info!(cluster, key_prefix = %layout.prefix(), "connected to redis");
         Ok(RedisStore {
             inner: Arc::new(Inner {
+                appender: Appender::start(shared.clone(), cluster),
                 shared,
                 target,
                 layout,
@@ -311,7 +314,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(MAX).clamp(1, MAX)
 }
 
-fn unexpected(key: &str, what: &str) -> Error {
+pub(crate) fn unexpected(key: &str, what: &str) -> Error {
     Error::backend(
         BACKEND,
         format!("unexpected reply from Redis for `{key}`: {what}"),
@@ -328,7 +331,7 @@ fn status_of<'a>(key: &str, reply: &'a Value) -> Result<(i64, Option<&'a Value>)
     }
 }
 
-fn bytes_of(v: &Value) -> Option<&[u8]> {
+pub(crate) fn bytes_of(v: &Value) -> Option<&[u8]> {
     match v {
         Value::BulkString(b) => Some(b),
         Value::SimpleString(s) => Some(s.as_bytes()),
@@ -360,7 +363,7 @@ fn parse_record(key: &str, mut raw: Vec<u8>) -> Result<KvEntry> {
 }
 
 /// The sequence number of a stream entry id `0-<seq>`.
-fn parse_id(log: &str, id: &[u8]) -> Result<u64> {
+pub(crate) fn parse_id(log: &str, id: &[u8]) -> Result<u64> {
     id.strip_prefix(b"0-").and_then(parse_u64).ok_or_else(|| {
         error::corrupt(
             log,
@@ -567,27 +570,17 @@ impl LogStore for RedisStore {
             return Ok(Vec::new());
         }
         let stream = self.inner.layout.log(log);
-        let ttl_arg = ttl.map(|t| millis(t).to_string()).unwrap_or_default();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(records.len() + 1);
-        args.push(ttl_arg.as_bytes());
-        args.extend(records.iter().map(Vec::as_slice));
-        let work = async {
-            let reply = APPEND
-                .run(&mut self.conn(), &[&stream], &args)
-                .await
-                .map_err(|e| error::map(e, log))?;
-            let Value::Array(ids) = reply else {
-                return Err(unexpected(log, "append did not return ids"));
-            };
-            if ids.len() != records.len() {
-                return Err(unexpected(log, "append returned the wrong number of ids"));
-            }
-            ids.iter()
-                .map(|id| parse_id(log, bytes_of(id).unwrap_or_default()))
-                .collect()
-        };
+        let ttl = ttl.map(|t| millis(t).to_string()).unwrap_or_default();
+        let count = records.len();
+        let work = self.inner.appender.append(|reply| AppendJob {
+            log: log.to_owned(),
+            stream,
+            ttl,
+            records,
+            reply,
+        });
         self.bounded("append", work)
-            .instrument(debug_span!("redis.append", log, records = records.len()))
+            .instrument(debug_span!("redis.append", log, records = count))
             .await
     }
 
