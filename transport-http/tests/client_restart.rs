@@ -3,7 +3,7 @@
 //! store continues the session without `initialize`, collects the answer
 //! and the progress it missed, and never reuses a request id.
 //!
-//! Runs on the SQLite store. The test binary is its own child:
+//! Runs on the SQLite and the file store. The test binary is its own child:
 //! started with `MCP_PERSIST_CLIENT_CHILD` set, it plays a client process.
 
 mod client_support;
@@ -35,7 +35,7 @@ fn main() {
         runtime.block_on(child(&role));
         return;
     }
-    for backend in ["sqlite"] {
+    for backend in ["sqlite", "file"] {
         eprintln!("user story on the {backend} store ...");
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
@@ -50,6 +50,13 @@ async fn open_store(backend: &str, dir: &str) -> Stores {
                 .await
                 .expect("open sqlite"),
         ),
+        "file" => {
+            let store = mcp_persist_store_file::FileStore::open(path.join("files"))
+                .await
+                .expect("open file store");
+            let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::new(store);
+            Stores::from_parts(kv, None)
+        }
         other => panic!("unknown backend {other}"),
     }
 }

@@ -1,0 +1,182 @@
+//! A durable MCP client: connects, calls tools, and survives a restart.
+//!
+//! ```text
+//! cargo run -p mcp-persist-transport-http --example client -- \
+//!     --url http://127.0.0.1:8080/mcp --store ./client-state.db [--backend sqlite|file] \
+//!     [--profile default] <command>
+//!
+//! commands:
+//!   status                 what is stored for the server (no network call)
+//!   tools                  list the server's tools
+//!   call <tool> [json]     call a tool with JSON arguments
+//!   recover                collect the answers of requests a previous run left in flight
+//!   end                    end the session (DELETE) and forget it
+//! ```
+//!
+//! Run `call` twice, or kill it during a slow call and run `recover`: the
+//! second run sends no `initialize` and continues the stored session.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use mcp_persist_core::{KvStore, Stores};
+use mcp_persist_transport_http::client::{DurableClientBuilder, RecoveredMessage, Recovery};
+use rmcp::{ServiceExt, model::CallToolRequestParams};
+
+struct Args {
+    url: String,
+    store: String,
+    backend: String,
+    profile: String,
+    command: Vec<String>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut url = None;
+    let mut store = None;
+    let mut backend = "sqlite".to_owned();
+    let mut profile = "default".to_owned();
+    let mut command = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--url" => url = args.next(),
+            "--store" => store = args.next(),
+            "--backend" => backend = args.next().context("--backend needs a value")?,
+            "--profile" => profile = args.next().context("--profile needs a value")?,
+            "-h" | "--help" => {
+                println!(
+                    "usage: client --url URL --store PATH [--backend sqlite|file] [--profile NAME] \
+                     status|tools|call <tool> [json]|recover|end"
+                );
+                std::process::exit(0);
+            }
+            _ => command.push(arg),
+        }
+    }
+    Ok(Args {
+        url: url.context("--url is required")?,
+        store: store.context("--store is required")?,
+        backend,
+        profile,
+        command,
+    })
+}
+
+async fn open(backend: &str, path: &str) -> Result<Stores> {
+    Ok(match backend {
+        "sqlite" => Stores::new(mcp_persist_store_sqlite::SqliteStore::open(path).await?),
+        "file" => {
+            let kv: Arc<dyn KvStore> =
+                Arc::new(mcp_persist_store_file::FileStore::open(path).await?);
+            Stores::from_parts(kv, None)
+        }
+        other => bail!("unknown backend {other:?}: use sqlite or file"),
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "mcp_persist_transport_http=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = parse_args()?;
+    let stores = open(&args.backend, &args.store).await?;
+    let (transport, handle) = DurableClientBuilder::new(&args.url, &stores)
+        .profile(&args.profile)
+        .build()
+        .await?;
+    let command: Vec<&str> = args.command.iter().map(String::as_str).collect();
+
+    match command.as_slice() {
+        ["status"] | [] => {
+            println!("start: {:?}", handle.start());
+            println!("session: {:?}", handle.session_id());
+            if let Some(info) = handle.initialize_result() {
+                println!(
+                    "server: {} {} (protocol {})",
+                    info.server_info.name,
+                    info.server_info.version,
+                    info.protocol_version.as_str()
+                );
+                if let Some(instructions) = info.instructions {
+                    println!("instructions: {instructions}");
+                }
+            }
+            for request in handle.interrupted() {
+                println!("interrupted: id {} {}", request.id, request.method);
+            }
+            return Ok(());
+        }
+        ["end"] => {
+            handle.end_session().await?;
+            println!("session ended");
+            return Ok(());
+        }
+        _ => {}
+    }
+
+    let client = ().serve(transport).await?;
+    match command.as_slice() {
+        ["tools"] => {
+            for tool in client.list_all_tools().await? {
+                println!("{}: {}", tool.name, tool.description.unwrap_or_default());
+            }
+        }
+        ["call", tool, rest @ ..] => {
+            let mut params = CallToolRequestParams::new(tool.to_string());
+            if let Some(json) = rest.first() {
+                let value: serde_json::Value = serde_json::from_str(json)?;
+                params = params.with_arguments(
+                    value
+                        .as_object()
+                        .cloned()
+                        .context("arguments must be a JSON object")?,
+                );
+            }
+            let result = client.call_tool(params).await?;
+            println!("{}", serde_json::to_string(&result)?);
+        }
+        ["recover"] => {
+            for recovery in handle.recover() {
+                match recovery {
+                    Recovery::Resumable(resumed) => {
+                        let id = resumed.request().id.clone();
+                        let (seen, answer) = resumed.collect().await?;
+                        for message in seen {
+                            if let RecoveredMessage::Notification(n) = message {
+                                println!("request {id}: missed {n}");
+                            }
+                        }
+                        match answer {
+                            Ok(result) => println!("request {id}: answer {result}"),
+                            Err(error) => println!("request {id}: error {error}"),
+                        }
+                    }
+                    Recovery::Task { request, task_id } => {
+                        println!("request {}: poll task {task_id}", request.id);
+                    }
+                    Recovery::Lost { request } => {
+                        println!(
+                            "request {}: lost {} {}; not sent again",
+                            request.id,
+                            request.method,
+                            request.params.clone().unwrap_or_default()
+                        );
+                        handle.dismiss(&request);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        other => bail!("unknown command {other:?}; try --help"),
+    }
+    handle.flush().await;
+    // Closing keeps the session for the next run.
+    client.cancel().await?;
+    Ok(())
+}
