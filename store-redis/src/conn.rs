@@ -70,7 +70,7 @@ pub(crate) enum Target {
     /// The client for dedicated connections has no response timeout: their
     /// blocking reads are bounded by the store itself.
     Cluster {
-        blocking: ClusterClient,
+        blocking: Box<ClusterClient>,
     },
 }
 
@@ -106,7 +106,12 @@ impl Target {
             .retries(2)
             .build()?;
         let conn = shared.get_async_connection().await?;
-        Ok((Conn::Cluster(conn), Target::Cluster { blocking }))
+        Ok((
+            Conn::Cluster(conn),
+            Target::Cluster {
+                blocking: Box::new(blocking),
+            },
+        ))
     }
 
     /// Opens a connection for one blocking command at a time, so that a

@@ -68,3 +68,8 @@ mod scripts;
 mod store;
 
 pub use store::{RedisStore, RedisStoreBuilder, VERSION_MEMORY};
+
+// The README's example is compiled as a doctest too.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -400,10 +400,10 @@ fn parse_entries(log: &str, reply: Value) -> Result<Vec<LogRecord>> {
         let mut data = None;
         let mut fields = fields.into_iter();
         while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-            if bytes_of(&name) == Some(b"d") {
-                if let Value::BulkString(bytes) = value {
-                    data = Some(bytes);
-                }
+            if bytes_of(&name) == Some(b"d")
+                && let Value::BulkString(bytes) = value
+            {
+                data = Some(bytes);
             }
         }
         let data = data.ok_or_else(|| {

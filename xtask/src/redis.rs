@@ -275,15 +275,15 @@ impl Server {
     fn wait_ready(&mut self, log: &Path) -> Result<()> {
         let deadline = Instant::now() + READY_WITHIN;
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    self.child = None;
-                    bail!(
-                        "redis-server on port {} exited with {status}; its log ends with:\n{}",
-                        self.port,
-                        tail(log)
-                    );
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                self.child = None;
+                bail!(
+                    "redis-server on port {} exited with {status}; its log ends with:\n{}",
+                    self.port,
+                    tail(log)
+                );
             }
             if matches!(command(self.port, "PING").as_deref(), Ok("PONG")) {
                 return Ok(());
