@@ -34,9 +34,10 @@ use mcp_persist_transport_http::server::{DurableServer, StreamableHttpServerConf
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
-        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CreateMessageRequestParams,
-        InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
-        ProgressNotificationParam, SamplingMessage, ServerCapabilities, ServerConfig, Tool,
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+        CreateMessageRequestParams, InitializeRequestParams, InitializeResult, ListToolsResult,
+        PaginatedRequestParams, ProgressNotificationParam, SamplingMessage, ServerCapabilities,
+        ServerConfig, Tool,
     },
     service::RequestContext,
     transport::streamable_http_server::{
@@ -91,7 +92,9 @@ fn tools() -> Vec<Tool> {
         Tool::new(
             "ask_sampling",
             "Asks the client to sample a reply to `prompt`.",
-            schema(serde_json::json!({"type": "object", "properties": {"prompt": {"type": "string"}}})),
+            schema(
+                serde_json::json!({"type": "object", "properties": {"prompt": {"type": "string"}}}),
+            ),
         ),
         Tool::new(
             "stats",
@@ -141,12 +144,17 @@ impl ServerHandler for DemoHandler {
         let text = match request.name.as_ref() {
             "slow_progress" => {
                 let count = args.get("count").and_then(|v| v.as_u64()).unwrap_or(10);
-                let delay = Duration::from_millis(args.get("delay_ms").and_then(|v| v.as_u64()).unwrap_or(10));
-                let tag = args.get("tag").and_then(|v| v.as_str()).unwrap_or("").to_owned();
-                let token = context
-                    .meta
-                    .get_progress_token()
-                    .ok_or_else(|| ErrorData::invalid_params("slow_progress needs a progress token", None))?;
+                let delay = Duration::from_millis(
+                    args.get("delay_ms").and_then(|v| v.as_u64()).unwrap_or(10),
+                );
+                let tag = args
+                    .get("tag")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_owned();
+                let token = context.meta.get_progress_token().ok_or_else(|| {
+                    ErrorData::invalid_params("slow_progress needs a progress token", None)
+                })?;
                 for i in 1..=count {
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
@@ -164,7 +172,11 @@ impl ServerHandler for DemoHandler {
                 format!("done {tag}")
             }
             "ask_sampling" => {
-                let prompt = args.get("prompt").and_then(|v| v.as_str()).unwrap_or("hello").to_owned();
+                let prompt = args
+                    .get("prompt")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("hello")
+                    .to_owned();
                 let sampling = context
                     .peer
                     .peer_info()
@@ -177,7 +189,10 @@ impl ServerHandler for DemoHandler {
                 }
                 let reply = context
                     .peer
-                    .create_message(CreateMessageRequestParams::new(vec![SamplingMessage::user_text(prompt)], 64))
+                    .create_message(CreateMessageRequestParams::new(
+                        vec![SamplingMessage::user_text(prompt)],
+                        64,
+                    ))
                     .await
                     .map_err(|e| ErrorData::internal_error(format!("sampling: {e}"), None))?;
                 let reply = serde_json::to_value(&reply.message)
@@ -189,7 +204,12 @@ impl ServerHandler for DemoHandler {
                 "restored": self.counters.restored.load(Ordering::SeqCst),
             })
             .to_string(),
-            other => return Err(ErrorData::invalid_params(format!("no tool named {other}"), None)),
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool named {other}"),
+                    None,
+                ));
+            }
         };
         Ok(CallToolResult::success(vec![ContentBlock::text(text)]).into())
     }
@@ -238,8 +258,11 @@ impl Options {
                 o.rmcp_defaults = true;
                 continue;
             }
-            let value = args.next().with_context(|| format!("{flag} needs a value"))?;
-            let ms = |v: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(v.parse()?)) };
+            let value = args
+                .next()
+                .with_context(|| format!("{flag} needs a value"))?;
+            let ms =
+                |v: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(v.parse()?)) };
             match flag.as_str() {
                 "--port" => o.port = value.parse()?,
                 "--backend" => o.backend = value,
@@ -261,11 +284,17 @@ pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
     Ok(match options.backend.as_str() {
         "memory" => Stores::new(mcp_persist_core::MemoryStore::new()),
         "sqlite" => {
-            let path = options.store.as_ref().context("--backend sqlite needs --store PATH")?;
+            let path = options
+                .store
+                .as_ref()
+                .context("--backend sqlite needs --store PATH")?;
             Stores::new(mcp_persist_store_sqlite::SqliteStore::open(path).await?)
         }
         "file" => {
-            let path = options.store.as_ref().context("--backend file needs --store DIR")?;
+            let path = options
+                .store
+                .as_ref()
+                .context("--backend file needs --store DIR")?;
             Stores::new(mcp_persist_store_file::FileStore::open(path.clone()).await?)
         }
         other => anyhow::bail!("unknown backend {other} (memory, file, sqlite)"),
@@ -273,12 +302,19 @@ pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
 }
 
 /// The router of a durable server over `stores`, counting into `counters`.
-pub fn durable_router(stores: Stores, options: &Options, counters: Arc<Counters>) -> anyhow::Result<axum::Router> {
+pub fn durable_router(
+    stores: Stores,
+    options: &Options,
+    counters: Arc<Counters>,
+) -> anyhow::Result<axum::Router> {
     let http = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
     let server = DurableServer::builder(stores)
         .idle_ttl(options.idle_ttl)
         .tail_idle(options.tail_idle)
-        .event_retention(EventStoreConfig::new(options.event_retention, options.event_max))
+        .event_retention(EventStoreConfig::new(
+            options.event_retention,
+            options.event_max,
+        ))
         .http_config(http)
         .principal_from(|parts| {
             parts

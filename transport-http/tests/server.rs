@@ -60,14 +60,26 @@ async fn process_cluster(backend: &str, name: &str, args: &[&str]) -> anyhow::Re
 async fn restore_scenario(mut cluster: Cluster) -> anyhow::Result<()> {
     let lb = Balancer::new(cluster.a.addr()).await?;
     let (client, _progress) = connect(&lb.url(), "alice").await?;
-    assert_eq!(stats(&client).await?, (1, 0), "A answered the one initialize");
+    assert_eq!(
+        stats(&client).await?,
+        (1, 0),
+        "A answered the one initialize"
+    );
 
     cluster.a.kill().await?;
     lb.switch(cluster.b.addr());
     lb.cut();
 
-    let reply = call(&client, "ask_sampling", serde_json::json!({"prompt": "ping"})).await?;
-    assert!(reply.contains("pong"), "sampling through the restored session: {reply}");
+    let reply = call(
+        &client,
+        "ask_sampling",
+        serde_json::json!({"prompt": "ping"}),
+    )
+    .await?;
+    assert!(
+        reply.contains("pong"),
+        "sampling through the restored session: {reply}"
+    );
     assert_eq!(
         stats(&client).await?,
         (0, 1),
@@ -92,13 +104,21 @@ async fn progress_until(
         Ok(())
     })
     .await
-    .map_err(|_| anyhow::anyhow!("only {} of {count} progress notifications arrived", seen.len()))?
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "only {} of {count} progress notifications arrived",
+            seen.len()
+        )
+    })?
 }
 
 fn assert_exactly_once(seen: &[Progress], tag: &str, count: usize) {
     let values: Vec<f64> = seen.iter().map(|p| p.progress).collect();
     let expected: Vec<f64> = (1..=count).map(|i| i as f64).collect();
-    assert_eq!(values, expected, "every progress of {tag} exactly once, in order");
+    assert_eq!(
+        values, expected,
+        "every progress of {tag} exactly once, in order"
+    );
     assert!(
         seen.iter().all(|p| p.message.as_deref() == Some(tag)),
         "no progress of another stream leaked into {tag}'s"
@@ -116,11 +136,21 @@ async fn replay_scenario(cluster: Cluster) -> anyhow::Result<()> {
     let (two, mut two_progress) = connect(&cluster.a.url(), "bob").await?;
 
     let one_call = tokio::spawn(async move {
-        let r = call(&one, "slow_progress", serde_json::json!({"count": COUNT, "delay_ms": 15, "tag": "one"})).await;
+        let r = call(
+            &one,
+            "slow_progress",
+            serde_json::json!({"count": COUNT, "delay_ms": 15, "tag": "one"}),
+        )
+        .await;
         (one, r)
     });
     let two_call = tokio::spawn(async move {
-        let r = call(&two, "slow_progress", serde_json::json!({"count": COUNT, "delay_ms": 10, "tag": "two"})).await;
+        let r = call(
+            &two,
+            "slow_progress",
+            serde_json::json!({"count": COUNT, "delay_ms": 10, "tag": "two"}),
+        )
+        .await;
         (two, r)
     });
 
@@ -156,18 +186,32 @@ async fn binding_scenario(cluster: Cluster) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
     let session = raw_initialize(&http, &cluster.a.url(), "alice").await?;
-    let unknown = raw_post(&http, &cluster.a.url(), "alice", "5f0c8a61-1d3e-4b0e-9a51-3c8f0b2d7e44", list.clone()).await?;
+    let unknown = raw_post(
+        &http,
+        &cluster.a.url(),
+        "alice",
+        "5f0c8a61-1d3e-4b0e-9a51-3c8f0b2d7e44",
+        list.clone(),
+    )
+    .await?;
     assert_eq!(unknown.0, 404);
 
     for instance in [&cluster.a, &cluster.b] {
         let stolen = raw_post(&http, &instance.url(), "mallory", &session, list.clone()).await?;
-        assert_eq!(stolen, unknown, "another principal sees exactly an unknown session");
+        assert_eq!(
+            stolen, unknown,
+            "another principal sees exactly an unknown session"
+        );
         let anonymous = raw_post(&http, &instance.url(), "", &session, list.clone()).await?;
         assert_eq!(anonymous.0, 404, "no principal is another principal");
     }
     for instance in [&cluster.a, &cluster.b] {
-        let (status, body) = raw_post(&http, &instance.url(), "alice", &session, list.clone()).await?;
-        assert_eq!(status, 200, "the owner keeps the session on every instance: {body}");
+        let (status, body) =
+            raw_post(&http, &instance.url(), "alice", &session, list.clone()).await?;
+        assert_eq!(
+            status, 200,
+            "the owner keeps the session on every instance: {body}"
+        );
         assert!(body.contains("slow_progress"));
     }
     Ok(())
@@ -181,7 +225,12 @@ async fn expiry_scenario(cluster: Cluster) -> anyhow::Result<()> {
     let (client, _progress) = connect(&cluster.a.url(), "alice").await?;
     assert_eq!(stats(&client).await?, (1, 0));
     let session = raw_initialize(&http, &cluster.a.url(), "alice").await?;
-    assert_eq!(raw_post(&http, &cluster.a.url(), "alice", &session, list.clone()).await?.0, 200);
+    assert_eq!(
+        raw_post(&http, &cluster.a.url(), "alice", &session, list.clone())
+            .await?
+            .0,
+        200
+    );
 
     // The idle TTL of these clusters is 300 ms.
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -191,7 +240,11 @@ async fn expiry_scenario(cluster: Cluster) -> anyhow::Result<()> {
         assert_eq!(status, 404, "an expired session is gone on every instance");
     }
     // The rmcp client gets the 404, re-initializes and carries on.
-    assert_eq!(stats(&client).await?, (3, 0), "client and raw initializes, then the client's new one");
+    assert_eq!(
+        stats(&client).await?,
+        (3, 0),
+        "client and raw initializes, then the client's new one"
+    );
     client.cancel().await?;
     Ok(())
 }
@@ -210,7 +263,10 @@ async fn bad_resumption_scenario(cluster: Cluster) -> anyhow::Result<()> {
     let (status, body) = raw_post(&http, &a, "alice", &mine, call).await?;
     assert_eq!(status, 200);
     let ids = event_ids(&body);
-    assert!(ids.len() >= 12, "priming, 10 progress and the result carry ids: {ids:?}");
+    assert!(
+        ids.len() >= 12,
+        "priming, 10 progress and the result carry ids: {ids:?}"
+    );
     let last = ids.last().expect("ids");
     let before_last = &ids[ids.len() - 2];
 
@@ -231,7 +287,10 @@ async fn bad_resumption_scenario(cluster: Cluster) -> anyhow::Result<()> {
     // event are gone.
     let (status, body) = raw_resume(&http, &b, "alice", &mine, &ids[0]).await?;
     assert_eq!(status, 410);
-    assert!(body.contains("events after this Last-Event-ID have expired"), "{body}");
+    assert!(
+        body.contains("events after this Last-Event-ID have expired"),
+        "{body}"
+    );
 
     // A good id replays the rest of the stream, with its original id, and ends.
     let (status, body) = raw_resume(&http, &b, "alice", &mine, before_last).await?;

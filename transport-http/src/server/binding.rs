@@ -99,7 +99,10 @@ fn principal_from_extension(parts: &Parts) -> Option<String> {
 impl SessionBindingLayer {
     /// A layer checking sessions in `sessions` and, when given, event ids
     /// in `events`, reading the principal from the [`Principal`] extension.
-    pub fn new(sessions: mcp_persist_core::SessionStore, events: Option<mcp_persist_core::EventStore>) -> Self {
+    pub fn new(
+        sessions: mcp_persist_core::SessionStore,
+        events: Option<mcp_persist_core::EventStore>,
+    ) -> Self {
         Self::with_principal_fn(sessions, events, Arc::new(principal_from_extension))
     }
 
@@ -124,7 +127,11 @@ impl SessionBindingLayer {
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
-        Self::with_principal_fn(self.shared.sessions.clone(), self.shared.events.clone(), Arc::new(f))
+        Self::with_principal_fn(
+            self.shared.sessions.clone(),
+            self.shared.events.clone(),
+            Arc::new(f),
+        )
     }
 }
 
@@ -164,7 +171,10 @@ enum Refusal {
 impl Refusal {
     fn into_response<E: 'static>(self) -> Response<BoxBody<Bytes, E>> {
         let (status, body) = match self {
-            Refusal::UnknownSession => (StatusCode::NOT_FOUND, "Not Found: Session not found".to_owned()),
+            Refusal::UnknownSession => (
+                StatusCode::NOT_FOUND,
+                "Not Found: Session not found".to_owned(),
+            ),
             Refusal::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
             Refusal::Gone(body) => (StatusCode::GONE, body),
             Refusal::Unavailable => (
@@ -172,7 +182,11 @@ impl Refusal {
                 "Service Unavailable: the session store cannot be reached".to_owned(),
             ),
         };
-        let mut response = Response::new(Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed());
+        let mut response = Response::new(
+            Full::new(Bytes::from(body))
+                .map_err(|never: Infallible| match never {})
+                .boxed(),
+        );
         *response.status_mut() = status;
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
@@ -184,7 +198,12 @@ impl Refusal {
 
 impl Shared {
     async fn bound_principal(&self, id: &SessionId) -> Result<Option<Option<String>>, Error> {
-        if let Some(bound) = self.bindings.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+        if let Some(bound) = self
+            .bindings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+        {
             return Ok(Some(bound.clone()));
         }
         let Some(session) = self.sessions.load(id).await? else {
@@ -227,13 +246,16 @@ impl Shared {
                 }
             }
         }
-        if parts.method == http::Method::GET {
-            if let (Some(events), Some(last)) = (&self.events, parts.headers.get(HEADER_LAST_EVENT_ID)) {
-                let last = last
-                    .to_str()
-                    .map_err(|_| Refusal::BadRequest("Bad Request: malformed Last-Event-ID: not visible ASCII".into()))?;
-                check_last_event_id(events, last, session.as_ref()).await?;
-            }
+        if parts.method == http::Method::GET
+            && let (Some(events), Some(last)) =
+                (&self.events, parts.headers.get(HEADER_LAST_EVENT_ID))
+        {
+            let last = last.to_str().map_err(|_| {
+                Refusal::BadRequest(
+                    "Bad Request: malformed Last-Event-ID: not visible ASCII".into(),
+                )
+            })?;
+            check_last_event_id(events, last, session.as_ref()).await?;
         }
         Ok(())
     }
@@ -306,7 +328,9 @@ where
                 return Ok(refusal.into_response());
             }
             let request = Request::from_parts(parts, body);
-            let response = REQUEST_PRINCIPAL.scope(principal, inner.call(request)).await?;
+            let response = REQUEST_PRINCIPAL
+                .scope(principal, inner.call(request))
+                .await?;
             Ok(response.map(|body| body.boxed()))
         })
     }

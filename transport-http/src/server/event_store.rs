@@ -100,15 +100,29 @@ fn to_payload(event: &ServerSseMessage) -> Result<serde_json::Value, serde_json:
 
 #[async_trait::async_trait]
 impl RmcpEventStore for DurableEventStore {
-    async fn store_event(&self, stream_id: &str, event: &ServerSseMessage) -> Result<String, EventStoreError> {
+    async fn store_event(
+        &self,
+        stream_id: &str,
+        event: &ServerSseMessage,
+    ) -> Result<String, EventStoreError> {
         let payload = to_payload(event)?;
-        let id = self.events.append(stream_id, self.session.get(), &payload).await?;
+        let id = self
+            .events
+            .append(stream_id, self.session.get(), &payload)
+            .await?;
         Ok(id.to_string())
     }
 
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<EventStream, EventStoreError> {
+    async fn replay_events_after(
+        &self,
+        last_event_id: &str,
+    ) -> Result<EventStream, EventStoreError> {
         let after = self.events.check(last_event_id, self.session.get()).await?;
-        debug!(stream = after.stream(), after = after.seq(), "replaying events, then tailing");
+        debug!(
+            stream = after.stream(),
+            after = after.seq(),
+            "replaying events, then tailing"
+        );
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(pump(self.events.clone(), after, tx, self.tail_idle));
         Ok(Box::pin(ReceiverStream(rx)))
@@ -127,7 +141,9 @@ async fn pump(
     let mut quiet = Duration::ZERO;
     let mut delivered = 0usize;
     loop {
-        let slice = TAIL_SLICE.min(idle.saturating_sub(quiet)).max(Duration::from_millis(1));
+        let slice = TAIL_SLICE
+            .min(idle.saturating_sub(quiet))
+            .max(Duration::from_millis(1));
         let batch = tokio::select! {
             batch = events.tail(&after, slice) => batch,
             () = tx.closed() => return,
@@ -142,7 +158,10 @@ async fn pump(
         if batch.is_empty() {
             quiet += slice;
             if quiet >= idle {
-                debug!(stream = after.stream(), delivered, "no new events within the tail limit; ending the stream");
+                debug!(
+                    stream = after.stream(),
+                    delivered, "no new events within the tail limit; ending the stream"
+                );
                 return;
             }
             continue;
@@ -162,13 +181,23 @@ async fn pump(
                 }
             };
             let last = request_stream
-                && matches!(message, ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_));
-            if tx.send(ServerSseMessage::new(event.id.to_string(), message)).await.is_err() {
+                && matches!(
+                    message,
+                    ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_)
+                );
+            if tx
+                .send(ServerSseMessage::new(event.id.to_string(), message))
+                .await
+                .is_err()
+            {
                 return;
             }
             delivered += 1;
             if last {
-                debug!(stream = after.stream(), delivered, "final response delivered; replay complete");
+                debug!(
+                    stream = after.stream(),
+                    delivered, "final response delivered; replay complete"
+                );
                 return;
             }
         }

@@ -105,7 +105,12 @@ impl DurableSessionManager {
     }
 
     async fn local(&self, id: &SessionId) -> Result<Arc<LocalSessionManager>, SessionManagerError> {
-        self.sessions.read().await.get(id).cloned().ok_or(SessionManagerError::NotFound)
+        self.sessions
+            .read()
+            .await
+            .get(id)
+            .cloned()
+            .ok_or(SessionManagerError::NotFound)
     }
 
     async fn drop_local(&self, id: &SessionId) -> Result<(), SessionManagerError> {
@@ -136,7 +141,11 @@ impl SessionManager for DurableSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
-        Ok(self.local(id).await?.initialize_session(id, message).await?)
+        Ok(self
+            .local(id)
+            .await?
+            .initialize_session(id, message)
+            .await?)
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
@@ -168,7 +177,11 @@ impl SessionManager for DurableSessionManager {
         Ok(boxed(stream))
     }
 
-    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
         Ok(self.local(id).await?.accept_message(id, message).await?)
     }
 
@@ -191,7 +204,10 @@ impl SessionManager for DurableSessionManager {
         Ok(boxed(stream))
     }
 
-    async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
         let stored_id = StoredSessionId::new(id.as_ref())?;
         let mut sessions = self.sessions.write().await;
         if sessions.contains_key(&id) {
@@ -214,9 +230,11 @@ impl SessionManager for DurableSessionManager {
         }
     }
 
-    fn event_store(&self) -> Option<Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>> {
-        self.events
-            .clone()
-            .map(|e| Arc::new(e) as Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>)
+    fn event_store(
+        &self,
+    ) -> Option<Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>> {
+        self.events.clone().map(|e| {
+            Arc::new(e) as Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>
+        })
     }
 }

@@ -133,13 +133,23 @@ impl DurableServerBuilder {
             Some(config) => Some(self.stores.events(config)?),
             None => None,
         };
-        let rmcp_events = events.clone().map(|e| DurableEventStore::new(e, self.tail_idle));
+        let rmcp_events = events
+            .clone()
+            .map(|e| DurableEventStore::new(e, self.tail_idle));
         let mut session_config = self.session_config;
-        session_config.keep_alive = Some(session_config.keep_alive.map_or(self.idle_ttl, |k| k.min(self.idle_ttl)));
+        session_config.keep_alive = Some(
+            session_config
+                .keep_alive
+                .map_or(self.idle_ttl, |k| k.min(self.idle_ttl)),
+        );
         if session_config.sse_retry.is_none() {
             session_config.sse_retry = self.config.sse_retry;
         }
-        let manager = Arc::new(DurableSessionManager::new(sessions.clone(), rmcp_events, session_config));
+        let manager = Arc::new(DurableSessionManager::new(
+            sessions.clone(),
+            rmcp_events,
+            session_config,
+        ));
         let mut config = self.config;
         config.session_store = Some(Arc::new(DurableSessionStore::new(sessions.clone())));
         Ok(DurableServer {
@@ -196,12 +206,16 @@ impl DurableServer {
     /// rmcp's Streamable HTTP service for handlers made by `factory`, wired
     /// to the stores and wrapped in the binding layer: a tower service ready
     /// to mount (`axum::Router::nest_service`, or any hyper server).
-    pub fn service<H, F>(&self, factory: F) -> SessionBinding<StreamableHttpService<H, DurableSessionManager>>
+    pub fn service<H, F>(
+        &self,
+        factory: F,
+    ) -> SessionBinding<StreamableHttpService<H, DurableSessionManager>>
     where
         H: rmcp::ServerHandler + Send + 'static,
         F: Fn() -> std::result::Result<H, std::io::Error> + Send + Sync + 'static,
     {
-        let service = StreamableHttpService::new(factory, self.manager.clone(), self.config.clone());
+        let service =
+            StreamableHttpService::new(factory, self.manager.clone(), self.config.clone());
         tower_layer::Layer::layer(&self.layer, service)
     }
 }

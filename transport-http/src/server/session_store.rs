@@ -3,7 +3,9 @@
 use mcp_persist_core::{Error, ServerSession, SessionId, Timestamp};
 use rmcp::{
     model::InitializeRequestParams,
-    transport::streamable_http_server::session::{SessionState, SessionStore as RmcpSessionStore, SessionStoreError},
+    transport::streamable_http_server::session::{
+        SessionState, SessionStore as RmcpSessionStore, SessionStoreError,
+    },
 };
 use tracing::{debug, error, warn};
 
@@ -51,8 +53,8 @@ impl RmcpSessionStore for DurableSessionStore {
             debug!("no live session to restore under this id");
             return Ok(None);
         };
-        let params: InitializeRequestParams =
-            serde_json::from_value(session.initialize_params).map_err(|e| Error::Corrupt {
+        let params: InitializeRequestParams = serde_json::from_value(session.initialize_params)
+            .map_err(|e| Error::Corrupt {
                 key: format!("server/session/{session_id}"),
                 reason: "initialize params do not parse".into(),
                 source: Some(Box::new(e)),
@@ -80,7 +82,10 @@ impl RmcpSessionStore for DurableSessionStore {
                 match existing {
                     Some(old) if old.principal != session.principal => {
                         warn!(session = %id, "refusing to rebind a stored session to another principal");
-                        Err(Box::new(Error::invalid("session id", "it is bound to another principal")))
+                        Err(Box::new(Error::invalid(
+                            "session id",
+                            "it is bound to another principal",
+                        )))
                     }
                     _ => Ok(self.sessions.save(&session).await?),
                 }

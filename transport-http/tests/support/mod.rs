@@ -13,13 +13,12 @@ use mcp_persist_core::Stores;
 use rmcp::{
     ClientHandler, ErrorData, RoleClient, ServiceExt,
     model::{
-        ClientCapabilities, ClientInfo, CreateMessageRequestParams, CreateMessageResult, Implementation,
-        ProgressNotificationParam, SamplingMessage,
+        ClientCapabilities, ClientInfo, CreateMessageRequestParams, CreateMessageResult,
+        Implementation, ProgressNotificationParam, SamplingMessage,
     },
     service::{NotificationContext, RequestContext, RunningService},
     transport::{
-        StreamableHttpClientTransport,
-        common::client_side_sse::FixedInterval,
+        StreamableHttpClientTransport, common::client_side_sse::FixedInterval,
         streamable_http_client::StreamableHttpClientTransportConfig,
     },
 };
@@ -38,8 +37,14 @@ pub const DEMO_ARGS_VAR: &str = "MCP_PERSIST_DEMO_SERVER_ARGS";
 
 /// One server instance.
 pub enum Instance {
-    InProcess { addr: SocketAddr, task: JoinHandle<()> },
-    Process { addr: SocketAddr, child: tokio::process::Child },
+    InProcess {
+        addr: SocketAddr,
+        task: JoinHandle<()>,
+    },
+    Process {
+        addr: SocketAddr,
+        child: tokio::process::Child,
+    },
 }
 
 impl Instance {
@@ -60,7 +65,13 @@ impl Instance {
     pub async fn process(args: &[&str]) -> anyhow::Result<Instance> {
         let exe = std::env::current_exe()?;
         let mut child = tokio::process::Command::new(exe)
-            .args(["--exact", "demo_server_process", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "demo_server_process",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(DEMO_ARGS_VAR, args.join("\u{1f}"))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
@@ -117,8 +128,15 @@ pub fn run_demo_server_if_asked() -> bool {
     let Ok(args) = std::env::var(DEMO_ARGS_VAR) else {
         return false;
     };
-    let args: Vec<String> = args.split('\u{1f}').filter(|s| !s.is_empty()).map(str::to_owned).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let args: Vec<String> = args
+        .split('\u{1f}')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let result = runtime.block_on(async move { demo::run(demo::Options::parse(args)?).await });
     if let Err(e) = result {
         eprintln!("demo server failed: {e:#}");
@@ -150,14 +168,20 @@ impl Balancer {
                     let to = *target.lock().expect("lock");
                     let task = tokio::spawn(async move {
                         if let Ok(mut outbound) = TcpStream::connect(to).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                         }
                     });
                     connections.lock().expect("lock").push(task);
                 }
             }
         });
-        Ok(Balancer { addr, target, connections, accept })
+        Ok(Balancer {
+            addr,
+            target,
+            connections,
+            accept,
+        })
     }
 
     pub fn url(&self) -> String {
@@ -209,10 +233,17 @@ impl ClientHandler for TestClient {
         _params: CreateMessageRequestParams,
         _context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
-        Ok(CreateMessageResult::new(SamplingMessage::assistant_text("pong"), "test-model".into()))
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text("pong"),
+            "test-model".into(),
+        ))
     }
 
-    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
         let _ = self.progress.send(Progress {
             progress: params.progress,
             message: params.message,
@@ -223,7 +254,10 @@ impl ClientHandler for TestClient {
 pub type Client = RunningService<RoleClient, TestClient>;
 
 /// Connects an rmcp client to `url` as `user`.
-pub async fn connect(url: &str, user: &str) -> anyhow::Result<(Client, mpsc::UnboundedReceiver<Progress>)> {
+pub async fn connect(
+    url: &str,
+    user: &str,
+) -> anyhow::Result<(Client, mpsc::UnboundedReceiver<Progress>)> {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert("x-demo-user", user.parse()?);
     let http = reqwest::Client::builder()
@@ -270,7 +304,11 @@ pub async fn stats(client: &Client) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Raw HTTP: an `initialize` as `user`; returns the session id.
-pub async fn raw_initialize(http: &reqwest::Client, url: &str, user: &str) -> anyhow::Result<String> {
+pub async fn raw_initialize(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+) -> anyhow::Result<String> {
     let response = http
         .post(url)
         .header("x-demo-user", user)
@@ -286,7 +324,11 @@ pub async fn raw_initialize(http: &reqwest::Client, url: &str, user: &str) -> an
         )
         .send()
         .await?;
-    anyhow::ensure!(response.status() == 200, "initialize answered {}", response.status());
+    anyhow::ensure!(
+        response.status() == 200,
+        "initialize answered {}",
+        response.status()
+    );
     let session = response
         .headers()
         .get("mcp-session-id")
@@ -294,8 +336,14 @@ pub async fn raw_initialize(http: &reqwest::Client, url: &str, user: &str) -> an
         .to_str()?
         .to_owned();
     let _ = response.text().await?;
-    raw_post(http, url, user, &session, serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        .await?;
+    raw_post(
+        http,
+        url,
+        user,
+        &session,
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await?;
     Ok(session)
 }
 
@@ -344,5 +392,8 @@ pub async fn raw_resume(
 
 /// The SSE event ids in `body`, in order.
 pub fn event_ids(body: &str) -> Vec<String> {
-    body.lines().filter_map(|l| l.strip_prefix("id:")).map(|s| s.trim().to_owned()).collect()
+    body.lines()
+        .filter_map(|l| l.strip_prefix("id:"))
+        .map(|s| s.trim().to_owned())
+        .collect()
 }
