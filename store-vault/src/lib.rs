@@ -4,7 +4,7 @@
 //! on a laptop's disk or in a shared database: a fleet of clients shares one
 //! credential through it, and every rotation is auditable.
 //! [`SecretsManagerStore`] is a [`KvStore`] over Secrets Manager, and
-//! **deliberately no [`LogStore`](mcp_persist_core::LogStore)**: Secrets
+//! **deliberately no [`LogStore`]**: Secrets
 //! Manager cannot hold an event log. Route credentials here and everything
 //! else to a backend that holds logs, in one call with
 //! [`SecretsManagerStoreBuilder::build_split`].
@@ -69,11 +69,14 @@
 //!   [`Throttled`] source.
 //! * **No secret text in errors or logs**: errors keep the service's code and
 //!   message and the transport error, never a response body; traces name
-//!   keys (public identifiers) and sizes, never values.
+//!   keys (public identifiers) and sizes, never values. The AWS SDK's own
+//!   logs are clean up to DEBUG; at TRACE (targets `aws_smithy_runtime` and
+//!   below) the SDK prints whole request bodies, secret values included, so
+//!   keep those targets below TRACE wherever secrets flow.
 //!
 //! # No logs
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! // A store that holds no logs cannot be put where logs go.
 //! # async fn f(vault: mcp_persist_store_vault::SecretsManagerStore) {
 //! let stores = mcp_persist_core::Stores::new(vault);

@@ -149,6 +149,9 @@ impl Inner {
             .client
             .get_secret_value()
             .secret_id(&name.name)
+            // The default, but said explicitly: some stand-ins for the
+            // service otherwise answer with the first version ever current.
+            .version_stage(CURRENT)
             .send()
             .await
         {
