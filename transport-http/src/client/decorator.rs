@@ -4,7 +4,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use futures::{StreamExt, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{InFlightRequest, RequestId, SessionId, Timestamp};
+use mcp_persist_core::{InFlightRequest, ProtocolEra, RequestId, SessionId, Timestamp};
 use rmcp::{
     model::{
         ClientJsonRpcMessage, ClientNotification, ClientRequest, NumberOrString,
@@ -18,7 +18,7 @@ use serde_json::Value;
 use sse_stream::Sse;
 use tracing::{debug, info, warn};
 
-use super::state::Shared;
+use super::{modern, state::Shared};
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
 type PostResult<E> = Result<StreamableHttpPostResponse, StreamableHttpError<E>>;
@@ -67,7 +67,47 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         let session = session_id
             .as_deref()
             .and_then(|s| SessionId::new(s.to_owned()).ok());
+        let modern = self
+            .shared
+            .profile()
+            .is_some_and(|p| p.era == ProtocolEra::Modern);
         match &mut message {
+            ClientJsonRpcMessage::Request(request)
+                if matches!(request.request, ClientRequest::DiscoverRequest(_)) =>
+            {
+                let id = request.id.clone();
+                if let Some(answer) = modern::cached_discover(&self.shared, &id) {
+                    return Ok(StreamableHttpPostResponse::Json(answer, None));
+                }
+                let requested = modern::requested_version(&message);
+                // Never a session or cursor towards a server probed as modern.
+                let response = self
+                    .send(
+                        uri,
+                        message,
+                        None,
+                        auth_header,
+                        custom_headers,
+                        max_sse_event_size,
+                    )
+                    .await?;
+                let (mut answer, sid) = first_answer::<C::Error>(response).await?;
+                modern::after_discover(&self.shared, &mut answer, requested);
+                return Ok(StreamableHttpPostResponse::Json(answer, sid));
+            }
+            _ if modern && session_id.is_some() => {
+                warn!(server = %self.shared.key, "not sending a session id to a server judged modern");
+                return self
+                    .send(
+                        uri,
+                        message,
+                        None,
+                        auth_header,
+                        custom_headers,
+                        max_sse_event_size,
+                    )
+                    .await;
+            }
             ClientJsonRpcMessage::Request(request)
                 if matches!(request.request, ClientRequest::InitializeRequest(_)) =>
             {
@@ -407,6 +447,9 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        if self.judged_modern() {
+            return Err(StreamableHttpError::ServerDoesNotSupportSse);
+        }
         let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
         let stream = self
             .inner
@@ -424,6 +467,9 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        if self.judged_modern() {
+            return Err(StreamableHttpError::ServerDoesNotSupportSse);
+        }
         let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
         let stream = self
             .inner
@@ -441,6 +487,13 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
 }
 
 impl<C> DurableHttpClient<C> {
+    /// Modern servers get no GET stream and no `Last-Event-ID`.
+    fn judged_modern(&self) -> bool {
+        self.shared
+            .profile()
+            .is_some_and(|p| p.era == ProtocolEra::Modern)
+    }
+
     fn stream_owner(&self, session_id: Option<&str>, fresh: bool) -> StreamOwner {
         let session = session_id.and_then(|s| SessionId::new(s.to_owned()).ok());
         match session {

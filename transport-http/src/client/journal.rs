@@ -8,7 +8,8 @@ use std::{
 };
 
 use mcp_persist_core::{
-    ClientStateStore, InFlightRequest, LegacySession, PutMode, RequestId, ServerKey, SessionId,
+    ClientStateStore, InFlightRequest, LegacySession, PutMode, RequestId, ServerKey, ServerProfile,
+    SessionId,
 };
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
@@ -33,6 +34,8 @@ pub(crate) enum Op {
     Complete(SessionId, RequestId),
     /// An SSE event id arrived on the standalone GET stream.
     Standalone(SessionId, String),
+    /// The era verdict, version and discover cache for the server.
+    SaveProfile(Box<ServerProfile>),
     /// Answer once everything queued before is in the store.
     Flush(oneshot::Sender<()>),
 }
@@ -116,10 +119,12 @@ impl Writer {
                 batch.push(op);
             }
             let mut flushes = Vec::new();
+            let mut profile = None;
             let mut saves = Vec::new();
             for op in batch {
                 match op {
                     Op::Flush(done) => flushes.push(done),
+                    Op::SaveProfile(p) => profile = Some(*p),
                     Op::SaveSession(s) => saves.push(Ok(*s)),
                     Op::ForgetSession(sid) => {
                         self.entries.retain(|(s, _), _| *s != sid);
@@ -161,6 +166,11 @@ impl Writer {
                 }
             }
             if self.health.persisting() {
+                if let Some(p) = profile
+                    && let Err(e) = self.store.save_profile(&self.key, &p).await
+                {
+                    self.degrade(&e);
+                }
                 self.apply(saves).await;
             } else {
                 self.entries.clear();

@@ -81,6 +81,7 @@
 mod decorator;
 mod handle;
 mod journal;
+mod modern;
 mod recovery;
 mod state;
 
@@ -392,6 +393,13 @@ async fn load(
     Option<mcp_persist_core::SessionId>,
 ) {
     let key = &shared.key;
+    match store.profile(key).await {
+        Ok(Some(profile)) => shared.install_profile(profile),
+        Ok(None) => {}
+        Err(e) => {
+            warn!(server = %key, error = %e, "stored server profile is unusable; the era will be probed again")
+        }
+    }
     let stored = match store.session(key).await {
         Ok(Some(stored)) => stored.record,
         Ok(None) => {

@@ -11,7 +11,7 @@ use std::{
 
 use mcp_persist_core::{
     ClientStateStore, InFlightRequest, LegacySession, ProtocolVersion, RequestId, ServerKey,
-    SessionId, Timestamp,
+    ServerProfile, SessionId, Timestamp,
 };
 use rmcp::model::{InitializeResult, NumberOrString};
 use tokio::sync::broadcast;
@@ -115,6 +115,8 @@ pub(crate) struct Shared {
     pub(crate) journal: JournalTx,
     pub(crate) id_block: u32,
     session: Mutex<SessionSlot>,
+    /// The stored era verdict and discover cache.
+    profile: Mutex<Option<ServerProfile>>,
     ids: tokio::sync::Mutex<IdBlocks>,
     map: Mutex<IdMap>,
 }
@@ -134,9 +136,27 @@ impl Shared {
             journal,
             id_block: id_block.max(2),
             session: Mutex::new(SessionSlot::default()),
+            profile: Mutex::new(None),
             ids: tokio::sync::Mutex::new(IdBlocks::default()),
             map: Mutex::new(IdMap::default()),
         }
+    }
+
+    pub(crate) fn profile(&self) -> Option<ServerProfile> {
+        lock(&self.profile).clone()
+    }
+
+    /// Keeps a new verdict in memory and in the store.
+    pub(crate) fn set_profile(&self, profile: ServerProfile) {
+        *lock(&self.profile) = Some(profile.clone());
+        if self.health.persisting() {
+            self.journal.send(Op::SaveProfile(Box::new(profile)));
+        }
+    }
+
+    /// Installs a stored profile read at start.
+    pub(crate) fn install_profile(&self, profile: ServerProfile) {
+        *lock(&self.profile) = Some(profile);
     }
 
     /// Installs a stored session: the next `initialize` is answered from it
@@ -229,6 +249,14 @@ impl Shared {
                 warn!(server = %self.key, json_ok = json.is_ok(), version_ok = version.is_ok(),
                     "initialize result cannot be stored; the session will not survive a restart");
             }
+        }
+        if let Ok(version) = ProtocolVersion::new(result.protocol_version.as_str().to_owned()) {
+            self.set_profile(ServerProfile {
+                era: version.era(),
+                protocol_version: version,
+                verdict_at: Timestamp::now(),
+                discover: None,
+            });
         }
         info!(server = %self.key, session = %session_id, "new session initialized");
         self.health.notify(ClientNotice::NewSession {

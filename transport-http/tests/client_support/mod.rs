@@ -1,7 +1,7 @@
 //! A counting rmcp test server (2025-11-25, event store on) for the client
 //! tests, and helpers to run client child processes.
 
-#![allow(dead_code, unreachable_pub, missing_docs)]
+#![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
 use std::{
     collections::HashMap,
@@ -102,6 +102,18 @@ impl ServerHandler for Counting {
         self.negotiate_initialize(&request)
     }
 
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::DiscoverResult, ErrorData> {
+        // Cacheable for a minute, so a restarted client need not ask again.
+        Ok(rmcp::model::DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        )
+        .with_ttl_ms(60_000))
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -152,7 +164,27 @@ impl ServerHandler for Counting {
     }
 }
 
+/// One HTTP request as the server received it.
+#[derive(Debug, Clone)]
+pub struct WireRecord {
+    pub http_method: String,
+    pub rpc_method: Option<String>,
+    pub session_header: bool,
+    pub last_event_id_header: bool,
+}
+
+/// How the server answers `server/discover`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fixture {
+    /// rmcp as it is (2026-07-28 supported).
+    Rmcp,
+    /// A legacy-only server: `server/discover` gets the pre-release code
+    /// -32004 with only handshake versions supported.
+    LegacyOnly,
+}
+
 pub struct TestServer {
+    pub wire: Arc<Mutex<Vec<WireRecord>>>,
     pub url: String,
     pub stats: Arc<Stats>,
     pub sessions: Arc<LocalSessionManager>,
@@ -185,6 +217,11 @@ impl TestServer {
 
 /// Starts the server on a free loopback port.
 pub async fn start_server(slow_steps: u32) -> TestServer {
+    start_server_with(slow_steps, Fixture::Rmcp).await
+}
+
+/// Starts the server with a wire recorder in front.
+pub async fn start_server_with(slow_steps: u32, fixture: Fixture) -> TestServer {
     let stats = Arc::new(Stats::default());
     let stores = Stores::new(MemoryStore::new());
     let events = DurableEventStore::new(
@@ -201,7 +238,43 @@ pub async fn start_server(slow_steps: u32) -> TestServer {
         slow_steps,
     };
     let service = StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
-    let router = axum::Router::new().nest_service("/mcp", service);
+    let wire = Arc::new(Mutex::new(Vec::new()));
+    let recorder = wire.clone();
+    let router = axum::Router::new().nest_service("/mcp", service).layer(
+        axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let recorder = recorder.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+                let rpc: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+                let rpc_method = rpc
+                    .as_ref()
+                    .and_then(|v| v.get("method"))
+                    .and_then(|m| m.as_str())
+                    .map(str::to_owned);
+                recorder.lock().unwrap().push(WireRecord {
+                    http_method: parts.method.to_string(),
+                    rpc_method: rpc_method.clone(),
+                    session_header: parts.headers.contains_key("mcp-session-id"),
+                    last_event_id_header: parts.headers.contains_key("last-event-id"),
+                });
+                if fixture == Fixture::LegacyOnly && rpc_method.as_deref() == Some("server/discover") {
+                    let id = rpc.as_ref().and_then(|v| v.get("id")).cloned().unwrap_or_default();
+                    let body = serde_json::json!({
+                        "jsonrpc": "2.0", "id": id,
+                        "error": {"code": -32004, "message": "Unsupported protocol version",
+                                  "data": {"supported": ["2025-06-18", "2025-11-25"], "requested": "2026-07-28"}}
+                    });
+                    return axum::response::Response::builder()
+                        .status(400)
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(body.to_string()))
+                        .unwrap();
+                }
+                next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
+            }
+        }),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = ct.clone();
@@ -211,6 +284,7 @@ pub async fn start_server(slow_steps: u32) -> TestServer {
             .await;
     });
     TestServer {
+        wire,
         url: format!("http://{addr}/mcp"),
         stats,
         sessions,

@@ -1,0 +1,143 @@
+//! The 2026-07-28 era: the stored era verdict, the `server/discover` cache
+//! and the version fallback.
+
+use mcp_persist_core::{DiscoverCache, ProtocolEra, ProtocolVersion, ServerProfile, Timestamp};
+use rmcp::model::{
+    ClientJsonRpcMessage, DiscoverResult, ErrorCode, ErrorData, NumberOrString,
+    ServerJsonRpcMessage, ServerResult,
+};
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::state::Shared;
+
+/// Pre-release codes for UnsupportedProtocolVersion, recognized as -32022.
+const PRE_RELEASE_UNSUPPORTED: [i32; 2] = [-32004, -32001];
+
+const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// The version a `server/discover` asks for, from its `_meta`.
+pub(crate) fn requested_version(message: &ClientJsonRpcMessage) -> Option<String> {
+    let value = serde_json::to_value(message).ok()?;
+    value
+        .get("params")?
+        .get("_meta")?
+        .get(META_VERSION)?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Answers `server/discover` from the store when the verdict allows: a
+/// fresh cached result for a modern server, or a legacy error for a server
+/// judged legacy (so rmcp goes straight to `initialize`, itself answered
+/// from the stored session when there is one).
+pub(crate) fn cached_discover(
+    shared: &Shared,
+    id: &NumberOrString,
+) -> Option<ServerJsonRpcMessage> {
+    let profile = shared.profile()?;
+    match profile.era {
+        ProtocolEra::Modern => {
+            let cache = profile.discover.as_ref()?;
+            if !cache.is_fresh_at(Timestamp::now()) {
+                debug!(server = %shared.key, "cached server/discover expired; asking the server");
+                return None;
+            }
+            let result: DiscoverResult = serde_json::from_value(cache.result.clone()).ok()?;
+            info!(server = %shared.key, "server/discover answered from the cache");
+            Some(ServerJsonRpcMessage::response(
+                ServerResult::DiscoverResult(result),
+                id.clone(),
+            ))
+        }
+        ProtocolEra::Legacy => {
+            info!(server = %shared.key, version = %profile.protocol_version,
+                "stored verdict: legacy server; skipping the server/discover probe");
+            Some(ServerJsonRpcMessage::error(
+                ErrorData::new(
+                    ErrorCode::METHOD_NOT_FOUND,
+                    "server/discover: stored verdict says this server is legacy",
+                    None,
+                ),
+                Some(id.clone()),
+            ))
+        }
+    }
+}
+
+/// Learns from a `server/discover` answer: stores a modern verdict with the
+/// result, or turns a pre-release "unsupported version" into what rmcp
+/// understands.
+pub(crate) fn after_discover(
+    shared: &Shared,
+    answer: &mut ServerJsonRpcMessage,
+    requested: Option<String>,
+) {
+    match answer {
+        ServerJsonRpcMessage::Response(response) => {
+            let ServerResult::DiscoverResult(result) = &response.result else {
+                return;
+            };
+            let supported: Vec<&str> = result
+                .supported_versions
+                .iter()
+                .map(|v| v.as_str())
+                .collect();
+            let version = requested
+                .filter(|r| supported.contains(&r.as_str()))
+                .or_else(|| supported.iter().max().map(|v| (*v).to_owned()));
+            let Some(version) = version.and_then(|v| ProtocolVersion::new(v).ok()) else {
+                return;
+            };
+            let Ok(json) = serde_json::to_value(result) else {
+                return;
+            };
+            info!(server = %shared.key, %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
+            shared.set_profile(ServerProfile {
+                era: version.era(),
+                protocol_version: version,
+                verdict_at: Timestamp::now(),
+                discover: Some(DiscoverCache {
+                    ttl_ms: result.ttl_ms,
+                    cache_scope: json
+                        .get("cacheScope")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    result: json,
+                    fetched_at: Timestamp::now(),
+                }),
+            });
+        }
+        ServerJsonRpcMessage::Error(error)
+            if PRE_RELEASE_UNSUPPORTED.contains(&error.error.code.0) =>
+        {
+            let supported: Vec<String> = error
+                .error
+                .data
+                .as_ref()
+                .and_then(|d| d.get("supported"))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let any_modern = supported
+                .iter()
+                .filter_map(|v| ProtocolVersion::new(v.clone()).ok())
+                .any(|v| v.era() == ProtocolEra::Modern);
+            if any_modern {
+                // A modern server on a draft code: let rmcp pick and retry.
+                error.error.code = ErrorCode::UNSUPPORTED_PROTOCOL_VERSION;
+            } else {
+                // Only handshake versions: a legacy server. rmcp falls back
+                // to `initialize`, whose session then stores the verdict.
+                info!(server = %shared.key, ?supported, "server supports legacy versions only; falling back to initialize");
+                error.error.code = ErrorCode::METHOD_NOT_FOUND;
+            }
+        }
+        _ => {}
+    }
+}
