@@ -69,10 +69,8 @@
 //!   [`Throttled`] source.
 //! * **No secret text in errors or logs**: errors keep the service's code and
 //!   message and the transport error, never a response body; traces name
-//!   keys (public identifiers) and sizes, never values. The AWS SDK's own
-//!   logs are clean up to DEBUG; at TRACE (targets `aws_smithy_runtime` and
-//!   below) the SDK prints whole request bodies, secret values included, so
-//!   keep those targets below TRACE wherever secrets flow.
+//!   keys (public identifiers) and sizes, never values. A test captures every
+//!   trace line, the AWS SDK's included, at every level, and finds no token.
 //!
 //! # No logs
 //!

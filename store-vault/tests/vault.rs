@@ -119,8 +119,7 @@ async fn throttling_is_retried_with_backoff_then_a_typed_error() {
     assert_eq!((entry.value.as_slice(), entry.version), (&b"one"[..], v1));
 }
 
-/// Captures every trace line of every crate, up to DEBUG (the AWS SDK's
-/// TRACE level prints request bodies; see the crate docs).
+/// Captures every trace line, of every crate (the AWS SDK's included) and level.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
@@ -151,7 +150,7 @@ async fn no_token_text_in_logs_or_errors() {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -695,4 +694,120 @@ async fn overwrites_during_a_write_are_coalesced() {
     let entry = store.get("token").await.expect("get").expect("present");
     assert_eq!(entry.value, b"16");
     assert_eq!(Some(&entry.version), versions.iter().max());
+}
+
+/// A write whose answers are lost is retried with the same client request
+/// tokens, and recognised as the same write: one new version, not two.
+#[tokio::test]
+async fn retried_writes_are_idempotent() {
+    let Some(url) = moto_url() else { return };
+    let proxy = Proxy::start(&url).await;
+    let prefix = unique_prefix("idempotent");
+    let store = SecretsManagerStore::builder(&prefix)
+        .client(client(&proxy.url))
+        .retry(3, Duration::from_millis(1))
+        .max_writes_per_second(None)
+        .build()
+        .await
+        .expect("store");
+    let v1 = store
+        .put("k", b"one".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
+
+    // The new version lands, but its answer is lost: the SDK sends it again.
+    proxy.lose_answers("PutSecretValue", 1);
+    let puts = proxy.count("PutSecretValue");
+    let v2 = store
+        .put("k", b"two".to_vec(), PutMode::Update(v1), None)
+        .await
+        .expect("put through a lost answer");
+    assert_eq!(proxy.count("PutSecretValue") - puts, 2, "sent twice");
+    // Now the label move lands and its answer is lost: the retry finds the
+    // label already moved, and the store recognises its own version.
+    proxy.lose_answers("UpdateSecretVersionStage", 1);
+    let v3 = store
+        .put("k", b"three".to_vec(), PutMode::Update(v2), None)
+        .await
+        .expect("put through a lost answer");
+    assert!(v1 < v2 && v2 < v3);
+    let entry = store.get("k").await.expect("get").expect("present");
+    assert_eq!((entry.value.as_slice(), entry.version), (&b"three"[..], v3));
+
+    let versions = client(&url)
+        .list_secret_version_ids()
+        .secret_id(format!("{prefix}k"))
+        .include_deprecated(true)
+        .send()
+        .await
+        .expect("versions");
+    assert_eq!(versions.versions().len(), 3, "one version per write");
+}
+
+/// Region, credentials and endpoint from the standard AWS environment
+/// variables. The environment is the process's, so the test runs itself
+/// again as a child process with the variables set.
+#[tokio::test]
+async fn configuration_from_the_standard_aws_environment() {
+    const CHILD: &str = "MCP_PERSIST_VAULT_ENV_CHILD";
+    match std::env::var(CHILD).as_deref() {
+        Ok("configured") => {
+            let prefix = unique_prefix("env");
+            let store = SecretsManagerStore::from_env(&prefix)
+                .await
+                .expect("from env");
+            store
+                .put("k", b"v".to_vec(), PutMode::Create, None)
+                .await
+                .expect("put");
+            assert_eq!(
+                store.get("k").await.expect("get").expect("present").value,
+                b"v"
+            );
+            return;
+        }
+        Ok("no-region") => {
+            let err = SecretsManagerStore::from_env("p/")
+                .await
+                .expect_err("no region");
+            assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+            return;
+        }
+        _ => {}
+    }
+    let Some(url) = moto_url() else { return };
+    let run = |mode: &str, region: Option<&str>| {
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"));
+        child
+            .args([
+                "--exact",
+                "configuration_from_the_standard_aws_environment",
+                "--test-threads=1",
+            ])
+            .env(CHILD, mode)
+            .env("AWS_ENDPOINT_URL", &url)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+            .env(
+                "AWS_SHARED_CREDENTIALS_FILE",
+                "/nonexistent/aws-credentials",
+            )
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_DEFAULT_REGION")
+            .env_remove("AWS_REGION");
+        if let Some(region) = region {
+            child.env("AWS_REGION", region);
+        }
+        let out = child.output().expect("run the child");
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "child {mode} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run("configured", Some("us-east-1"));
+    run("no-region", None);
 }

@@ -137,6 +137,8 @@ struct ProxyState {
     throttle_target: Mutex<String>,
     throttle_left: AtomicU32,
     throttled: AtomicU32,
+    lose_target: Mutex<String>,
+    lose_left: AtomicU32,
     hold_target: Mutex<Option<String>>,
     holding: Notify,
     held: AtomicU32,
@@ -158,6 +160,8 @@ impl Proxy {
             throttle_target: Mutex::new(String::new()),
             throttle_left: AtomicU32::new(0),
             throttled: AtomicU32::new(0),
+            lose_target: Mutex::new(String::new()),
+            lose_left: AtomicU32::new(0),
             hold_target: Mutex::new(None),
             holding: Notify::new(),
             held: AtomicU32::new(0),
@@ -183,6 +187,13 @@ impl Proxy {
     /// How many throttling answers were given since [`Proxy::throttle`].
     pub fn throttled(&self) -> u32 {
         self.state.throttled.load(Ordering::SeqCst)
+    }
+
+    /// Forwards the next `times` calls of `operation` to moto, but answers
+    /// them with an internal error, as if the answer was lost on the way.
+    pub fn lose_answers(&self, operation: &str, times: u32) {
+        *self.state.lose_target.lock().expect("lock") = operation.to_owned();
+        self.state.lose_left.store(times, Ordering::SeqCst);
     }
 
     /// Holds the next call of `operation` until [`Proxy::release`].
@@ -289,9 +300,25 @@ async fn serve(socket: TcpStream, state: Arc<ProxyState>) {
                 state.holding.notify_waiters();
                 state.release.notified().await;
             }
-            match forward(state.upstream, &head, &body).await {
+            let response = match forward(state.upstream, &head, &body).await {
                 Some(response) => response,
                 None => return,
+            };
+            let lose = *state.lose_target.lock().expect("lock") == operation
+                && state
+                    .lose_left
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if lose {
+                let body = r#"{"__type":"InternalServiceError","message":"lost"}"#;
+                format!(
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/x-amz-json-1.1\r\n\
+                     Content-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes()
+            } else {
+                response
             }
         };
         if write.write_all(&response).await.is_err() {
