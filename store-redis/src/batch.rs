@@ -5,10 +5,10 @@
 //! still adds its records and refreshes its log's expiry atomically (a script
 //! runs as a whole), and each caller gets its own result. A lone append goes
 //! out at once; under load, batches grow while earlier ones are in flight,
-//! so the server runs one script per batch instead of one per append.
+//! so the round trips and the script's overhead are shared by many appends.
 //!
-//! On a Cluster a script may only touch keys of one slot, so a batch is split
-//! by log and each part is sent on its own.
+//! On a Cluster a script may only touch keys of one slot, so a batch is
+//! split by log and each part is sent on its own.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -20,7 +20,8 @@ use tracing::debug;
 use crate::{
     conn::Conn,
     error::{self, BACKEND},
-    scripts::APPEND_BATCH,
+    scripts::APPEND,
+    store::{bytes_of, parse_id, unexpected},
 };
 
 /// Batches in flight at once; more appends queue up meanwhile.
@@ -120,98 +121,68 @@ async fn run(conn: Conn, cluster: bool, mut jobs: mpsc::UnboundedReceiver<Append
     }
 }
 
-/// Sends one batch as one script call and answers every caller.
+/// Sends one batch as one script call (see [`APPEND`]) and answers every
+/// caller.
 async fn send(mut conn: Conn, batch: Vec<AppendJob>) {
     if batch.len() > 1 {
         debug!(appends = batch.len(), "sending a batch of appends");
     }
-    // KEYS: the distinct streams; ARGV per append: key index, TTL, record
-    // count, records.
-    let mut keys: Vec<&[u8]> = Vec::new();
-    let mut index: HashMap<&[u8], String> = HashMap::new();
-    let mut counts = Vec::with_capacity(batch.len());
-    for job in &batch {
-        if !index.contains_key(job.stream.as_slice()) {
-            keys.push(&job.stream);
-            index.insert(&job.stream, keys.len().to_string());
-        }
-        counts.push(job.records.len().to_string());
-    }
-    let mut args: Vec<&[u8]> = Vec::new();
+    let counts: Vec<String> = batch.iter().map(|j| j.records.len().to_string()).collect();
+    let keys: Vec<&[u8]> = batch.iter().map(|j| j.stream.as_slice()).collect();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 3);
     for (job, count) in batch.iter().zip(&counts) {
-        args.push(index[job.stream.as_slice()].as_bytes());
         args.push(job.ttl.as_bytes());
         args.push(count.as_bytes());
         args.extend(job.records.iter().map(Vec::as_slice));
     }
-    let reply = APPEND_BATCH.run(&mut conn, &keys, &args).await;
-    drop(index);
-    match reply {
-        Ok(Value::Array(results)) if results.len() == batch.len() => {
-            for (job, result) in batch.into_iter().zip(results) {
-                let outcome = parse_result(&job, result);
-                let _ = job.reply.send(outcome);
-            }
-        }
+    let reply = APPEND.run(&mut conn, &keys, &args).await;
+    drop((keys, args));
+    let results = match reply {
+        Ok(Value::Array(results)) => results,
         Ok(_) => {
             for job in batch {
-                let _ = job.reply.send(Err(crate::store::unexpected(
-                    &job.log,
-                    "append did not return ids",
-                )));
+                let outcome = Err(unexpected(&job.log, "append did not return ids"));
+                let _ = job.reply.send(outcome);
             }
+            return;
         }
         Err(e) => {
             for job in batch {
                 let _ = job.reply.send(Err(error::map(e.clone(), &job.log)));
             }
+            return;
         }
+    };
+    let mut results = results.into_iter();
+    for job in batch {
+        let outcome = parse_ids(&job, &mut results);
+        let _ = job.reply.send(outcome);
     }
 }
 
-/// One append's part of the reply: `{0, id...}`, or `{1, error}` when its
-/// first `XADD` was refused (then nothing of it was written).
-fn parse_result(job: &AppendJob, result: Value) -> Result<Vec<u64>> {
+/// The sequence numbers of one append, taken from the flat reply: as many
+/// ids as it has records, or fewer and then an error.
+fn parse_ids(job: &AppendJob, results: &mut impl Iterator<Item = Value>) -> Result<Vec<u64>> {
     let log = job.log.as_str();
-    let Value::Array(items) = result else {
-        return Err(crate::store::unexpected(
-            log,
-            "append result is not an array",
-        ));
-    };
-    let mut items = items.into_iter();
-    match items.next() {
-        Some(Value::Int(0)) => {
-            let seqs: Vec<u64> = items
-                .map(|id| {
-                    crate::store::parse_id(log, crate::store::bytes_of(&id).unwrap_or_default())
-                })
-                .collect::<Result<_>>()?;
-            if seqs.len() != job.records.len() {
-                return Err(crate::store::unexpected(
-                    log,
-                    "append returned the wrong number of ids",
-                ));
-            }
-            Ok(seqs)
-        }
-        Some(Value::Int(1)) => {
-            let message = items
-                .next()
-                .and_then(|m| {
-                    crate::store::bytes_of(&m).map(|b| String::from_utf8_lossy(b).into_owned())
-                })
-                .unwrap_or_default();
-            if message.starts_with("WRONGTYPE") {
-                Err(Error::Corrupt {
+    let mut seqs = Vec::with_capacity(job.records.len());
+    while seqs.len() < job.records.len() {
+        let Some(item) = results.next() else {
+            return Err(unexpected(log, "append returned too few ids"));
+        };
+        let bytes = bytes_of(&item).unwrap_or_default();
+        if let Some(message) = bytes.strip_prefix(b"!") {
+            let message = String::from_utf8_lossy(message).into_owned();
+            return Err(if message.starts_with("WRONGTYPE") {
+                Error::Corrupt {
                     key: log.to_owned(),
                     reason: "the Redis key holds a value of another type".to_owned(),
                     source: Some(message.into()),
-                })
+                }
             } else {
-                Err(Error::backend(BACKEND, message))
-            }
+                Error::backend(BACKEND, message)
+            });
         }
-        _ => Err(crate::store::unexpected(log, "append result has no status")),
+        seqs.push(parse_id(log, bytes)?);
     }
+    Ok(seqs)
 }

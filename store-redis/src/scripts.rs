@@ -131,38 +131,40 @@ return {0, 1}
     )
 });
 
-/// `append` of a batch: for each append, `XADD`s with ids `0-<seq>` (Redis
-/// picks the next sequence number) and its log's `PEXPIRE`. The script runs
-/// atomically, so every append adds its records and refreshes its expiry in
-/// one step.
+/// `append` of a batch of appends, in order. For each: its records are
+/// `XADD`ed with ids `0-<seq>` (Redis picks the next sequence number) and,
+/// when it has a TTL and every `XADD` succeeded, its log gets that expiry
+/// (`PEXPIRE`). The script runs atomically, so every append adds its records
+/// and refreshes its expiry in one step.
 ///
-/// KEYS: the streams. ARGV, for each append: the index of its stream in
-/// KEYS, its TTL in ms (empty: keep the log's expiry), its record count, its
-/// records. Returns, per append, `{0, id...}`, or `{1, error}` when Redis
-/// refused its first `XADD` (a key of another type), in which case nothing
-/// of that append was written and the others are unaffected.
-pub(crate) static APPEND_BATCH: LazyLock<Lua> = LazyLock::new(|| {
+/// KEYS: each append's stream (repeated for appends to the same log). ARGV,
+/// per append: its TTL in ms (empty: keep the log's expiry), its record
+/// count, its records. Returns one flat array: per append, its ids, or, when
+/// Redis refused an `XADD` (a key of another type), the ids before it and
+/// then the error text prefixed with `!`. A refused first `XADD` leaves the
+/// log untouched, its expiry included, and fails no other append.
+pub(crate) static APPEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local out = {}
-local i = 1
-while i <= #ARGV do
-  local key = KEYS[tonumber(ARGV[i])]
-  local ttl = ARGV[i + 1]
-  local n = tonumber(ARGV[i + 2])
-  i = i + 3
-  local res = {0}
+local a = 1
+for k = 1, #KEYS do
+  local key = KEYS[k]
+  local ttl = ARGV[a]
+  local n = tonumber(ARGV[a + 1])
+  a = a + 2
+  local ok = true
   for j = 0, n - 1 do
-    local id = redis.pcall('XADD', key, '0-*', 'd', ARGV[i + j])
-    if type(id) == 'table' and id.err then
-      res = {1, id.err}
+    local id = redis.pcall('XADD', key, '0-*', 'd', ARGV[a + j])
+    if type(id) == 'table' then
+      out[#out + 1] = '!' .. tostring(id.err)
+      ok = false
       break
     end
-    res[#res + 1] = id
+    out[#out + 1] = id
   end
-  i = i + n
-  if res[1] == 0 and ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
-  out[#out + 1] = res
+  a = a + n
+  if ok and ttl ~= '' then redis.call('PEXPIRE', key, ttl) end
 end
 return out
 "#,

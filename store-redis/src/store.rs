@@ -63,7 +63,9 @@ const IDLE_BLOCKING: usize = 8;
 /// * **TTL** rides with the write (`SET ... PX`); Redis never returns an
 ///   expired key.
 /// * **Logs** are Redis Streams with ids `0-<seq>`. An append adds its
-///   records and refreshes the log's expiry (`PEXPIRE`) in one atomic script.
+///   records (`XADD`) and refreshes the log's expiry (`PEXPIRE`) in one
+///   atomic Lua script; appends from concurrent tasks are group-committed,
+///   many to a script call, each still atomic on its own.
 ///   `wait_after` blocks in `XREAD BLOCK` on a dedicated connection, never on
 ///   the shared one.
 /// * **Durability** is Redis's: with `appendonly yes` and

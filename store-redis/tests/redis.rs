@@ -180,6 +180,47 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
         err.is_none(),
         "a log and a record of the same name are distinct"
     );
+
+    // A log key of another type fails only the appends to it, even when
+    // they are committed together with appends to healthy logs.
+    let stream = format!("{prefix}{{log:wrong}}");
+    raw_cmd(&mut raw, &[b"SET", stream.as_bytes(), b"not a stream"]).await;
+    let mut appends = Vec::new();
+    for i in 0..32 {
+        let store = store.clone();
+        let log = if i % 4 == 0 {
+            "wrong".to_owned()
+        } else {
+            format!("fine/{i}")
+        };
+        appends.push(tokio::spawn(async move {
+            let result = store
+                .append(&log, vec![b"x".to_vec()], Some(Duration::from_secs(60)))
+                .await;
+            (log, result)
+        }));
+    }
+    for append in appends {
+        let (log, result) = append.await.expect("task");
+        if log == "wrong" {
+            assert!(
+                matches!(result, Err(Error::Corrupt { ref key, .. }) if key == "wrong"),
+                "got {result:?}"
+            );
+        } else {
+            assert_eq!(result.expect("a healthy log appends").len(), 1);
+        }
+    }
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"GET", stream.as_bytes()]).await,
+        redis::Value::BulkString(b"not a stream".to_vec()),
+        "the foreign key keeps its value"
+    );
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"PTTL", stream.as_bytes()]).await,
+        redis::Value::Int(-1),
+        "the foreign key keeps having no expiry"
+    );
 }
 
 async fn waiting_never_blocks_others_on(topology: Topology) {
