@@ -109,7 +109,6 @@ fn is_throttling(code: &str) -> bool {
             | "RequestLimitExceeded"
             | "RequestThrottled"
             | "RequestThrottledException"
-            | "LimitExceededException"
     )
 }
 

@@ -67,6 +67,13 @@
 //!   write (each still gets its own version). Throttling answers are retried
 //!   by the SDK with backoff, then surface as [`Error::Backend`] with a
 //!   [`Throttled`] source.
+//! * **Versions per secret**: Secrets Manager keeps about 100 versions of
+//!   a secret and removes superseded ones only once they are a day old; a
+//!   key written much more than 100 times a day fails with
+//!   `LimitExceededException` (an [`Error::Backend`] with a [`ServiceError`]
+//!   source). Credentials change a few times a day; keep fast-changing state
+//!   (request numbering, sessions) in another backend, as
+//!   [`build_split`](SecretsManagerStoreBuilder::build_split) does.
 //! * **No secret text in errors or logs**: errors keep the service's code and
 //!   message and the transport error, never a response body; traces name
 //!   keys (public identifiers) and sizes, never values. A test captures every
