@@ -77,10 +77,17 @@ async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_o
     // and the first MCP request carries the stored token.
     let before = world.auth(0).requests();
     let bearer_before = world.mcp.bearer.lock().unwrap().len();
+    // (Discovery in the first run probed the endpoint without a token.)
+    let refused_before = world.mcp.unauthorized.load(Ordering::SeqCst);
     let stores = open(&db).await;
     run_once(&world, &stores).await.unwrap();
     assert_eq!(world.auth(0).requests(), before, "no authorization-server request after a restart");
-    assert_eq!(world.mcp.unauthorized.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        world.mcp.unauthorized.load(Ordering::SeqCst),
+        refused_before,
+        "{:?}",
+        world.mcp.refused.lock().unwrap()
+    );
     let used: Vec<String> = world.mcp.bearer.lock().unwrap()[bearer_before..].to_vec();
     assert!(!used.is_empty());
     assert!(used.iter().all(|t| t == first.access_token.expose_secret()));

@@ -51,7 +51,7 @@ async fn child() {
         .await
         .unwrap();
     assert!(client.is_authorized().await, "credentials stored by the parent");
-    println!("ready");
+    println!("CHILD-READY");
     for _ in 0..3000 {
         if go.exists() {
             break;
@@ -65,7 +65,7 @@ async fn child() {
         .await
         .unwrap();
     service.cancel().await.unwrap();
-    println!("done");
+    println!("CHILD-DONE");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,10 +120,10 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     for (_, rx) in &children {
         let line = tokio::task::block_in_place(|| {
             rx.iter()
-                .find(|l| l.trim() == "ready")
+                .find(|l| l.contains("CHILD-READY"))
                 .expect("child got ready")
         });
-        assert_eq!(line.trim(), "ready");
+        assert!(line.contains("CHILD-READY"));
     }
     std::fs::write(&go, b"go").unwrap();
     for (mut child, rx) in children {
@@ -142,7 +142,7 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
         };
         assert!(status.success(), "child failed: {status}");
         let lines: Vec<String> = rx.try_iter().collect();
-        assert!(lines.iter().any(|l| l.trim() == "done"), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("CHILD-DONE")), "{lines:?}");
     }
 
     assert_eq!(world.auth(0).refreshes(), 1, "exactly one refresh request");

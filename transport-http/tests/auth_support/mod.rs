@@ -98,6 +98,8 @@ pub struct McpStats {
     /// Bearer token of every authorized request.
     pub bearer: Mutex<Vec<String>>,
     pub unauthorized: AtomicUsize,
+    /// Method, path and whether a bearer was sent, of every refused request.
+    pub refused: Mutex<Vec<String>>,
     pub tool_calls: AtomicUsize,
 }
 
@@ -396,6 +398,12 @@ async fn bearer_check(State(g): State<Guard>, request: Request, next: Next) -> R
         }
         _ => {
             g.stats.unauthorized.fetch_add(1, Ordering::SeqCst);
+            g.stats.refused.lock().unwrap().push(format!(
+                "{} {} bearer={}",
+                request.method(),
+                request.uri().path(),
+                token.is_some()
+            ));
             Response::builder()
                 .status(StatusCode::UNAUTHORIZED)
                 .header(
