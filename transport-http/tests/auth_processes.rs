@@ -50,7 +50,10 @@ async fn child() {
         .build_with_auth(&auth(&url, &stores))
         .await
         .unwrap();
-    assert!(client.is_authorized().await, "credentials stored by the parent");
+    assert!(
+        client.is_authorized().await,
+        "credentials stored by the parent"
+    );
     println!("CHILD-READY");
     for _ in 0..3000 {
         if go.exists() {
@@ -146,7 +149,13 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     }
 
     assert_eq!(world.auth(0).refreshes(), 1, "exactly one refresh request");
-    assert_eq!(world.auth(0).rejected_refreshes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        world
+            .auth(0)
+            .rejected_refreshes
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
     assert_eq!(
         world.auth(0).requests(),
         requests_before + 1,
@@ -155,13 +164,24 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     let fresh = world.auth(0).refreshed_access_tokens.lock().unwrap()[0].clone();
     let bearer = world.mcp.bearer.lock().unwrap().clone();
     assert!(bearer.len() >= 3);
-    assert!(bearer.iter().all(|t| *t == fresh), "all three used the new token");
+    assert!(
+        bearer.iter().all(|t| *t == fresh),
+        "all three used the new token"
+    );
 
     let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
     let key = CredentialKey::new(&issuer, &resource).unwrap();
-    let stored = stores.credentials().load(&key).await.unwrap().unwrap().record;
+    let stored = stores
+        .credentials()
+        .load(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
     assert_eq!(stored.access_token.expose_secret(), fresh);
-    assert!(world
-        .auth(0)
-        .is_live_refresh_token(stored.refresh_token.unwrap().expose_secret()));
+    assert!(
+        world
+            .auth(0)
+            .is_live_refresh_token(stored.refresh_token.unwrap().expose_secret())
+    );
 }

@@ -110,8 +110,8 @@ use rmcp::{
 };
 use tracing::{debug, info, warn};
 
-pub use self::store::{DurableCredentialStore, DurableStateStore, UNNAMED_ISSUER};
 use self::store::Shared;
+pub use self::store::{DurableCredentialStore, DurableStateStore, UNNAMED_ISSUER};
 use crate::client::{ClientError, ClientHandle, DurableClientBuilder, DurableTransport};
 
 /// How long a refresh lease is held at most (30 s by default).
@@ -510,7 +510,9 @@ impl<C> DurableAuthClient<C> {
             if let Some(json) = metadata_json {
                 self.shared.set_metadata(json);
             }
-            let registration = self.registration_for(&mut manager, &issuer, &metadata).await?;
+            let registration = self
+                .registration_for(&mut manager, &issuer, &metadata)
+                .await?;
             self.shared.set_registration(registration);
 
             let challenge_scope = challenge.and_then(scope_of_challenge);
@@ -560,9 +562,13 @@ impl<C> DurableAuthClient<C> {
             .map(|s| s.record.client);
         let redirect = self.config.redirect_uri.as_str();
         let reg = match (&self.config.registration, stored) {
-            (Registration::PreRegistered { issuer: Some(expected), .. }, _)
-                if expected != issuer =>
-            {
+            (
+                Registration::PreRegistered {
+                    issuer: Some(expected),
+                    ..
+                },
+                _,
+            ) if expected != issuer => {
                 return Err(DurableAuthError::IssuerMismatch {
                     expected: expected.clone(),
                     found: issuer.to_owned(),
@@ -604,7 +610,10 @@ impl<C> DurableAuthClient<C> {
                 | Registration::MetadataDocument { client_name, .. },
                 None,
             ) => {
-                info!(issuer, "registering the client with this authorization server");
+                info!(
+                    issuer,
+                    "registering the client with this authorization server"
+                );
                 let scopes: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
                 let config = manager
                     .register_client(client_name, redirect, &scopes)
@@ -650,21 +659,26 @@ impl<C> DurableAuthClient<C> {
         let outcome = self
             .shared
             .store
-            .refresh(&key, current.version, self.shared.lease_ttl, |previous| async move {
-                let manager = manager.lock().await;
-                shared.begin_capture();
-                let result = manager.refresh_token().await;
-                let captured = shared.end_capture();
-                drop(manager);
-                result.map_err(|e| Box::new(e) as BoxError)?;
-                let captured = captured.ok_or_else(|| -> BoxError {
-                    "the refresh returned no credential to store".into()
-                })?;
-                shared
-                    .to_core(&captured, Some(&previous))
-                    .map_err(|e| Box::new(e) as BoxError)?
-                    .ok_or_else(|| -> BoxError { "the refresh returned no token".into() })
-            })
+            .refresh(
+                &key,
+                current.version,
+                self.shared.lease_ttl,
+                |previous| async move {
+                    let manager = manager.lock().await;
+                    shared.begin_capture();
+                    let result = manager.refresh_token().await;
+                    let captured = shared.end_capture();
+                    drop(manager);
+                    result.map_err(|e| Box::new(e) as BoxError)?;
+                    let captured = captured.ok_or_else(|| -> BoxError {
+                        "the refresh returned no credential to store".into()
+                    })?;
+                    shared
+                        .to_core(&captured, Some(&previous))
+                        .map_err(|e| Box::new(e) as BoxError)?
+                        .ok_or_else(|| -> BoxError { "the refresh returned no token".into() })
+                },
+            )
             .await;
         match outcome {
             Ok(RefreshOutcome::Refreshed(_)) => {
@@ -673,7 +687,9 @@ impl<C> DurableAuthClient<C> {
             Ok(RefreshOutcome::RefreshedByOther(_)) => {
                 info!(issuer = %issuer, "refresh lost or waited: using the token another process stored");
             }
-            Err(e) => warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own"),
+            Err(e) => {
+                warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own")
+            }
         }
     }
 }
@@ -845,8 +861,11 @@ mod tests {
     #[test]
     fn absolute_expiry_round_trips_through_rmcp_shape() {
         let creds = mcp_persist_core::Credentials {
-            key: mcp_persist_core::CredentialKey::new("https://as.example", "https://mcp.example/mcp")
-                .expect("valid key"),
+            key: mcp_persist_core::CredentialKey::new(
+                "https://as.example",
+                "https://mcp.example/mcp",
+            )
+            .expect("valid key"),
             access_token: Secret::new("AT-secret-1"),
             token_type: "Bearer".into(),
             expires_at: Some(Timestamp::from_unix_millis(1_000_000_000 + 3_600_000)),

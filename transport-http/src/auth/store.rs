@@ -114,7 +114,9 @@ impl Shared {
                 resource = %self.resource,
                 "authorization server changed; credentials of the previous issuer are not used here"
             ),
-            None => debug!(issuer, resource = %self.resource, "first authorization server for resource"),
+            None => {
+                debug!(issuer, resource = %self.resource, "first authorization server for resource")
+            }
         }
         self.store.set_current_issuer(&self.resource, issuer).await
     }
@@ -150,8 +152,9 @@ impl Shared {
         let body = serde_json::to_value(response)
             .map_err(|e| AuthError::InternalError(format!("token response: {e}")))?;
         let text = |field: &str| body.get(field).and_then(Value::as_str).map(str::to_owned);
-        let access_token = text("access_token")
-            .ok_or_else(|| AuthError::InternalError("token response without access token".into()))?;
+        let access_token = text("access_token").ok_or_else(|| {
+            AuthError::InternalError("token response without access token".into())
+        })?;
         let issuer = rmcp
             .issuer
             .clone()
@@ -444,7 +447,12 @@ impl RmcpCredentialStore for DurableCredentialStore {
         let deadline = tokio::time::Instant::now() + self.shared.lease_ttl;
         let mut pause = Duration::from_millis(10);
         loop {
-            match self.shared.store.try_lease(&key, self.shared.lease_ttl).await {
+            match self
+                .shared
+                .store
+                .try_lease(&key, self.shared.lease_ttl)
+                .await
+            {
                 Ok(Some(lease)) => {
                     self.shared.state().guarded = true;
                     debug!(issuer = %issuer, "refresh lease taken");

@@ -431,8 +431,7 @@ pub async fn start(auth_servers: usize) -> World {
     let current = Arc::new(AtomicUsize::new(0));
     let stats = Arc::new(McpStats::default());
 
-    let config =
-        StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token());
+    let config = StreamableHttpServerConfig::default().with_cancellation_token(ct.child_token());
     let tools = Tools {
         stats: stats.clone(),
     };
@@ -461,7 +460,10 @@ pub async fn start(auth_servers: usize) -> World {
         .nest_service("/mcp", service)
         .layer(middleware::from_fn_with_state(guard, bearer_check));
     let router = Router::new()
-        .route("/.well-known/oauth-protected-resource/mcp", get(prm.clone()))
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(prm.clone()),
+        )
         .route("/.well-known/oauth-protected-resource", get(prm))
         .merge(mcp);
     let stop = ct.clone();
