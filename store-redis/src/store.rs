@@ -174,23 +174,27 @@ impl RedisStore {
         }
     }
 
-    async fn blocking_conn(&self) -> Result<Conn> {
-        let idle = self
-            .inner
-            .idle_blocking
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        match idle {
-            Some(conn) => Ok(conn),
-            None => {
-                debug!("opening a dedicated connection for blocking reads");
-                let t = self.inner.timeouts;
-                match tokio::time::timeout(t.operation, self.inner.target.dedicated(t)).await {
-                    Ok(conn) => conn.map_err(|e| error::map(e, "(connection)")),
-                    Err(_) => Err(error::no_reply("connect", t.operation)),
-                }
+    /// A dedicated connection for a blocking read, and whether it was idle
+    /// in the pool (then it may have died with a server restart meanwhile).
+    async fn blocking_conn(&self, pooled: bool) -> Result<(Conn, bool)> {
+        if pooled {
+            let idle = self
+                .inner
+                .idle_blocking
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            if let Some(conn) = idle {
+                return Ok((conn, true));
             }
+        }
+        debug!("opening a dedicated connection for blocking reads");
+        let t = self.inner.timeouts;
+        match tokio::time::timeout(t.operation, self.inner.target.dedicated(t)).await {
+            Ok(conn) => conn
+                .map(|c| (c, false))
+                .map_err(|e| error::map(e, "(connection)")),
+            Err(_) => Err(error::no_reply("connect", t.operation)),
         }
     }
 
@@ -627,7 +631,6 @@ impl LogStore for RedisStore {
         }
         let stream = self.inner.layout.log(log);
         let block_ms = millis(timeout);
-        let mut conn = self.blocking_conn().await?;
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT")
             .arg(limit.min(u32::MAX as usize))
@@ -637,17 +640,27 @@ impl LogStore for RedisStore {
             .arg(&stream)
             .arg(format!("0-{after}"));
         let bound = timeout + self.inner.timeouts.operation;
-        let span = debug_span!("redis.wait_after", log, after, ?timeout);
-        let reply = match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut conn))
-            .instrument(span)
-            .await
-        {
-            Ok(Ok(reply)) => {
-                self.return_blocking_conn(conn);
-                reply
+        let mut pooled = true;
+        let reply = loop {
+            let (mut conn, was_idle) = self.blocking_conn(pooled).await?;
+            let span = debug_span!("redis.wait_after", log, after, ?timeout);
+            match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut conn))
+                .instrument(span)
+                .await
+            {
+                Ok(Ok(reply)) => {
+                    self.return_blocking_conn(conn);
+                    break reply;
+                }
+                // An idle connection that died meanwhile (the server was
+                // restarted): a read is safe to try again on a fresh one.
+                Ok(Err(e)) if was_idle && e.is_unrecoverable_error() => {
+                    debug!(error = %e, "dropping a dead idle connection");
+                    pooled = false;
+                }
+                Ok(Err(e)) => return Err(error::map(e, log)),
+                Err(_) => return Err(error::no_reply("wait_after", bound)),
             }
-            Ok(Err(e)) => return Err(error::map(e, log)),
-            Err(_) => return Err(error::no_reply("wait_after", bound)),
         };
         match reply {
             Value::Nil => Ok(Vec::new()),

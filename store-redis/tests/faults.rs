@@ -227,6 +227,14 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
         }));
     }
 
+    // A tail leaves an idle dedicated connection behind, which the kill
+    // will break.
+    let quiet = store
+        .wait_after("quiet", 0, 10, Duration::from_millis(50))
+        .await
+        .expect("tail before the kill");
+    assert!(quiet.is_empty());
+
     // Kill the server in the middle of the write loop.
     for _ in 0..6000 {
         if acked_count.load(Ordering::Relaxed) >= ACKED_BEFORE_KILL {
@@ -286,6 +294,11 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
         recovered,
         "the store did not work again after the server came back"
     );
+    let quiet = store
+        .wait_after("quiet", 0, 10, Duration::from_millis(50))
+        .await
+        .expect("tails work again too, without rebuilding the store");
+    assert!(quiet.is_empty());
 
     // Let the writers make progress on the restarted server, then stop them.
     let before = acked_count.load(Ordering::Relaxed);
