@@ -25,7 +25,10 @@ use mcp_persist_transport_http::{
     auth::{DurableAuth, DurableAuthBuild, DurableAuthClient},
     client::DurableClientBuilder,
 };
-use rmcp::{ServiceExt, model::CallToolRequestParams};
+use rmcp::{
+    ClientLifecycleMode, ClientServiceExt,
+    model::{CallToolRequestParams, ProtocolVersion},
+};
 use serde_json::{Map, Value, json};
 
 const REDIRECT_URI: &str = "http://localhost:3000/callback";
@@ -78,7 +81,12 @@ async fn exercise(
         .await?;
     authorize_if_needed(&client).await?;
     let outcome = async {
-        let service = ().serve(transport).await?;
+        // 2026-07-28 servers get `server/discover`, older ones `initialize`.
+        let lifecycle = ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::LATEST],
+            legacy_version: None,
+        };
+        let service = ().serve_with_lifecycle(transport, lifecycle).await?;
         let tools = service.list_all_tools().await?;
         for tool in tools {
             let mut params = CallToolRequestParams::new(tool.name.clone());
