@@ -1,8 +1,29 @@
 //! The peers that `cargo xtask conformance` runs the official MCP
-//! conformance suite against. **Not built yet.**
+//! conformance suite (`@modelcontextprotocol/conformance`) against.
 //!
-//! This package will hold two programs: a conformance server (an rmcp server
-//! exposing the suite's fixture tools, resources and prompts, with sessions
-//! and events in mcp-persist stores) and a conformance client (an rmcp client
-//! through mcp-persist's durable transport, persistence on). It is not
-//! published.
+//! * `conformance-server`: an rmcp Streamable HTTP server exposing the
+//!   suite's fixture tools, resources and prompts ([`fixtures`]). With
+//!   `--store sqlite:<path>` its sessions and SSE events live in
+//!   mcp-persist stores on SQLite; with `--store memory-rmcp` it runs on
+//!   rmcp's in-memory defaults, the baseline the durable server is compared
+//!   with.
+//! * `conformance-client`: an rmcp client that plays each client scenario
+//!   the suite names in `MCP_CONFORMANCE_SCENARIO` ([`client`]).
+//!
+//! Both print what they do through `tracing` (`RUST_LOG` picks the level).
+//! The package is not published.
+
+pub mod client;
+pub mod fixtures;
+
+/// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default
+/// `info`). Stdout stays free for what the programs print on purpose.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}

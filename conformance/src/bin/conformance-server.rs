@@ -1,0 +1,88 @@
+//! `conformance-server`: the fixture server the conformance suite's server
+//! scenarios run against.
+//!
+//! ```text
+//! conformance-server [--store memory-rmcp | --store sqlite:<path>] [--port <port>]
+//! ```
+//!
+//! Binds 127.0.0.1 (port 0, the default, picks a free one), prints
+//! `listening on http://127.0.0.1:<port>/mcp` on stdout once it accepts
+//! connections, and serves until killed.
+
+use std::io::Write;
+
+use anyhow::{Context, Result, bail};
+use mcp_persist_conformance::{fixtures::FixtureServer, init_tracing};
+use rmcp::transport::{
+    StreamableHttpServerConfig, StreamableHttpService,
+    streamable_http_server::session::local::LocalSessionManager,
+};
+
+/// Where the server keeps sessions and SSE events.
+enum Store {
+    /// rmcp's defaults: `LocalSessionManager`, no session or event store.
+    MemoryRmcp,
+}
+
+struct Args {
+    store: Store,
+    port: u16,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut store = Store::MemoryRmcp;
+    let mut port = 0;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--store" => {
+                let value = args.next().context("--store needs a value")?;
+                store = match value.as_str() {
+                    "memory-rmcp" => Store::MemoryRmcp,
+                    other => bail!("unknown store {other:?}: use memory-rmcp or sqlite:<path>"),
+                };
+            }
+            "--port" => {
+                let value = args.next().context("--port needs a value")?;
+                port = value
+                    .parse()
+                    .with_context(|| format!("--port {value:?} is not a port number"))?;
+            }
+            other => bail!(
+                "unknown argument {other:?}\n\
+                 usage: conformance-server [--store memory-rmcp | --store sqlite:<path>] [--port <port>]"
+            ),
+        }
+    }
+    Ok(Args { store, port })
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    init_tracing();
+    let args = parse_args()?;
+    let router = match args.store {
+        Store::MemoryRmcp => {
+            let service = StreamableHttpService::new(
+                || Ok(FixtureServer::new()),
+                LocalSessionManager::default().into(),
+                StreamableHttpServerConfig::default(),
+            );
+            axum::Router::new().nest_service("/mcp", service)
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
+        .await
+        .with_context(|| format!("binding 127.0.0.1:{}", args.port))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{addr}/mcp").context("writing to stdout")?;
+        out.flush().context("flushing stdout")?;
+    }
+    tracing::info!(%addr, "conformance server ready");
+    axum::serve(listener, router)
+        .await
+        .context("serving HTTP")?;
+    Ok(())
+}
