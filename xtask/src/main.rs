@@ -15,6 +15,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+mod conformance;
 mod redis;
 
 fn main() -> ExitCode {
@@ -22,6 +23,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("conformance") => conformance::run(&args[1..]),
         Some("services") => services(),
         _ => {
             eprintln!(
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
                  commands:\n  \
                  test       fmt, clippy, docs and all tests, with services started (what CI runs)\n  \
                  bench      benchmarks against same-run baselines (optionally: names to run)\n  \
+                 conformance  the official MCP conformance suite against our client and server\n  \
                  services   start the test services and print their environment, until Ctrl-C"
             );
             return ExitCode::from(2);
@@ -121,6 +124,27 @@ fn test(_args: &[String]) -> Result<()> {
     }
     run_step(&mut steps, "cargo test --workspace", tests);
     drop(redis);
+
+    // The official MCP conformance suite, both directions and revisions.
+    // Outside CI a machine without npm skips it, saying so; under CI it runs.
+    if under_ci() || conformance::available() {
+        println!("\n==> cargo xtask conformance");
+        let started = Instant::now();
+        let ok = conformance::run(&[]).map_or_else(
+            |e| {
+                eprintln!("conformance: {e:#}");
+                false
+            },
+            |()| true,
+        );
+        steps.push(Step {
+            name: "conformance suite",
+            seconds: started.elapsed().as_secs_f64(),
+            ok,
+        });
+    } else {
+        println!("\n==> conformance suite skipped: npm is not installed (CI runs it)");
+    }
 
     println!("\n==> summary");
     for s in &steps {
