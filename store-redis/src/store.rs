@@ -65,7 +65,8 @@ const IDLE_BLOCKING: usize = 8;
 /// * **Logs** are Redis Streams with ids `0-<seq>`. An append adds its
 ///   records (`XADD`) and refreshes the log's expiry (`PEXPIRE`) in one
 ///   atomic Lua script; appends from concurrent tasks are group-committed,
-///   many to a script call, each still atomic on its own.
+///   many to a script call, each still atomic on its own. An append of one
+///   record without a TTL is a plain `XADD`.
 ///   `wait_after` blocks in `XREAD BLOCK` on a dedicated connection, never on
 ///   the shared one.
 /// * **Durability** is Redis's: with `appendonly yes` and
@@ -576,6 +577,23 @@ impl LogStore for RedisStore {
             return Ok(Vec::new());
         }
         let stream = self.inner.layout.log(log);
+        if ttl.is_none() && records.len() == 1 {
+            // One `XADD` is atomic by itself: no script needed.
+            let work = async {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(&stream).arg("0-*").arg("d").arg(&records[0]);
+                let id: Value = cmd
+                    .query_async(&mut self.conn())
+                    .await
+                    .map_err(|e| error::map(e, log))?;
+                let id = bytes_of(&id).ok_or_else(|| unexpected(log, "XADD returned no id"))?;
+                Ok(vec![parse_id(log, id)?])
+            };
+            return self
+                .bounded("append", work)
+                .instrument(debug_span!("redis.append", log, records = 1))
+                .await;
+        }
         let ttl = ttl.map(|t| millis(t).to_string()).unwrap_or_default();
         let count = records.len();
         let work = self.inner.appender.append(|reply| AppendJob {
