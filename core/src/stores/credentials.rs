@@ -278,9 +278,11 @@ impl CredentialStore {
     /// issuer stay stored under their own key and are never handed out for
     /// this resource while another issuer is in force.
     pub async fn current_issuer(&self, resource: &str) -> Result<Option<String>> {
-        Ok(read::<ResourceIssuer>(&*self.kv, &Self::issuer_key(resource))
-            .await?
-            .map(|s| s.record.issuer))
+        Ok(
+            read::<ResourceIssuer>(&*self.kv, &Self::issuer_key(resource))
+                .await?
+                .map(|s| s.record.issuer),
+        )
     }
 
     /// Records `issuer` as the authorization server in force for `resource`
