@@ -124,7 +124,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let url = std::env::args().last().context("server URL argument")?;
+    let url = std::env::args()
+        .next_back()
+        .context("server URL argument")?;
     let scenario = std::env::var("MCP_CONFORMANCE_SCENARIO").unwrap_or_default();
     let context: Value = std::env::var("MCP_CONFORMANCE_CONTEXT")
         .ok()

@@ -47,8 +47,13 @@ async fn stored(
     issuer: &str,
     resource: &str,
 ) -> mcp_persist_core::Credentials {
-    let key = CredentialKey::new(issuer, resource).unwrap();
-    store.load(&key).await.unwrap().expect("stored").record
+    let key = CredentialKey::new(issuer, resource).expect("valid key");
+    store
+        .load(&key)
+        .await
+        .expect("store readable")
+        .expect("stored")
+        .record
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,7 @@
 //!   are stored for a short TTL (10 minutes by default), under a hash of the
 //!   `state`, and removed once used: a redirect may reach another process.
 //! * **Secrets never print.** Tokens, client secrets and PKCE verifiers are
-//!   core [`Secret`](mcp_persist_core::Secret)s; no `Debug`, log line or
+//!   core [`Secret`]s; no `Debug`, log line or
 //!   error of this module carries their text.
 //!
 //! # How rmcp's unkeyed credential slot is mapped
@@ -180,7 +180,7 @@ pub enum DurableAuthError {
         step: &'static str,
         /// rmcp's error.
         #[source]
-        source: AuthError,
+        source: Box<AuthError>,
     },
     /// The pre-registered client belongs to another authorization server.
     #[error(
@@ -209,7 +209,10 @@ pub enum DurableAuthError {
 }
 
 fn oauth(step: &'static str) -> impl FnOnce(AuthError) -> DurableAuthError {
-    move |source| DurableAuthError::OAuth { step, source }
+    move |source| DurableAuthError::OAuth {
+        step,
+        source: Box::new(source),
+    }
 }
 
 /// How a client authorizes with one MCP server, and where its credentials
@@ -799,41 +802,32 @@ where
     }
 }
 
+/// What [`DurableAuthBuild::build_with_auth`] gives: the transport for
+/// rmcp's `serve`, the durable client's handle, and the authenticated HTTP
+/// client inside the transport (for [`DurableAuthClient::authorize`]).
+pub type AuthenticatedTransport = (
+    DurableTransport<DurableAuthClient<reqwest::Client>>,
+    ClientHandle,
+    DurableAuthClient<reqwest::Client>,
+);
+
 /// Builds an authenticated, durable transport from a
 /// [`DurableClientBuilder`] in one call.
 pub trait DurableAuthBuild {
     /// Loads the credentials of `auth` (no network request when they are
     /// stored), wraps rmcp's default HTTP client in a [`DurableAuthClient`]
-    /// and builds the durable transport over it. The returned client is the
-    /// one inside the transport: use it for
-    /// [`authorize`](DurableAuthClient::authorize).
+    /// and builds the durable transport over it.
     fn build_with_auth(
         self,
         auth: &DurableAuth,
-    ) -> impl Future<
-        Output = Result<
-            (
-                DurableTransport<DurableAuthClient<reqwest::Client>>,
-                ClientHandle,
-                DurableAuthClient<reqwest::Client>,
-            ),
-            DurableAuthError,
-        >,
-    > + Send;
+    ) -> impl Future<Output = Result<AuthenticatedTransport, DurableAuthError>> + Send;
 }
 
 impl DurableAuthBuild for DurableClientBuilder {
     async fn build_with_auth(
         self,
         auth: &DurableAuth,
-    ) -> Result<
-        (
-            DurableTransport<DurableAuthClient<reqwest::Client>>,
-            ClientHandle,
-            DurableAuthClient<reqwest::Client>,
-        ),
-        DurableAuthError,
-    > {
+    ) -> Result<AuthenticatedTransport, DurableAuthError> {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
             .redirect(reqwest::redirect::Policy::none())
