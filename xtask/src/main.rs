@@ -16,6 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 mod conformance;
+mod demo;
 mod redis;
 
 fn main() -> ExitCode {
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("demo") => demo::run(&args[1..]),
         Some("conformance") => conformance::run(&args[1..]),
         Some("services") => services(),
         _ => {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
                  commands:\n  \
                  test       fmt, clippy, docs and all tests, with services started (what CI runs)\n  \
                  bench      benchmarks against same-run baselines (optionally: names to run)\n  \
+                 demo       a client and a server killed with SIGKILL and restarted, carrying on\n  \
                  conformance  the official MCP conformance suite against our client and server\n  \
                  services   start the test services and print their environment, until Ctrl-C"
             );
@@ -54,7 +57,7 @@ pub(crate) fn root() -> PathBuf {
         .to_path_buf()
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root());
     cmd
@@ -91,6 +94,24 @@ fn run_step(steps: &mut Vec<Step>, name: &'static str, mut cmd: Command) -> bool
     ok
 }
 
+/// Runs one of xtask's own tasks as a step, recording its outcome.
+fn run_task_step(steps: &mut Vec<Step>, name: &'static str, task: impl FnOnce() -> Result<()>) {
+    println!("\n==> {name}");
+    let started = Instant::now();
+    let ok = task().map_or_else(
+        |e| {
+            eprintln!("{name}: {e:#}");
+            false
+        },
+        |()| true,
+    );
+    steps.push(Step {
+        name,
+        seconds: started.elapsed().as_secs_f64(),
+        ok,
+    });
+}
+
 fn test(_args: &[String]) -> Result<()> {
     let mut steps = Vec::new();
     let mut fmt = cargo();
@@ -125,23 +146,13 @@ fn test(_args: &[String]) -> Result<()> {
     run_step(&mut steps, "cargo test --workspace", tests);
     drop(redis);
 
+    // The product end to end: processes killed with SIGKILL and restarted.
+    run_task_step(&mut steps, "cargo xtask demo", || demo::run(&[]));
+
     // The official MCP conformance suite, both directions and revisions.
     // Outside CI a machine without npm skips it, saying so; under CI it runs.
     if under_ci() || conformance::available() {
-        println!("\n==> cargo xtask conformance");
-        let started = Instant::now();
-        let ok = conformance::run(&[]).map_or_else(
-            |e| {
-                eprintln!("conformance: {e:#}");
-                false
-            },
-            |()| true,
-        );
-        steps.push(Step {
-            name: "conformance suite",
-            seconds: started.elapsed().as_secs_f64(),
-            ok,
-        });
+        run_task_step(&mut steps, "conformance suite", || conformance::run(&[]));
     } else {
         println!("\n==> conformance suite skipped: npm is not installed (CI runs it)");
     }
