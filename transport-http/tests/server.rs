@@ -297,6 +297,17 @@ async fn bad_resumption_scenario(cluster: Cluster) -> anyhow::Result<()> {
     assert_eq!(status, 200);
     assert_eq!(event_ids(&body), vec![last.clone()], "{body}");
     assert!(body.contains("done t"), "{body}");
+
+    // Resuming after the final response ends at once with nothing to send
+    // (the stream is complete; no waiting for events that cannot come).
+    let after_last = tokio::time::timeout(
+        Duration::from_secs(30),
+        raw_resume(&http, &b, "alice", &mine, last),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("a resume after the final response kept waiting"))??;
+    assert_eq!(after_last.0, 200);
+    assert!(event_ids(&after_last.1).is_empty(), "{}", after_last.1);
     Ok(())
 }
 

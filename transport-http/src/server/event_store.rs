@@ -138,6 +138,13 @@ async fn pump(
     idle: Duration,
 ) {
     let request_stream = !after.stream().ends_with(COMMON_STREAM_SUFFIX);
+    if request_stream && already_complete(&events, &after).await {
+        debug!(
+            stream = after.stream(),
+            "resumed after the final response; nothing more to send"
+        );
+        return;
+    }
     let mut quiet = Duration::ZERO;
     let mut delivered = 0usize;
     loop {
@@ -202,6 +209,32 @@ async fn pump(
             }
         }
     }
+}
+
+/// Whether the event `id` itself was its request stream's final response,
+/// so a resume after it has nothing to wait for.
+async fn already_complete(events: &mcp_persist_core::EventStore, id: &EventId) -> bool {
+    let Some(before) = id.seq().checked_sub(1) else {
+        return false;
+    };
+    let text = id.to_string();
+    let Some((token, _)) = text.split_once('-') else {
+        return false;
+    };
+    let Ok(previous) = format!("{token}-{before}-{}", id.stream()).parse::<EventId>() else {
+        return false;
+    };
+    match events.tail(&previous, Duration::ZERO).await {
+        Ok(batch) => batch
+            .first()
+            .is_some_and(|e| e.id == *id && is_final(&e.payload)),
+        Err(_) => false,
+    }
+}
+
+fn is_final(payload: &serde_json::Value) -> bool {
+    payload.get("id").is_some()
+        && (payload.get("result").is_some() || payload.get("error").is_some())
 }
 
 /// A `Send + Sync` stream over a channel (rmcp requires `Sync` streams).
