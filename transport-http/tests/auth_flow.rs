@@ -2,6 +2,8 @@
 //! protected rmcp server: restarts, refresh with rotation, and migration to
 //! a new authorization server.
 
+#![cfg(feature = "auth")]
+
 mod auth_support;
 
 use std::sync::atomic::Ordering;

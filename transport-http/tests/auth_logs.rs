@@ -4,6 +4,8 @@
 //!
 //! Its own test binary, so that the global subscriber sees every event.
 
+#![cfg(feature = "auth")]
+
 mod auth_support;
 
 use std::{

@@ -5,6 +5,8 @@
 //! The children are this test binary run again with
 //! `MCP_PERSIST_AUTH_CHILD` set; `child` does nothing otherwise.
 
+#![cfg(feature = "auth")]
+
 mod auth_support;
 
 use std::{

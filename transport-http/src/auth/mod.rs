@@ -79,7 +79,7 @@
 //!     auth_client
 //!         .authorize(None, |url: String| async move {
 //!             println!("open {url}");
-//!             let redirect: String = todo_read_redirect_from_the_browser();
+//!             let redirect: String = read_redirect_from_the_browser();
 //!             Ok(redirect)
 //!         })
 //!         .await?;
@@ -87,7 +87,7 @@
 //! let client = ().serve(transport).await?;
 //! client.list_all_tools().await?;
 //! # Ok(()) }
-//! # fn todo_read_redirect_from_the_browser() -> String { String::new() }
+//! # fn read_redirect_from_the_browser() -> String { String::new() }
 //! ```
 
 mod store;
