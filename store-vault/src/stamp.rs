@@ -5,19 +5,27 @@
 //! stamp as its id, so the whole 64 KiB of the secret stays for the value:
 //!
 //! ```text
-//! mp1 <counter: 16 hex> <expiry, ms since the epoch, 0 = none: 12 hex> <kind: v|e|t> <digest: 24 hex>
+//! mp1 <counter: 16 hex> <expiry, ms since the epoch, 0 = none: 12 hex> <kind: v|e|t>
+//!     <digest: 20 hex> <predecessor: 12 hex>
 //! ```
+//!
+//! (64 characters, written without the spaces and the line break).
 //!
 //! * the **counter** is the record's [`Version`](mcp_persist_core::Version);
 //! * the **expiry** is the TTL, honoured on every read;
 //! * the **kind** says whether the version holds a value, the empty value
 //!   (Secrets Manager refuses empty secrets, so a placeholder byte is
 //!   stored), or a tombstone left by a delete;
-//! * the **digest** is the first 96 bits of a SHA-256 over the key, the
+//! * the **digest** is the first 80 bits of a SHA-256 over the key, the
 //!   counter, the expiry, the kind and the value. It makes the id
-//!   deterministic (a retried write is recognised as the same write), and a
+//!   deterministic (a retried call is recognised as the same write), and a
 //!   read checks it, so a value that does not belong to its key or stamp is
-//!   [`Error::Corrupt`] rather than returned.
+//!   [`Error::Corrupt`] rather than returned;
+//! * the **predecessor** is the first 48 bits of a SHA-256 of the id of the
+//!   version this one replaced (zeros for the first). A writer only replaces
+//!   a version it read as current, so a version naming ours as predecessor
+//!   proves that ours was current once: a write whose answer was lost, and
+//!   which others have written over since, is still known to have landed.
 //!
 //! The leading `mp` and schema digit let a later format be recognised as
 //! [`Error::NewerSchema`] instead of being misread.
@@ -30,7 +38,7 @@ use sha2::{Digest, Sha256};
 const MAGIC: &str = "mp";
 /// The stamp schema this build writes and reads.
 pub(crate) const SCHEMA: u32 = 1;
-const LEN: usize = 2 + 1 + 16 + 12 + 1 + 24;
+const LEN: usize = 2 + 1 + 16 + 12 + 1 + 20 + 12;
 /// The largest expiry a stamp holds (48 bits of milliseconds, year 10889).
 const MAX_EXPIRY_MS: u64 = (1 << 48) - 1;
 
@@ -62,7 +70,8 @@ pub(crate) struct Stamp {
     /// Milliseconds since the epoch after which the record is gone; 0: never.
     pub(crate) expires_ms: u64,
     pub(crate) kind: Kind,
-    digest: [u8; 12],
+    digest: [u8; 10],
+    predecessor: [u8; 6],
 }
 
 /// Milliseconds since the Unix epoch (0 for a clock before it).
@@ -91,7 +100,7 @@ pub(crate) fn expiry(ttl: Option<Duration>) -> u64 {
     }
 }
 
-fn digest(key: &str, counter: u64, expires_ms: u64, kind: Kind, value: &[u8]) -> [u8; 12] {
+fn digest(key: &str, counter: u64, expires_ms: u64, kind: Kind, value: &[u8]) -> [u8; 10] {
     let mut hash = Sha256::new();
     hash.update(b"mcp-persist secrets manager stamp v1\0");
     hash.update((key.len() as u64).to_be_bytes());
@@ -101,20 +110,50 @@ fn digest(key: &str, counter: u64, expires_ms: u64, kind: Kind, value: &[u8]) ->
     hash.update([kind.code() as u8]);
     hash.update(value);
     let full = hash.finalize();
-    let mut out = [0u8; 12];
-    out.copy_from_slice(&full[..12]);
+    let mut out = [0u8; 10];
+    out.copy_from_slice(&full[..10]);
     out
 }
 
+/// The link to a predecessor version id.
+fn link(id: &str) -> [u8; 6] {
+    let full = Sha256::digest(id.as_bytes());
+    let mut out = [0u8; 6];
+    out.copy_from_slice(&full[..6]);
+    out
+}
+
+fn hex_bytes<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 impl Stamp {
-    /// The stamp of a new version.
-    pub(crate) fn new(key: &str, counter: u64, expires_ms: u64, kind: Kind, value: &[u8]) -> Self {
+    /// The stamp of a new version, replacing the version `predecessor`
+    /// (`None` for the first version of a secret).
+    pub(crate) fn new(
+        key: &str,
+        counter: u64,
+        expires_ms: u64,
+        kind: Kind,
+        value: &[u8],
+        predecessor: Option<&str>,
+    ) -> Self {
         Stamp {
             counter,
             expires_ms,
             kind,
             digest: digest(key, counter, expires_ms, kind, value),
+            predecessor: predecessor.map_or([0; 6], link),
         }
+    }
+
+    /// Whether this version replaced the version with id `id`.
+    pub(crate) fn follows(&self, id: &str) -> bool {
+        self.predecessor == link(id)
     }
 
     /// The version id to write.
@@ -125,7 +164,7 @@ impl Stamp {
             self.expires_ms,
             self.kind.code()
         );
-        for b in self.digest {
+        for b in self.digest.iter().chain(&self.predecessor) {
             id.push_str(&format!("{b:02x}"));
         }
         id
@@ -166,16 +205,14 @@ impl Stamp {
             "t" => Kind::Tombstone,
             _ => return Err(not_ours()),
         };
-        let mut digest = [0u8; 12];
-        for (i, b) in digest.iter_mut().enumerate() {
-            let at = 32 + 2 * i;
-            *b = u8::from_str_radix(&id[at..at + 2], 16).map_err(|_| not_ours())?;
-        }
+        let digest = hex_bytes(&id[32..52]).ok_or_else(not_ours)?;
+        let predecessor = hex_bytes(&id[52..64]).ok_or_else(not_ours)?;
         Ok(Stamp {
             counter,
             expires_ms,
             kind,
             digest,
+            predecessor,
         })
     }
 
@@ -201,9 +238,12 @@ mod tests {
             (Kind::Empty, &b""[..]),
             (Kind::Tombstone, &b""[..]),
         ] {
-            let stamp = Stamp::new("k", u64::MAX, MAX_EXPIRY_MS, kind, value);
+            let stamp = Stamp::new("k", u64::MAX, MAX_EXPIRY_MS, kind, value, Some("before"));
             let id = stamp.id();
             assert!((32..=64).contains(&id.len()), "{}", id.len());
+            assert!(stamp.follows("before") && !stamp.follows("other"));
+            let first = Stamp::new("k", 1, 0, kind, value, None);
+            assert!(!first.follows("before"));
             let parsed = Stamp::parse("k", &id).expect("parses");
             assert_eq!(parsed, stamp);
             assert!(parsed.matches("k", value));
@@ -215,10 +255,10 @@ mod tests {
     #[test]
     fn liveness_follows_kind_and_expiry() {
         let now = now_ms();
-        assert!(Stamp::new("k", 1, 0, Kind::Value, b"x").is_live(now));
-        assert!(Stamp::new("k", 1, now + 1000, Kind::Value, b"x").is_live(now));
-        assert!(!Stamp::new("k", 1, now, Kind::Value, b"x").is_live(now));
-        assert!(!Stamp::new("k", 1, 0, Kind::Tombstone, b"").is_live(now));
+        assert!(Stamp::new("k", 1, 0, Kind::Value, b"x", None).is_live(now));
+        assert!(Stamp::new("k", 1, now + 1000, Kind::Value, b"x", None).is_live(now));
+        assert!(!Stamp::new("k", 1, now, Kind::Value, b"x", None).is_live(now));
+        assert!(!Stamp::new("k", 1, 0, Kind::Tombstone, b"", None).is_live(now));
     }
 
     #[test]
@@ -228,7 +268,7 @@ mod tests {
             Stamp::parse("k", uuid),
             Err(Error::Corrupt { ref key, .. }) if key == "k"
         ));
-        let newer = Stamp::new("k", 1, 0, Kind::Value, b"x")
+        let newer = Stamp::new("k", 1, 0, Kind::Value, b"x", None)
             .id()
             .replacen("mp1", "mp2", 1);
         assert!(matches!(
@@ -239,7 +279,7 @@ mod tests {
                 ..
             })
         ));
-        let mut bad = Stamp::new("k", 1, 0, Kind::Value, b"x").id();
+        let mut bad = Stamp::new("k", 1, 0, Kind::Value, b"x", None).id();
         bad.replace_range(31..32, "z");
         assert!(matches!(
             Stamp::parse("k", &bad),

@@ -258,7 +258,7 @@ impl Inner {
             // Versions increase per key, and never fall below the clock, so
             // they keep increasing after a secret was removed for good.
             let counter = previous_counter.saturating_add(n).max(now_micros());
-            let stamp = Stamp::new(key, counter, expires_ms, kind, value);
+            let stamp = Stamp::new(key, counter, expires_ms, kind, value, from.as_deref());
             let token = stamp.id();
             let version = Version::new(counter);
             attempted = Some((token.clone(), version));
@@ -269,7 +269,12 @@ impl Inner {
             };
             let landed = match from {
                 None => self.create(&name, key, &token, stored).await?,
-                Some(from) => self.swap(&name.name, &from, &token, stored).await?,
+                Some(from) => {
+                    // A lost race, or a retried call whose first answer was
+                    // lost after it landed: only the versions written since tell.
+                    self.swap(&name.name, &from, &token, stored).await?
+                        || self.landed(&name.name, &token).await?
+                }
             };
             if landed {
                 return Ok(Some(version));
@@ -352,6 +357,47 @@ impl Inner {
                 Ok(false)
             }
             Err(e) => Err(from_sdk("UpdateSecretVersionStage", e)),
+        }
+    }
+
+    /// Whether the version `token` became current at some point: it is
+    /// current, or another version names it as its predecessor (see
+    /// [`Stamp`]).
+    async fn landed(&self, name: &str, token: &str) -> Result<bool> {
+        let mut next: Option<String> = None;
+        loop {
+            let mut request = self
+                .client
+                .list_secret_version_ids()
+                .secret_id(name)
+                .include_deprecated(true)
+                .max_results(100);
+            if let Some(token) = next.take() {
+                request = request.next_token(token);
+            }
+            let out = match request.send().await {
+                Ok(out) => out,
+                Err(e) if matches!(code_of(&e), Some(NOT_FOUND | INVALID_REQUEST)) => {
+                    return Ok(false);
+                }
+                Err(e) => return Err(from_sdk("ListSecretVersionIds", e)),
+            };
+            for version in out.versions() {
+                let Some(id) = version.version_id() else {
+                    continue;
+                };
+                let current = version.version_stages().iter().any(|s| s == CURRENT);
+                if (id == token && current)
+                    || Stamp::parse(name, id).is_ok_and(|s| s.follows(token))
+                {
+                    tracing::debug!("a write whose answer was lost had landed");
+                    return Ok(true);
+                }
+            }
+            match out.next_token() {
+                Some(token) if !token.is_empty() => next = Some(token.to_owned()),
+                _ => return Ok(false),
+            }
         }
     }
 

@@ -744,6 +744,50 @@ async fn retried_writes_are_idempotent() {
     assert_eq!(versions.versions().len(), 3, "one version per write");
 }
 
+/// A write whose label move landed but whose answer was lost, and which
+/// another process wrote over before the retry, still reports success: the
+/// later version names it as its predecessor. Reporting `Conflict` would
+/// make the caller apply its change twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_write_overwritten_before_its_retry_still_succeeds() {
+    let Some(url) = moto_url() else { return };
+    let proxy = Proxy::start(&url).await;
+    let prefix = unique_prefix("landed");
+    let a = SecretsManagerStore::builder(&prefix)
+        .client(client(&proxy.url))
+        .retry(3, Duration::from_millis(1))
+        .max_writes_per_second(None)
+        .build()
+        .await
+        .expect("store");
+    let b = store(&url, &prefix).await;
+    let v1 = a
+        .put("n", b"1".to_vec(), PutMode::Create, None)
+        .await
+        .expect("put");
+
+    proxy.lose_answers("UpdateSecretVersionStage", 1);
+    proxy.hold_after("UpdateSecretVersionStage", 1);
+    let write = tokio::spawn({
+        let a = a.clone();
+        async move { a.put("n", b"2".to_vec(), PutMode::Update(v1), None).await }
+    });
+    // The move landed, its answer was lost, and the retry is held.
+    proxy.until_held().await;
+    let seen = b.get("n").await.expect("get").expect("present");
+    assert_eq!(seen.value, b"2");
+    b.put("n", b"3".to_vec(), PutMode::Update(seen.version), None)
+        .await
+        .expect("another process writes over it");
+    proxy.release();
+    let v2 = write
+        .await
+        .expect("task")
+        .expect("the write landed, so it succeeded");
+    assert_eq!(v2, seen.version);
+    assert_eq!(b.get("n").await.expect("get").expect("present").value, b"3");
+}
+
 /// Region, credentials and endpoint from the standard AWS environment
 /// variables. The environment is the process's, so the test runs itself
 /// again as a child process with the variables set.

@@ -139,7 +139,8 @@ struct ProxyState {
     throttled: AtomicU32,
     lose_target: Mutex<String>,
     lose_left: AtomicU32,
-    hold_target: Mutex<Option<String>>,
+    /// The operation to hold, after letting this many of its calls through.
+    hold_target: Mutex<Option<(String, u32)>>,
     holding: Notify,
     held: AtomicU32,
     release: Notify,
@@ -198,7 +199,13 @@ impl Proxy {
 
     /// Holds the next call of `operation` until [`Proxy::release`].
     pub fn hold(&self, operation: &str) {
-        *self.state.hold_target.lock().expect("lock") = Some(operation.to_owned());
+        self.hold_after(operation, 0);
+    }
+
+    /// Lets `skip` calls of `operation` through, then holds the next one
+    /// until [`Proxy::release`].
+    pub fn hold_after(&self, operation: &str, skip: u32) {
+        *self.state.hold_target.lock().expect("lock") = Some((operation.to_owned(), skip));
     }
 
     /// Waits until a call is held.
@@ -288,11 +295,16 @@ async fn serve(socket: TcpStream, state: Arc<ProxyState>) {
         } else {
             let hold = {
                 let mut target = state.hold_target.lock().expect("lock");
-                if target.as_deref() == Some(operation.as_str()) {
-                    *target = None;
-                    true
-                } else {
-                    false
+                match target.as_mut() {
+                    Some((op, 0)) if *op == operation => {
+                        *target = None;
+                        true
+                    }
+                    Some((op, skip)) if *op == operation => {
+                        *skip -= 1;
+                        false
+                    }
+                    _ => false,
                 }
             };
             if hold {
