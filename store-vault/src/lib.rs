@@ -42,10 +42,13 @@
 //!   another.
 //! * **The value is the secret's binary value, whole**: up to 64 KiB
 //!   ([`MAX_VALUE_BYTES`]); one byte more is [`Error::TooLarge`] and writes
-//!   nothing. The record's version, expiry and a digest of key and value
-//!   live in the id of the secret version (the client request token, which
-//!   Secrets Manager lets the writer choose), so writes are idempotent: a
-//!   retried call carries the same token and is recognised.
+//!   nothing. The record's version, expiry, a digest of key and value, and
+//!   a link to the version it replaced live in the id of the secret version
+//!   (the client request token, which Secrets Manager lets the writer
+//!   choose). So writes are idempotent: a retried call carries the same
+//!   token and is recognised; and a write whose answer was lost is known to
+//!   have landed even after others wrote over it, so it is never reported
+//!   as a `Conflict` and applied twice.
 //! * **Compare-and-swap through staging labels**: a write adds a version
 //!   under a pending label, then moves `AWSCURRENT` to it with
 //!   `RemoveFromVersionId` set to the version it read. If another writer
