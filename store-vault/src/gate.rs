@@ -289,6 +289,43 @@ mod tests {
         assert!(coalescer.queues().is_empty());
     }
 
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_leader_hands_its_queue_on() {
+        let fake = Arc::new(Fake::default());
+        let coalescer = Arc::new(Coalescer::default());
+        let spawn = |i: u8| {
+            let (fake, coalescer) = (fake.clone(), coalescer.clone());
+            tokio::spawn(async move {
+                coalescer
+                    .overwrite("k", vec![i], None, |v, _, n| {
+                        let fake = fake.clone();
+                        async move { fake.write(v, n).await }
+                    })
+                    .await
+            })
+        };
+        let leader = spawn(0);
+        while fake.writes.lock().expect("not poisoned").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let followers: Vec<_> = (1..4).map(spawn).collect();
+        tokio::task::yield_now().await;
+        // The leader goes away in the middle of its write.
+        leader.abort();
+        assert!(leader.await.expect_err("aborted").is_cancelled());
+        while !followers.iter().all(|t| t.is_finished()) {
+            fake.release.notify_one();
+            tokio::task::yield_now().await;
+        }
+        for follower in followers {
+            follower.await.expect("task").expect("written");
+        }
+        // The followers were written as one batch by the next leader.
+        assert_eq!(*fake.writes.lock().expect("not poisoned"), vec![1, 3]);
+        assert_eq!(*fake.stored.lock().expect("not poisoned"), vec![3]);
+        assert!(coalescer.queues().is_empty());
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn rate_limiter_spaces_calls_after_a_burst() {
         let limiter = RateLimiter::new(Some(10)).expect("limited");
