@@ -1,13 +1,19 @@
 //! Client benchmark: this crate's durable client against stock rmcp, in the
 //! same run, on loopback, against an rmcp server in this process.
 //!
-//! * restart: time from building a client to its first tool result, stock
-//!   rmcp (new `initialize`) against the durable client resuming a stored
-//!   session (no `initialize`), with HTTP requests counted per start;
+//! * restart: time from opening the store and building a client to its first
+//!   tool result, stock rmcp (new `initialize`) against the durable client
+//!   resuming the session stored in a SQLite file (no `initialize`), with
+//!   HTTP requests counted per start;
 //! * steady state: sequential tool calls per second.
 //!
+//! Each is measured on plain loopback and through a local TCP proxy that
+//! delays every chunk by 25 ms each way (50 ms per round trip), where saved
+//! round trips show. The process itself is not restarted: loading the binary
+//! costs both clients the same.
+//!
 //! `cargo run --release -p mcp-persist-transport-http --example bench_client`
-//! (bounded: about 10 seconds). Not covered yet: a delay-adding proxy.
+//! (bounded: about 30 seconds).
 
 use std::{
     sync::{
@@ -18,7 +24,7 @@ use std::{
 };
 
 use anyhow::Result;
-use mcp_persist_core::MemoryStore;
+use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::client::DurableClientBuilder;
 use rmcp::{
     ErrorData, RoleServer, ServerHandler, ServiceExt,
@@ -33,6 +39,11 @@ use rmcp::{
             StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
         },
     },
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
 };
 
 #[derive(Clone)]
@@ -52,7 +63,18 @@ impl ServerHandler for Echo {
 }
 
 const RESTARTS: usize = 30;
+const RESTARTS_DELAYED: usize = 8;
 const STEADY: Duration = Duration::from_secs(2);
+const ONE_WAY_DELAY: Duration = Duration::from_millis(25);
+
+struct Figures {
+    stock_start: Duration,
+    durable_start: Duration,
+    stock_requests: f64,
+    durable_requests: f64,
+    stock_rate: f64,
+    durable_rate: f64,
+}
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -72,81 +94,176 @@ async fn main() -> Result<()> {
                     next.run(request)
                 },
             ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, router).await });
-    let call = || CallToolRequestParams::new("echo");
+    let proxy = delay_proxy(server, ONE_WAY_DELAY).await?;
+    let folder = tempfile::tempdir()?;
 
-    // Restart: stock rmcp.
+    let direct = measure(
+        &format!("http://{server}/mcp"),
+        &folder.path().join("direct.db"),
+        RESTARTS,
+        &requests,
+    )
+    .await?;
+    let delayed = measure(
+        &format!("http://{proxy}/mcp"),
+        &folder.path().join("delayed.db"),
+        RESTARTS_DELAYED,
+        &requests,
+    )
+    .await?;
+
+    println!("| measure | path | stock rmcp | durable client | ratio |");
+    println!("|---|---|---|---|---|");
+    for (path, f) in [("loopback", &direct), ("+50 ms RTT", &delayed)] {
+        println!(
+            "| start to first tool result (median) | {path} | {:.1} ms | {:.1} ms | {:.2} |",
+            ms(f.stock_start),
+            ms(f.durable_start),
+            f.durable_start.as_secs_f64() / f.stock_start.as_secs_f64()
+        );
+        println!(
+            "| HTTP requests per start (incl. GET stream, DELETE) | {path} | {:.1} | {:.1} | |",
+            f.stock_requests, f.durable_requests
+        );
+        println!(
+            "| steady-state tool calls/s | {path} | {:.0} | {:.0} | {:.2} |",
+            f.stock_rate,
+            f.durable_rate,
+            f.durable_rate / f.stock_rate
+        );
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn measure(
+    url: &str,
+    db: &std::path::Path,
+    restarts: usize,
+    requests: &AtomicUsize,
+) -> Result<Figures> {
+    let call = || CallToolRequestParams::new("echo");
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+
+    // Restart: stock rmcp starts from nothing every time.
     let mut stock = Vec::new();
     let before = requests.load(Ordering::Relaxed);
-    for _ in 0..RESTARTS {
+    for _ in 0..restarts {
         let start = Instant::now();
-        let client = ().serve(StreamableHttpClientTransport::from_uri(url.as_str())).await?;
+        let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
         client.call_tool(call()).await?;
         stock.push(start.elapsed());
-        drop(client);
+        client.cancel().await?;
     }
-    let stock_requests = (requests.load(Ordering::Relaxed) - before) as f64 / RESTARTS as f64;
+    let stock_requests = (requests.load(Ordering::Relaxed) - before) as f64 / restarts as f64;
 
-    // Restart: durable client on a stored session.
-    let store = Arc::new(MemoryStore::new());
+    // Restart: the durable client reopens its SQLite store and resumes.
     {
-        let (transport, handle) = DurableClientBuilder::new(&url, store.clone())
-            .build()
-            .await?;
+        let store = Arc::new(SqliteStore::open(db).await?);
+        let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
         let client = ().serve(transport).await?;
         client.call_tool(call()).await?;
         handle.flush().await;
-        client.cancel().await?;
+        drop(client);
     }
     let mut durable = Vec::new();
     let before = requests.load(Ordering::Relaxed);
-    for _ in 0..RESTARTS {
+    for _ in 0..restarts {
         let start = Instant::now();
-        let (transport, handle) = DurableClientBuilder::new(&url, store.clone())
-            .build()
-            .await?;
+        let store = Arc::new(SqliteStore::open(db).await?);
+        let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
         let client = ().serve(transport).await?;
         client.call_tool(call()).await?;
         durable.push(start.elapsed());
         handle.flush().await;
         drop(client);
     }
-    let durable_requests = (requests.load(Ordering::Relaxed) - before) as f64 / RESTARTS as f64;
+    let durable_requests = (requests.load(Ordering::Relaxed) - before) as f64 / restarts as f64;
 
     // Steady state.
     let stock_rate = {
-        let client = ().serve(StreamableHttpClientTransport::from_uri(url.as_str())).await?;
+        let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
         rate(|| client.call_tool(call())).await?
     };
     let durable_rate = {
-        let (transport, _handle) = DurableClientBuilder::new(&url, store.clone())
-            .build()
-            .await?;
+        let store = Arc::new(SqliteStore::open(db).await?);
+        let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
         let client = ().serve(transport).await?;
         rate(|| client.call_tool(call())).await?
     };
+    Ok(Figures {
+        stock_start: median(stock),
+        durable_start: median(durable),
+        stock_requests,
+        durable_requests,
+        stock_rate,
+        durable_rate,
+    })
+}
 
-    let median = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
+/// A TCP proxy to `upstream` that holds every chunk `delay` before passing
+/// it on, in both directions, keeping order and not limiting throughput.
+async fn delay_proxy(
+    upstream: std::net::SocketAddr,
+    delay: Duration,
+) -> Result<std::net::SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(outbound) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (in_read, in_write) = inbound.into_split();
+                let (out_read, out_write) = outbound.into_split();
+                tokio::join!(
+                    pump(in_read, out_write, delay),
+                    pump(out_read, in_write, delay)
+                );
+            });
+        }
+    });
+    Ok(addr)
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
     };
-    println!("| measure (loopback, memory store) | stock rmcp | durable client | ratio |");
-    println!("|---|---|---|---|");
-    let (s, d) = (median(&mut stock), median(&mut durable));
-    println!(
-        "| start to first tool result, median of {RESTARTS} | {s:?} | {d:?} | {:.2} |",
-        d.as_secs_f64() / s.as_secs_f64()
-    );
-    println!(
-        "| HTTP requests per start (incl. GET stream) | {stock_requests:.1} | {durable_requests:.1} | |"
-    );
-    println!(
-        "| steady-state tool calls/s ({STEADY:?}) | {stock_rate:.0} | {durable_rate:.0} | {:.2} |",
-        durable_rate / stock_rate
-    );
-    Ok(())
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                break;
+            }
+        }
+    };
+    tokio::join!(reader, writer);
 }
 
 async fn rate<F, Fut, T, E>(mut f: F) -> Result<f64>
