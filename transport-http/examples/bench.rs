@@ -1,0 +1,243 @@
+//! Benchmarks of the durable server, each against its baseline in the same
+//! run. Run in release mode: `cargo xtask bench`, or
+//! `cargo run --release -p mcp-persist-transport-http --example bench`.
+//!
+//! * **Progress events per second** delivered end to end (tool handler to
+//!   rmcp client, over HTTP and SSE) by rmcp's in-memory defaults, by the
+//!   durable server without an event store, and by the durable server with
+//!   each backend's event store (every event committed before it is sent).
+//! * **Added latency of a cross-instance restore**: the first request on an
+//!   instance that must restore the session from the store, against the
+//!   same request once the session is there.
+#![allow(deprecated)] // The demo server's sampling tool; see server.rs.
+
+#[path = "server.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod demo;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use mcp_persist_core::{MemoryStore, Stores};
+use rmcp::{
+    ClientHandler, RoleClient, ServiceExt,
+    model::{ClientCapabilities, ClientInfo, Implementation, ProgressNotificationParam},
+    service::NotificationContext,
+    transport::StreamableHttpClientTransport,
+};
+use tokio::sync::mpsc;
+
+/// Progress notifications per measured call.
+const EVENTS: usize = 2_000;
+/// Measured calls per configuration (after one warm-up call).
+const ROUNDS: usize = 3;
+/// Restores measured per backend.
+const RESTORES: usize = 30;
+
+#[derive(Clone)]
+struct Counter(mpsc::UnboundedSender<()>);
+
+impl ClientHandler for Counter {
+    fn get_info(&self) -> ClientInfo {
+        ClientInfo::new(
+            ClientCapabilities::default(),
+            Implementation::new("bench", "1.0"),
+        )
+    }
+
+    async fn on_progress(
+        &self,
+        _params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(());
+    }
+}
+
+fn options() -> anyhow::Result<demo::Options> {
+    demo::Options::parse(Vec::new())
+}
+
+async fn serve(router: axum::Router) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((url, task))
+}
+
+/// Events per second through one server, best of `ROUNDS` calls.
+async fn progress_rate(router: axum::Router) -> anyhow::Result<f64> {
+    let (url, task) = serve(router).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let client = Counter(tx)
+        .serve(StreamableHttpClientTransport::from_uri(url))
+        .await?;
+    let mut best = 0f64;
+    for round in 0..=ROUNDS {
+        let args = serde_json::json!({"count": EVENTS, "delay_ms": 0, "tag": "bench"});
+        let serde_json::Value::Object(args) = args else {
+            unreachable!("an object literal")
+        };
+        let start = Instant::now();
+        client
+            .call_tool(
+                rmcp::model::CallToolRequestParams::new("slow_progress").with_arguments(args),
+            )
+            .await?;
+        for _ in 0..EVENTS {
+            tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .context("progress did not arrive")?
+                .context("client closed")?;
+        }
+        let rate = EVENTS as f64 / start.elapsed().as_secs_f64();
+        if round > 0 {
+            best = best.max(rate);
+        }
+    }
+    client.cancel().await?;
+    task.abort();
+    Ok(best)
+}
+
+async fn raw(
+    http: &reqwest::Client,
+    url: &str,
+    session: Option<&str>,
+    body: serde_json::Value,
+) -> anyhow::Result<(Option<String>, String)> {
+    let mut request = http
+        .post(url)
+        .header("x-demo-user", "bench")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(session) = session {
+        request = request
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", "2025-11-25");
+    }
+    let response = request.send().await?;
+    anyhow::ensure!(response.status().is_success(), "HTTP {}", response.status());
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok((session, response.text().await?))
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Median latency of a `tools/list` that restores the session on a second
+/// instance, and of the same request once the session is there.
+async fn restore_latency(stores: Stores) -> anyhow::Result<(Duration, Duration)> {
+    let opts = options()?;
+    let a = demo::durable_router(stores.clone(), &opts, Arc::default())?;
+    let b = demo::durable_router(stores, &opts, Arc::default())?;
+    let ((url_a, task_a), (url_b, task_b)) = (serve(a).await?, serve(b).await?);
+    let http = reqwest::Client::new();
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+    });
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (mut restores, mut warm) = (Vec::new(), Vec::new());
+    for _ in 0..RESTORES {
+        let (session, _) = raw(&http, &url_a, None, init.clone()).await?;
+        let session = session.context("no session id")?;
+        raw(&http, &url_a, Some(&session), initialized.clone()).await?;
+        let start = Instant::now();
+        raw(&http, &url_b, Some(&session), list.clone()).await?;
+        restores.push(start.elapsed());
+        let start = Instant::now();
+        raw(&http, &url_b, Some(&session), list.clone()).await?;
+        warm.push(start.elapsed());
+    }
+    task_a.abort();
+    task_b.abort();
+    Ok((median(restores), median(warm)))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = options()?;
+    let file = || async {
+        anyhow::Ok(Stores::new(
+            mcp_persist_store_file::FileStore::open(dir.path().join("file")).await?,
+        ))
+    };
+    let sqlite = || async {
+        anyhow::Ok(Stores::new(
+            mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("state.db")).await?,
+        ))
+    };
+
+    println!("progress events delivered end to end ({EVENTS} per call, best of {ROUNDS})");
+    println!("{:<36} {:>12} {:>10}", "server", "events/s", "vs rmcp");
+    let baseline = progress_rate(demo::rmcp_default_router(&opts, Arc::default())).await?;
+    println!(
+        "{:<36} {:>12.0} {:>10.2}",
+        "rmcp in-memory defaults", baseline, 1.0
+    );
+    let no_events = {
+        let server = mcp_persist_transport_http::server::DurableServer::builder(Stores::new(
+            MemoryStore::new(),
+        ))
+        .without_events()
+        .build()?;
+        let counters = Arc::new(demo::Counters::default());
+        let service = server.service(move || Ok(demo::DemoHandler::new(counters.clone())));
+        progress_rate(axum::Router::new().nest_service("/mcp", service)).await?
+    };
+    println!(
+        "{:<36} {:>12.0} {:>10.2}",
+        "durable, no event store",
+        no_events,
+        no_events / baseline
+    );
+    for (name, stores) in [
+        (
+            "durable, memory event store",
+            Stores::new(MemoryStore::new()),
+        ),
+        ("durable, file event store", file().await?),
+        ("durable, sqlite event store", sqlite().await?),
+    ] {
+        let rate = progress_rate(demo::durable_router(stores, &opts, Arc::default())?).await?;
+        println!("{name:<36} {rate:>12.0} {:>10.2}", rate / baseline);
+    }
+
+    println!();
+    println!(
+        "cross-instance restore: median tools/list latency on the second instance ({RESTORES} sessions)"
+    );
+    println!(
+        "{:<12} {:>14} {:>14} {:>14}",
+        "backend", "restoring", "warm", "added"
+    );
+    for (name, stores) in [
+        ("memory", Stores::new(MemoryStore::new())),
+        ("file", file().await?),
+        ("sqlite", sqlite().await?),
+    ] {
+        let (restore, warm) = restore_latency(stores).await?;
+        println!(
+            "{name:<12} {:>11.2} ms {:>11.2} ms {:>11.2} ms",
+            restore.as_secs_f64() * 1e3,
+            warm.as_secs_f64() * 1e3,
+            restore.saturating_sub(warm).as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
