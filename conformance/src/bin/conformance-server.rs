@@ -9,10 +9,13 @@
 //! `listening on http://127.0.0.1:<port>/mcp` on stdout once it accepts
 //! connections, and serves until killed.
 
-use std::io::Write;
+use std::{io::Write, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mcp_persist_conformance::{fixtures::FixtureServer, init_tracing};
+use mcp_persist_core::Stores;
+use mcp_persist_store_sqlite::SqliteStore;
+use mcp_persist_transport_http::server::DurableServer;
 use rmcp::transport::{
     StreamableHttpServerConfig, StreamableHttpService,
     streamable_http_server::session::local::LocalSessionManager,
@@ -22,6 +25,8 @@ use rmcp::transport::{
 enum Store {
     /// rmcp's defaults: `LocalSessionManager`, no session or event store.
     MemoryRmcp,
+    /// mcp-persist's durable server on a SQLite database at this path.
+    Sqlite(PathBuf),
 }
 
 struct Args {
@@ -39,6 +44,9 @@ fn parse_args() -> Result<Args> {
                 let value = args.next().context("--store needs a value")?;
                 store = match value.as_str() {
                     "memory-rmcp" => Store::MemoryRmcp,
+                    v if v.starts_with("sqlite:") && v.len() > "sqlite:".len() => {
+                        Store::Sqlite(PathBuf::from(&v["sqlite:".len()..]))
+                    }
                     other => bail!("unknown store {other:?}: use memory-rmcp or sqlite:<path>"),
                 };
             }
@@ -69,6 +77,16 @@ async fn main() -> Result<()> {
                 StreamableHttpServerConfig::default(),
             );
             axum::Router::new().nest_service("/mcp", service)
+        }
+        Store::Sqlite(path) => {
+            let backend = SqliteStore::open(&path)
+                .await
+                .with_context(|| format!("opening the SQLite store at {}", path.display()))?;
+            let server = DurableServer::builder(Stores::new(backend))
+                .build()
+                .context("building the durable server")?;
+            tracing::info!(path = %path.display(), "sessions and events on SQLite");
+            axum::Router::new().nest_service("/mcp", server.service(|| Ok(FixtureServer::new())))
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
