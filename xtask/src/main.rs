@@ -182,6 +182,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("file", "mcp-persist-store-file", "bench"),
     ("sqlite", "mcp-persist-store-sqlite", "bench"),
     ("redis", "mcp-persist-store-redis", "bench"),
+    ("server", "mcp-persist-transport-http", "bench"),
     ("client", "mcp-persist-transport-http", "bench_client"),
 ];
 
