@@ -187,7 +187,10 @@ impl Shared {
         Ok(Some(Credentials {
             key,
             access_token: Secret::new(access_token),
-            token_type: text("token_type").unwrap_or_else(|| "Bearer".to_owned()),
+            token_type: match text("token_type") {
+                Some(t) if !t.eq_ignore_ascii_case("bearer") => t,
+                _ => "Bearer".to_owned(),
+            },
             expires_at,
             refresh_token: text("refresh_token").map(Secret::new),
             scopes: rmcp.granted_scopes.clone(),
