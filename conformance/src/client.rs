@@ -149,7 +149,7 @@ impl Scenario {
             tools
                 .tools
                 .iter()
-                .map(|t| (t.name.to_string(), arguments_for(t)))
+                .map(|t| (t.name.to_string(), arguments_for(t, &tools.tools)))
                 .collect()
         } else {
             self.context
@@ -175,8 +175,19 @@ impl Scenario {
 }
 
 /// Arguments for a tool built from its input schema: every required
-/// property gets a plain value of its type.
-fn arguments_for(tool: &Tool) -> Option<Map<String, Value>> {
+/// property gets a plain value of its type. The schema-echo tool gets the
+/// input schema of the other tool, exactly as it was received, so the
+/// scenario can check that nothing was lost in parsing.
+fn arguments_for(tool: &Tool, all: &[Tool]) -> Option<Map<String, Value>> {
+    if tool.name == "json_schema_echo" {
+        let other = all.iter().find(|t| t.name != tool.name)?;
+        let mut arguments = Map::new();
+        arguments.insert(
+            "schema".into(),
+            Value::Object((*other.input_schema).clone()),
+        );
+        return Some(arguments);
+    }
     let schema = &tool.input_schema;
     let required: Vec<&str> = schema
         .get("required")
