@@ -299,7 +299,9 @@ mod tests {
         let store = MemoryStore::new();
         let kv: Arc<dyn KvStore> = Arc::new(store.clone());
         let log: Arc<dyn LogStore> = Arc::new(store);
-        kv.put("k", b"v".to_vec(), PutMode::Create, None).await.unwrap();
+        kv.put("k", b"v".to_vec(), PutMode::Create, None)
+            .await
+            .unwrap();
         log.append("l", vec![b"r".to_vec()], None).await.unwrap();
         assert_eq!(kv.get("k").await.unwrap().unwrap().value, b"v");
         assert_eq!(log.read_after("l", 0, 1).await.unwrap()[0].data, b"r");
