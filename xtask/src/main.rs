@@ -17,6 +17,7 @@ use anyhow::{Context, Result, bail};
 
 mod conformance;
 mod demo;
+mod moto;
 mod redis;
 
 fn main() -> ExitCode {
@@ -137,13 +138,15 @@ fn test(_args: &[String]) -> Result<()> {
 
     println!("\n==> starting services");
     let redis = redis::start().context("starting Redis for the tests")?;
+    let moto = moto::start().context("starting moto_server for the tests")?;
 
     let mut tests = cargo();
     tests.args(["test", "--workspace", "--all-features"]);
-    for (k, v) in redis.env() {
+    for (k, v) in redis.env().into_iter().chain(moto.env()) {
         tests.env(k, v);
     }
     run_step(&mut steps, "cargo test --workspace", tests);
+    drop(moto);
     drop(redis);
 
     // The product end to end: processes killed with SIGKILL and restarted.
@@ -220,7 +223,8 @@ fn bench(args: &[String]) -> Result<()> {
 
 fn services() -> Result<()> {
     let redis = redis::start()?;
-    for (k, v) in redis.env() {
+    let moto = moto::start()?;
+    for (k, v) in redis.env().into_iter().chain(moto.env()) {
         println!("export {k}={v}");
     }
     println!("# services running; press Ctrl-C to stop");
