@@ -24,7 +24,7 @@ use crate::{
 };
 
 /// How long the version of a deleted or expired key is remembered exactly
-/// (see [`RedisStore`]'s versions section).
+/// (see the guarantees of [`RedisStore`]).
 pub const VERSION_MEMORY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Records read per `XRANGE` round trip.
@@ -33,8 +33,8 @@ const READ_PAGE: usize = 256;
 /// Idle dedicated connections kept for `wait_after`.
 const IDLE_BLOCKING: usize = 8;
 
-/// A [`KvStore`] and [`LogStore`] on Redis (6.2 or newer; 7.0 or newer for
-/// logs) or a Redis Cluster.
+/// A [`KvStore`] and [`LogStore`] on Redis 7.0 or newer, standalone or a
+/// Redis Cluster.
 ///
 /// Open one with [`RedisStore::standalone`] or [`RedisStore::cluster`]. A
 /// store is cheap to clone; clones share one connection, on which concurrent
