@@ -19,6 +19,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use mcp_persist_core::Stores;
+use mcp_persist_store_sqlite::SqliteStore;
+use mcp_persist_transport_http::client::DurableClientBuilder;
 use rmcp::{
     ClientHandler, ErrorData, RoleClient,
     model::{
@@ -93,8 +96,9 @@ impl Scenario {
         })
     }
 
-    /// Plays the scenario against the mock server at `url`.
-    pub async fn run(&self, url: &str) -> Result<()> {
+    /// Plays the scenario against the mock server at `url`, through
+    /// `transport`.
+    pub async fn run(&self, url: &str, transport: ClientTransport) -> Result<()> {
         if self.name.starts_with("auth/") {
             bail!(
                 "scenario {}: the OAuth client is not built yet, so authorization scenarios are not played",
@@ -102,14 +106,41 @@ impl Scenario {
             );
         }
         let lifecycle = self.lifecycle();
-        tracing::info!(scenario = %self.name, %url, ?lifecycle, "playing scenario");
-        let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(url.to_string()),
-        );
-        let client = ScenarioHandler
-            .serve_with_lifecycle(transport, lifecycle)
-            .await
-            .with_context(|| format!("connecting to {url}"))?;
+        tracing::info!(scenario = %self.name, %url, ?lifecycle, ?transport, "playing scenario");
+        let client = match transport {
+            ClientTransport::Stock => {
+                let transport = StreamableHttpClientTransport::from_config(
+                    StreamableHttpClientTransportConfig::with_uri(url.to_string()),
+                );
+                ScenarioHandler
+                    .serve_with_lifecycle(transport, lifecycle)
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?
+            }
+            ClientTransport::Durable => {
+                let dir = std::env::temp_dir().join(format!(
+                    "mcp-persist-conformance-client-{}",
+                    std::process::id()
+                ));
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                let _cleanup = RemoveOnDrop(dir.clone());
+                let backend = SqliteStore::open(dir.join("client.sqlite"))
+                    .await
+                    .context("opening the client's SQLite store")?;
+                let stores = Stores::new(backend);
+                let (transport, handle) = DurableClientBuilder::new(url.to_string(), &stores)
+                    .profile(self.name.clone())
+                    .build()
+                    .await
+                    .context("building the durable client transport")?;
+                tracing::info!(start = ?handle.start(), "durable client transport ready");
+                ScenarioHandler
+                    .serve_with_lifecycle(transport, lifecycle)
+                    .await
+                    .with_context(|| format!("connecting to {url}"))?
+            }
+        };
         let outcome = self.exercise(&client).await;
         if let Err(e) = client.cancel().await {
             tracing::warn!(error = %e, "closing the client");
@@ -171,6 +202,27 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+}
+
+/// Which HTTP transport the client speaks through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientTransport {
+    /// mcp-persist's durable transport with its state on SQLite (a fresh
+    /// database per run): persistence on. The default.
+    Durable,
+    /// rmcp's own reqwest transport, for comparison.
+    Stock,
+}
+
+/// Removes a directory when dropped (best effort).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::debug!(error = %e, dir = %self.0.display(), "could not remove the client state");
+        }
     }
 }
 
