@@ -8,7 +8,9 @@
 //!   rmcp's in-memory defaults, the baseline the durable server is compared
 //!   with.
 //! * `conformance-client`: an rmcp client that plays each client scenario
-//!   the suite names in `MCP_CONFORMANCE_SCENARIO` ([`client`]).
+//!   the suite names in `MCP_CONFORMANCE_SCENARIO` ([`client`]), through
+//!   mcp-persist's durable transport with its state on SQLite (persistence
+//!   on), or rmcp's own transport with `--transport stock`.
 //!
 //! Both print what they do through `tracing` (`RUST_LOG` picks the level).
 //! The package is not published.
