@@ -9,8 +9,8 @@
 //! revision comes from `MCP_CONFORMANCE_PROTOCOL_VERSION`: 2025-11-25 and
 //! older use the `initialize` handshake, 2026-07-28 the discover lifecycle.
 //!
-//! Authorization scenarios (`auth/...`) are refused with an error: the
-//! OAuth client is not built yet, and the expected-failures files say so.
+//! Authorization scenarios (`auth/...`) are played by [`crate::auth`]: the
+//! durable client with mcp-persist's OAuth credential storage.
 
 // Sampling and roots are deprecated in rmcp by the 2026-07-28 revision, and
 // the 2025-11-25 scenarios still exercise them.
@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use mcp_persist_core::Stores;
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::client::DurableClientBuilder;
@@ -100,10 +100,7 @@ impl Scenario {
     /// `transport`.
     pub async fn run(&self, url: &str, transport: ClientTransport) -> Result<()> {
         if self.name.starts_with("auth/") {
-            bail!(
-                "scenario {}: the OAuth client is not built yet, so authorization scenarios are not played",
-                self.name
-            );
+            return crate::auth::run(&self.name, url).await;
         }
         let lifecycle = self.lifecycle();
         tracing::info!(scenario = %self.name, %url, ?lifecycle, ?transport, "playing scenario");
@@ -216,7 +213,7 @@ pub enum ClientTransport {
 }
 
 /// Removes a directory when dropped (best effort).
-struct RemoveOnDrop(std::path::PathBuf);
+pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {

@@ -10,11 +10,13 @@
 //! * `conformance-client`: an rmcp client that plays each client scenario
 //!   the suite names in `MCP_CONFORMANCE_SCENARIO` ([`client`]), through
 //!   mcp-persist's durable transport with its state on SQLite (persistence
-//!   on), or rmcp's own transport with `--transport stock`.
+//!   on), or rmcp's own transport with `--transport stock`. Authorization
+//!   scenarios go through mcp-persist's OAuth credential storage ([`auth`]).
 //!
 //! Both print what they do through `tracing` (`RUST_LOG` picks the level).
 //! The package is not published.
 
+pub mod auth;
 pub mod client;
 pub mod fixtures;
 

@@ -1,22 +1,14 @@
-//! The durable, authenticated client as the official MCP conformance suite
-//! drives it, for the `auth/*` scenarios.
-//!
-//! ```text
-//! conformance client --scenario auth/pre-registration \
-//!     --command "target/debug/examples/auth_conformance_client"
-//! ```
-//!
-//! The suite appends the server URL as the last argument and sets
-//! `MCP_CONFORMANCE_SCENARIO` and `MCP_CONFORMANCE_CONTEXT`. Credentials
-//! persist in a SQLite file: a fresh one in a temporary directory, or the
-//! file named by `MCP_PERSIST_AUTH_DB` (so a second run starts from the
-//! credentials of the first).
+//! The authorization scenarios (`auth/...`): the durable, authenticated
+//! client with persistence on, credentials in SQLite.
 //!
 //! The client authorizes headlessly: it follows the authorization URL to the
 //! redirect the suite's authorization server answers with. When a request
 //! is refused (the token expired beyond refresh, or the resource moved to
 //! another authorization server), it authorizes again, which discovers the
 //! authorization server afresh and registers there if it is new.
+//! Credentials persist in a SQLite file: a fresh one in a temporary folder,
+//! or the file named by `MCP_PERSIST_AUTH_DB` (so a second run starts from
+//! the credentials of the first).
 
 use anyhow::Context;
 use mcp_persist_core::{BoxError, Secret, Stores};
@@ -116,30 +108,26 @@ async fn authorize_if_needed(client: &DurableAuthClient<reqwest::Client>) -> any
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "mcp_persist_transport_http=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let url = std::env::args()
-        .next_back()
-        .context("server URL argument")?;
-    let scenario = std::env::var("MCP_CONFORMANCE_SCENARIO").unwrap_or_default();
+/// Plays an `auth/...` scenario against the suite's server at `url`, with
+/// the suite's `MCP_CONFORMANCE_CONTEXT` (client id and secret of a
+/// pre-registered client, when the scenario gives them).
+pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
     let context: Value = std::env::var("MCP_CONFORMANCE_CONTEXT")
         .ok()
         .and_then(|c| serde_json::from_str(&c).ok())
         .unwrap_or(Value::Null);
-
-    let temp = tempfile::tempdir()?;
+    let temp = std::env::temp_dir().join(format!(
+        "mcp-persist-conformance-auth-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&temp).with_context(|| format!("creating {}", temp.display()))?;
+    let _cleanup = crate::client::RemoveOnDrop(temp.clone());
     let db = std::env::var_os("MCP_PERSIST_AUTH_DB")
         .map(Into::into)
-        .unwrap_or_else(|| temp.path().join("credentials.db"));
+        .unwrap_or_else(|| temp.join("credentials.db"));
     let stores = Stores::new(SqliteStore::open(&db).await?);
 
-    let mut auth = DurableAuth::new(url.clone(), stores.credentials())
+    let mut auth = DurableAuth::new(url.to_owned(), stores.credentials())
         .redirect_uri(REDIRECT_URI)
         .dynamic_registration("mcp-persist-conformance-client");
     if let Some(client_id) = context.get("client_id").and_then(Value::as_str) {
@@ -155,11 +143,15 @@ async fn main() -> anyhow::Result<()> {
                 .map(str::to_owned),
         );
     }
-    tracing::info!(scenario, "running");
+    tracing::info!(scenario, "playing authorization scenario");
 
+    // Two sessions at most: the first may find the token refused (expired,
+    // or the resource moved to another authorization server) and authorize
+    // again; the second runs on the new grant. With the first authorization
+    // that makes three in all, the limit the suite checks against loops.
     let mut last = Ok(());
-    for attempt in 1..=3 {
-        last = exercise(&url, &stores, &auth).await?;
+    for attempt in 1..=2 {
+        last = exercise(url, &stores, &auth).await?;
         match &last {
             Ok(()) => break,
             Err(e) => tracing::warn!(attempt, error = %e, "MCP session failed; authorized again"),
