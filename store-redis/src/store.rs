@@ -61,7 +61,8 @@ const IDLE_BLOCKING: usize = 8;
 ///   the clock keeps new versions above old ones (as long as the server's
 ///   clock does not step back by more than that).
 /// * **TTL** rides with the write (`SET ... PX`); Redis never returns an
-///   expired key.
+///   expired key and reclaims its space itself, so `sweep_expired` has
+///   nothing to do.
 /// * **Logs** are Redis Streams with ids `0-<seq>`. An append adds its
 ///   records (`XADD`) and refreshes the log's expiry (`PEXPIRE`) in one
 ///   atomic Lua script; appends from concurrent tasks are group-committed,
