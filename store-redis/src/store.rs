@@ -658,7 +658,7 @@ impl LogStore for RedisStore {
             .arg("STREAMS")
             .arg(&stream)
             .arg(format!("0-{after}"));
-        let bound = timeout + self.inner.timeouts.operation;
+        let bound = timeout.saturating_add(self.inner.timeouts.operation);
         let mut pooled = true;
         let reply = loop {
             let (mut conn, was_idle) = self.blocking_conn(pooled).await?;

@@ -335,3 +335,47 @@ async fn bad_settings_are_invalid_input() {
         .expect_err("no seed nodes");
     assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
 }
+
+#[tokio::test]
+async fn extreme_arguments_neither_panic_nor_misread() {
+    let Some(endpoint) = Endpoint::of(Topology::Standalone) else {
+        return;
+    };
+    let store = endpoint.open(&unique_prefix("extreme")).await;
+    let seqs = store
+        .append("l", vec![b"a".to_vec(), b"b".to_vec()], Some(Duration::MAX))
+        .await
+        .expect("a TTL too long for Redis is clamped");
+    assert!(
+        store
+            .read_after("l", u64::MAX, 10)
+            .await
+            .expect("read")
+            .is_empty()
+    );
+    assert!(store.read_after("l", 0, 0).await.expect("read").is_empty());
+    // A tail with an endless timeout still returns what is there.
+    let got = store
+        .wait_after("l", seqs[0], usize::MAX, Duration::MAX)
+        .await
+        .expect("wait");
+    assert_eq!(got.len(), 1);
+    let tail = store.clone();
+    let waiting =
+        tokio::spawn(async move { tail.wait_after("l", seqs[1], 1, Duration::MAX).await });
+    store
+        .append("l", vec![b"c".to_vec()], None)
+        .await
+        .expect("append");
+    assert_eq!(waiting.await.expect("task").expect("wait")[0].data, b"c");
+    assert_eq!(store.trim("l", u64::MAX).await.expect("trim"), 3);
+    assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
+    store
+        .put("k", b"v".to_vec(), PutMode::Create, Some(Duration::MAX))
+        .await
+        .expect("a TTL too long for Redis is clamped");
+    assert_eq!(
+        store.get("k").await.expect("get").expect("present").value,
+        b"v"
+    );
+}
