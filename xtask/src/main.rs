@@ -182,10 +182,10 @@ fn test(_args: &[String]) -> Result<()> {
 /// mode, that measures itself against a baseline in the same process.
 const BENCHES: &[(&str, &str, &str)] = &[
     // (name, package, example)
-    ("file", "mcp-persist-store-file", "bench"),
-    ("sqlite", "mcp-persist-store-sqlite", "bench"),
-    ("redis", "mcp-persist-store-redis", "bench"),
-    ("server", "mcp-persist-transport-http", "bench"),
+    ("file", "mcp-persist-store-file", "bench_file"),
+    ("sqlite", "mcp-persist-store-sqlite", "bench_sqlite"),
+    ("redis", "mcp-persist-store-redis", "bench_redis"),
+    ("server", "mcp-persist-transport-http", "bench_server"),
     ("client", "mcp-persist-transport-http", "bench_client"),
 ];
 

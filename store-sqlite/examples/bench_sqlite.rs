@@ -7,7 +7,7 @@
 //! whole batch, the ceiling. Then key-value operations per second.
 //!
 //! Run it in release mode: `cargo xtask bench`, or
-//! `cargo run --release -p mcp-persist-store-sqlite --example bench`.
+//! `cargo run --release -p mcp-persist-store-sqlite --example bench_sqlite`.
 //! Each measurement stops at a count or a time limit, whichever comes
 //! first; the whole run takes well under a minute.
 

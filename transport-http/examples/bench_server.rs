@@ -1,6 +1,6 @@
 //! Benchmarks of the durable server, each against its baseline in the same
 //! run. Run in release mode: `cargo xtask bench`, or
-//! `cargo run --release -p mcp-persist-transport-http --example bench`.
+//! `cargo run --release -p mcp-persist-transport-http --example bench_server`.
 //!
 //! * **Progress events per second** delivered end to end (tool handler to
 //!   rmcp client, over HTTP and SSE) by rmcp's in-memory defaults, by the

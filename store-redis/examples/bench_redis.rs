@@ -21,7 +21,7 @@
 //! `cargo xtask bench` provides both. Run in release mode:
 //!
 //! ```text
-//! cargo run --release -p mcp-persist-store-redis --example bench
+//! cargo run --release -p mcp-persist-store-redis --example bench_redis
 //! ```
 
 use std::{
