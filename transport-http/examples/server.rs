@@ -14,7 +14,8 @@
 //! many sessions it restored from the store). The principal is read from
 //! the `x-demo-user` header (a stand-in for real authentication).
 //!
-//! Flags: `--port N` (0 picks a free one), `--backend memory|file|sqlite`,
+//! Flags: `--port N` (0 picks a free one), `--backend memory|file|sqlite|redis`,
+//! `--redis-prefix P`,
 //! `--store PATH`, `--idle-ttl-ms N`, `--sse-retry-ms N`, `--tail-idle-ms N`,
 //! `--event-retention-ms N`, `--event-max N`,
 //! `--rmcp-defaults` (rmcp's in-memory session manager, no stores: the
@@ -220,10 +221,12 @@ impl ServerHandler for DemoHandler {
 pub struct Options {
     /// Port on 127.0.0.1 (0: any free one).
     pub port: u16,
-    /// `memory`, `file` or `sqlite`.
+    /// `memory`, `file`, `sqlite` or `redis`.
     pub backend: String,
-    /// Database path for `sqlite`, directory for `file`.
+    /// Database path for `sqlite`, directory for `file`, server URL for `redis`.
     pub store: Option<std::path::PathBuf>,
+    /// Key prefix in Redis (instances of one deployment share it).
+    pub redis_prefix: Option<String>,
     /// Session idle TTL.
     pub idle_ttl: Duration,
     /// SSE retry hint sent to clients.
@@ -245,6 +248,7 @@ impl Options {
             port: 0,
             backend: "memory".into(),
             store: None,
+            redis_prefix: None,
             idle_ttl: Duration::from_secs(30 * 60),
             sse_retry: Duration::from_millis(200),
             tail_idle: Duration::from_secs(60),
@@ -267,6 +271,7 @@ impl Options {
                 "--port" => o.port = value.parse()?,
                 "--backend" => o.backend = value,
                 "--store" => o.store = Some(value.into()),
+                "--redis-prefix" => o.redis_prefix = Some(value),
                 "--idle-ttl-ms" => o.idle_ttl = ms(&value)?,
                 "--sse-retry-ms" => o.sse_retry = ms(&value)?,
                 "--tail-idle-ms" => o.tail_idle = ms(&value)?,
@@ -297,7 +302,19 @@ pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
                 .context("--backend file needs --store DIR")?;
             Stores::new(mcp_persist_store_file::FileStore::open(path.clone()).await?)
         }
-        other => anyhow::bail!("unknown backend {other} (memory, file, sqlite)"),
+        "redis" => {
+            let url = options
+                .store
+                .as_ref()
+                .and_then(|p| p.to_str())
+                .context("--backend redis needs --store redis://HOST:PORT/")?;
+            let mut builder = mcp_persist_store_redis::RedisStore::standalone(url);
+            if let Some(prefix) = &options.redis_prefix {
+                builder = builder.key_prefix(prefix.clone());
+            }
+            Stores::new(builder.connect().await?)
+        }
+        other => anyhow::bail!("unknown backend {other} (memory, file, sqlite, redis)"),
     })
 }
 

@@ -40,6 +40,41 @@ async fn file_cluster(args: &[&str]) -> anyhow::Result<Cluster> {
     process_cluster("file", "state", args).await
 }
 
+/// Two child processes sharing the Redis server `cargo xtask test` starts
+/// (`MCP_PERSIST_REDIS_URL`), under a key prefix of their own. `None`, with a
+/// notice, when no server was given outside CI; under CI that is a failure.
+async fn redis_cluster(args: &[&str]) -> anyhow::Result<Option<Cluster>> {
+    let Ok(url) = std::env::var("MCP_PERSIST_REDIS_URL") else {
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+        anyhow::ensure!(
+            !ci,
+            "MCP_PERSIST_REDIS_URL is not set: run the tests through `cargo xtask test`"
+        );
+        eprintln!("skipped: MCP_PERSIST_REDIS_URL is not set (`cargo xtask test` starts Redis)");
+        return Ok(None);
+    };
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let prefix = format!(
+        "server-test-{}-{}:",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let mut all = vec![
+        "--backend",
+        "redis",
+        "--store",
+        &url,
+        "--redis-prefix",
+        &prefix,
+    ];
+    all.extend_from_slice(args);
+    Ok(Some(Cluster {
+        a: Instance::process(&all).await?,
+        b: Instance::process(&all).await?,
+        _dir: None,
+    }))
+}
+
 /// Two child processes on one store of `backend` at `name` in a temp dir.
 async fn process_cluster(backend: &str, name: &str, args: &[&str]) -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
@@ -387,4 +422,28 @@ async fn file_idle_expiry() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn file_bad_resumption_input() -> anyhow::Result<()> {
     bad_resumption_scenario(file_cluster(FOUR_EVENTS).await?).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_restore_after_sigkill() -> anyhow::Result<()> {
+    match redis_cluster(&[]).await? {
+        Some(cluster) => restore_scenario(cluster).await,
+        None => Ok(()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_replay_across_processes() -> anyhow::Result<()> {
+    match redis_cluster(&[]).await? {
+        Some(cluster) => replay_scenario(cluster).await,
+        None => Ok(()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_binding_refuses_other_principals() -> anyhow::Result<()> {
+    match redis_cluster(&[]).await? {
+        Some(cluster) => binding_scenario(cluster).await,
+        None => Ok(()),
+    }
 }
