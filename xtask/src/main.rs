@@ -36,7 +36,7 @@ fn main() -> ExitCode {
                  bench      benchmarks against same-run baselines (optionally: names to run)\n  \
                  demo       a client and a server killed with SIGKILL and restarted, carrying on\n  \
                  conformance  the official MCP conformance suite against our client and server\n  \
-                 services   start the test services and print their environment, until Ctrl-C"
+                 services   start the test services and print their environment, until Enter"
             );
             return ExitCode::from(2);
         }
@@ -227,8 +227,12 @@ fn services() -> Result<()> {
     for (k, v) in redis.env().into_iter().chain(moto.env()) {
         println!("export {k}={v}");
     }
-    println!("# services running; press Ctrl-C to stop");
-    loop {
-        std::thread::park();
-    }
+    println!("# services running; press Enter (or close stdin) to stop them");
+    // Reading stdin rather than waiting for a signal lets the services' drop
+    // run, which stops the servers and removes their folders.
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    drop(moto);
+    drop(redis);
+    Ok(())
 }
