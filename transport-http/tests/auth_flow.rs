@@ -1,6 +1,8 @@
 //! Durable OAuth credentials against a local authorization server and a
 //! protected rmcp server: restarts, refresh with rotation, and migration to
-//! a new authorization server.
+//! a new authorization server. Restart and refresh run twice: with
+//! everything in SQLite, and with credentials in Secrets Manager (moto) and
+//! the rest in SQLite.
 
 #![cfg(feature = "auth")]
 
@@ -8,18 +10,13 @@ mod auth_support;
 
 use std::sync::atomic::Ordering;
 
-use auth_support::{World, expire, headless, start};
+use auth_support::{World, backend::Backend, expire, headless, start};
 use mcp_persist_core::{CredentialKey, CredentialStore, Stores, canonical_url};
-use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
     auth::{DurableAuth, DurableAuthBuild},
     client::DurableClientBuilder,
 };
 use rmcp::{ServiceExt, model::CallToolRequestParams};
-
-async fn open(path: &std::path::Path) -> Stores {
-    Stores::new(SqliteStore::open(path).await.expect("open sqlite"))
-}
 
 fn auth(world: &World, stores: &Stores) -> DurableAuth {
     DurableAuth::new(world.mcp_url.clone(), stores.credentials())
@@ -60,14 +57,29 @@ async fn stored(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_once() {
+    restart_and_refresh(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vault_split_restart_reuses_credentials_and_refresh_stores_rotated_token() {
+    let Some(backend) = Backend::vault_split("auth-flow") else {
+        return;
+    };
+    restart_and_refresh(backend).await;
+}
+
+/// A first authorization, a restart, then a refresh, with state on `backend`.
+#[allow(clippy::unwrap_used)]
+async fn restart_and_refresh(backend: Backend) {
     let world = start(1).await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     let resource = canonical_url("resource", &world.mcp_url).unwrap();
     let issuer = world.auth(0).issuer.clone();
+    let key = CredentialKey::new(&issuer, &resource).unwrap();
 
     // First run: a full authorization.
-    let stores = open(&db).await;
+    let stores = backend.open(&db).await;
     run_once(&world, &stores).await.unwrap();
     assert_eq!(world.auth(0).registrations(), 1);
     assert_eq!(world.auth(0).code_exchanges.load(Ordering::SeqCst), 1);
@@ -76,6 +88,7 @@ async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_o
     assert!(first.server_metadata.is_some(), "metadata kept");
     assert!(first.expires_at.is_some(), "absolute expiry kept");
     drop(stores);
+    backend.assert_credentials_placed(&db, &key).await;
 
     // Restart with a valid token: nothing reaches the authorization server,
     // and the first MCP request carries the stored token.
@@ -83,7 +96,7 @@ async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_o
     let bearer_before = world.mcp.bearer.lock().unwrap().len();
     // (Discovery in the first run probed the endpoint without a token.)
     let refused_before = world.mcp.unauthorized.load(Ordering::SeqCst);
-    let stores = open(&db).await;
+    let stores = backend.open(&db).await;
     run_once(&world, &stores).await.unwrap();
     assert_eq!(
         world.auth(0).requests(),
@@ -104,7 +117,7 @@ async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_o
     // with the stored client secret, and stores the rotated refresh token.
     expire(&stores.credentials(), &issuer, &resource).await;
     drop(stores);
-    let stores = open(&db).await;
+    let stores = backend.open(&db).await;
     run_once(&world, &stores).await.unwrap();
     assert_eq!(world.auth(0).refreshes(), 1);
     assert_eq!(world.auth(0).rejected_refreshes.load(Ordering::SeqCst), 0);
@@ -127,6 +140,11 @@ async fn a_restart_reuses_stored_credentials_and_an_expired_token_is_refreshed_o
     let last = world.mcp.bearer.lock().unwrap().last().cloned().unwrap();
     assert_eq!(last, second.access_token.expose_secret());
     assert!(second.expires_at.unwrap() > first.obtained_at);
+    drop(stores);
+    // A process started now finds the rotated token where it was stored.
+    let reopened = stored(&backend.open(&db).await.credentials(), &issuer, &resource).await;
+    assert_eq!(reopened.refresh_token, second.refresh_token);
+    backend.assert_credentials_placed(&db, &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +153,7 @@ async fn a_new_authorization_server_gets_a_new_registration_and_never_the_old_cr
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     let resource = canonical_url("resource", &world.mcp_url).unwrap();
-    let stores = open(&db).await;
+    let stores = Backend::Sqlite.open(&db).await;
     run_once(&world, &stores).await.unwrap();
     let as1 = stored(&stores.credentials(), &world.auth(0).issuer, &resource).await;
 

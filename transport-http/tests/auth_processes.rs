@@ -1,6 +1,7 @@
 //! Three processes sharing one SQLite store refresh the same expiring
 //! credential at once: one refresh request reaches the authorization server
-//! and all three go on with the rotated token.
+//! and all three go on with the rotated token. The same again with the
+//! credentials in Secrets Manager (moto) and the rest in SQLite.
 //!
 //! The children are this test binary run again with
 //! `MCP_PERSIST_AUTH_CHILD` set; `child` does nothing otherwise.
@@ -16,9 +17,8 @@ use std::{
     time::Duration,
 };
 
-use auth_support::{expire, headless, start};
+use auth_support::{backend::Backend, expire, headless, start};
 use mcp_persist_core::{CredentialKey, Stores, canonical_url};
-use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
     auth::{DurableAuth, DurableAuthBuild},
     client::DurableClientBuilder,
@@ -39,14 +39,15 @@ async fn child() {
     let Ok(spec) = std::env::var(CHILD) else {
         return;
     };
-    let mut parts = spec.splitn(4, '|');
-    let (db, url, go, profile) = (
+    let mut parts = spec.splitn(5, '|');
+    let (db, url, go, profile, backend) = (
         PathBuf::from(parts.next().unwrap()),
         parts.next().unwrap().to_owned(),
         PathBuf::from(parts.next().unwrap()),
         parts.next().unwrap().to_owned(),
+        Backend::parse(parts.next().unwrap()),
     );
-    let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+    let stores = backend.open(&db).await;
     let (transport, _handle, client) = DurableClientBuilder::new(url.clone(), &stores)
         .profile(profile)
         .build_with_auth(&auth(&url, &stores))
@@ -78,6 +79,23 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
+    three_processes_refresh(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vault_split_three_processes_refresh_one_expiring_credential_with_one_request() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    let Some(backend) = Backend::vault_split("auth-processes") else {
+        return;
+    };
+    three_processes_refresh(backend).await;
+}
+
+/// Three child processes refresh at once, with state on `backend`.
+#[allow(clippy::unwrap_used)]
+async fn three_processes_refresh(backend: Backend) {
     let world = start(1).await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shared.db");
@@ -86,7 +104,7 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     let issuer = world.auth(0).issuer.clone();
 
     {
-        let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+        let stores = backend.open(&db).await;
         let (_transport, _handle, client) =
             DurableClientBuilder::new(world.mcp_url.clone(), &stores)
                 .build_with_auth(&auth(&world.mcp_url, &stores))
@@ -101,7 +119,7 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     let mut children = Vec::new();
     for i in 0..3 {
         let spec = format!(
-            "{}|{}|{}|child-{i}",
+            "{}|{}|{}|child-{i}|{backend}",
             db.display(),
             world.mcp_url,
             go.display()
@@ -171,8 +189,9 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
         "all three used the new token"
     );
 
-    let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+    let stores = backend.open(&db).await;
     let key = CredentialKey::new(&issuer, &resource).unwrap();
+    backend.assert_credentials_placed(&db, &key).await;
     let stored = stores
         .credentials()
         .load(&key)

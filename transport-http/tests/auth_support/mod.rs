@@ -5,6 +5,8 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
+pub mod backend;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::{
