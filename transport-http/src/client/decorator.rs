@@ -4,10 +4,12 @@ use std::{collections::HashMap, sync::Arc};
 
 use futures::{StreamExt, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{InFlightRequest, ProtocolEra, RequestId, SessionId, Timestamp};
+use mcp_persist_core::{
+    InFlightRequest, ProtocolEra, RequestId, ServerProfile, SessionId, Timestamp,
+};
 use rmcp::{
     model::{
-        ClientJsonRpcMessage, ClientNotification, ClientRequest, NumberOrString,
+        ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, NumberOrString,
         ServerJsonRpcMessage, ServerResult,
     },
     transport::streamable_http_client::{
@@ -18,7 +20,7 @@ use serde_json::Value;
 use sse_stream::Sse;
 use tracing::{debug, info, warn};
 
-use super::{modern, state::Shared};
+use super::{ClientNotice, modern, state::Shared};
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
 type PostResult<E> = Result<StreamableHttpPostResponse, StreamableHttpError<E>>;
@@ -94,6 +96,34 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 let (mut answer, sid) = first_answer::<C::Error>(response).await?;
                 modern::after_discover(&self.shared, &mut answer, requested);
                 return Ok(StreamableHttpPostResponse::Json(answer, sid));
+            }
+            ClientJsonRpcMessage::Request(request)
+                if modern && !matches!(request.request, ClientRequest::InitializeRequest(_)) =>
+            {
+                if session_id.is_some() {
+                    warn!(server = %self.shared.key, "not sending a session id to a server judged modern");
+                }
+                let original = message.clone();
+                let response = self
+                    .send(
+                        uri.clone(),
+                        message,
+                        None,
+                        auth_header.clone(),
+                        custom_headers.clone(),
+                        max_sse_event_size,
+                    )
+                    .await;
+                return self
+                    .check_modern_verdict(
+                        response,
+                        original,
+                        uri,
+                        auth_header,
+                        custom_headers,
+                        max_sse_event_size,
+                    )
+                    .await;
             }
             _ if modern && session_id.is_some() => {
                 warn!(server = %self.shared.key, "not sending a session id to a server judged modern");
@@ -213,6 +243,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             }
             Ok(StreamableHttpPostResponse::Json(mut answer, sid)) => {
                 self.answer_back(session, &mut answer);
+                self.check_legacy_verdict(session, &mut answer);
                 Ok(StreamableHttpPostResponse::Json(answer, sid))
             }
             Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
@@ -223,6 +254,151 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             }
             Ok(other) => Ok(other),
         }
+    }
+
+    /// A request sent under a modern verdict came back: if the server
+    /// refused its protocol version, the verdict is stale. It is forgotten,
+    /// the server is probed again once (per process), the outcome stored,
+    /// and the request sent once more if the probe says its version is
+    /// supported after all; otherwise the refusal is the answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn check_modern_verdict(
+        &self,
+        mut response: PostResult<C::Error>,
+        original: ClientJsonRpcMessage,
+        uri: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: Option<usize>,
+    ) -> PostResult<C::Error> {
+        let reason = match &mut response {
+            Ok(StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Error(e), _))
+                if modern::is_unsupported(e.error.code) =>
+            {
+                let reason = format!("{} ({})", e.error.code.0, e.error.message);
+                e.error.code = ErrorCode::UNSUPPORTED_PROTOCOL_VERSION;
+                reason
+            }
+            _ => return response,
+        };
+        if !self.shared.claim_reprobe() {
+            warn!(server = %self.shared.key, %reason,
+                "protocol version refused again; already re-probed once in this process, giving up");
+            return response;
+        }
+        let Some(stale) = self.shared.forget_profile() else {
+            return response;
+        };
+        let stale = verdict_text(&stale);
+        warn!(server = %self.shared.key, %stale, %reason,
+            "the stored era verdict stopped working; forgetting it and probing the server again, once");
+        let outcome = match modern::reprobe_request(&original) {
+            Some(probe) => {
+                let requested = modern::requested_version(&probe);
+                // The request's own routing headers (`Mcp-Method`, `Mcp-Name`,
+                // `Mcp-Param-*`) would contradict the probe's body.
+                let mut headers = custom_headers.clone();
+                headers.retain(|name, _| {
+                    let name = name.as_str();
+                    name != "mcp-method" && name != "mcp-name" && !name.starts_with("mcp-param-")
+                });
+                headers.insert(
+                    HeaderName::from_static("mcp-method"),
+                    HeaderValue::from_static("server/discover"),
+                );
+                let answer = match self
+                    .send(
+                        uri.clone(),
+                        probe,
+                        None,
+                        auth_header.clone(),
+                        headers,
+                        max_sse_event_size,
+                    )
+                    .await
+                {
+                    Ok(r) => first_answer::<C::Error>(r).await,
+                    Err(e) => Err(e),
+                };
+                match answer {
+                    Ok((answer, _)) => modern::after_reprobe(&self.shared, &answer, requested),
+                    Err(e) => {
+                        warn!(server = %self.shared.key, error = %e, "re-probe failed");
+                        modern::Reprobe::Failed
+                    }
+                }
+            }
+            None => modern::Reprobe::Failed,
+        };
+        let new_verdict = self.shared.profile().as_ref().map(verdict_text);
+        self.shared.health.notify(ClientNotice::StaleVerdict {
+            stale,
+            reason,
+            new_verdict: new_verdict.clone(),
+        });
+        match outcome {
+            modern::Reprobe::Retry => {
+                info!(server = %self.shared.key, "re-probe: the version is supported; sending the request once more");
+                let mut retried = self
+                    .send(
+                        uri,
+                        original,
+                        None,
+                        auth_header,
+                        custom_headers,
+                        max_sse_event_size,
+                    )
+                    .await;
+                if let Ok(StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Error(e), _)) =
+                    &mut retried
+                    && modern::is_unsupported(e.error.code)
+                {
+                    warn!(server = %self.shared.key, "refused again after the re-probe; giving up");
+                    e.error.code = ErrorCode::UNSUPPORTED_PROTOCOL_VERSION;
+                }
+                retried
+            }
+            modern::Reprobe::NewVerdict => {
+                warn!(server = %self.shared.key, new_verdict = ?new_verdict,
+                    "re-probe stored a new verdict; this connection fails, the next start uses it");
+                response
+            }
+            modern::Reprobe::Failed => {
+                warn!(server = %self.shared.key,
+                    "re-probe found no usable verdict; the next start probes again");
+                response
+            }
+        }
+    }
+
+    /// A request in a legacy session was refused as an unsupported protocol
+    /// version: the stored verdict and the session are forgotten, so the
+    /// next start probes the server (once, through rmcp's `server/discover`)
+    /// instead of resuming a session the server no longer speaks.
+    fn check_legacy_verdict(&self, session: &SessionId, answer: &mut ServerJsonRpcMessage) {
+        let ServerJsonRpcMessage::Error(e) = answer else {
+            return;
+        };
+        if !modern::is_unsupported(e.error.code) {
+            return;
+        }
+        let reason = format!("{} ({})", e.error.code.0, e.error.message);
+        e.error.code = ErrorCode::UNSUPPORTED_PROTOCOL_VERSION;
+        if !self.shared.claim_reprobe() {
+            return;
+        }
+        let Some(stale) = self.shared.forget_profile() else {
+            return;
+        };
+        let stale = verdict_text(&stale);
+        warn!(server = %self.shared.key, %stale, %reason,
+            "the stored legacy verdict stopped working; forgetting it and the session, the next start probes again");
+        self.shared.on_ended(session);
+        self.shared.health.notify(ClientNotice::StaleVerdict {
+            stale,
+            reason,
+            new_verdict: None,
+        });
     }
 
     async fn send(
@@ -350,6 +526,15 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             })
             .boxed()
     }
+}
+
+/// A verdict as the application reads it: `modern 2026-07-28`.
+fn verdict_text(profile: &ServerProfile) -> String {
+    let era = match profile.era {
+        ProtocolEra::Modern => "modern",
+        ProtocolEra::Legacy => "legacy",
+    };
+    format!("{era} {}", profile.protocol_version)
 }
 
 /// The task id of a `CreateTaskResult`, if the result is one.

@@ -36,6 +36,8 @@ pub(crate) enum Op {
     Standalone(SessionId, String),
     /// The era verdict, version and discover cache for the server.
     SaveProfile(Box<ServerProfile>),
+    /// The stored verdict proved wrong: the era is to be probed again.
+    ForgetProfile,
     /// Answer once everything queued before is in the store.
     Flush(oneshot::Sender<()>),
 }
@@ -124,7 +126,8 @@ impl Writer {
             for op in batch {
                 match op {
                     Op::Flush(done) => flushes.push(done),
-                    Op::SaveProfile(p) => profile = Some(*p),
+                    Op::SaveProfile(p) => profile = Some(Some(*p)),
+                    Op::ForgetProfile => profile = Some(None),
                     Op::SaveSession(s) => saves.push(Ok(*s)),
                     Op::ForgetSession(sid) => {
                         self.entries.retain(|(s, _), _| *s != sid);
@@ -166,9 +169,12 @@ impl Writer {
                 }
             }
             if self.health.persisting() {
-                if let Some(p) = profile
-                    && let Err(e) = self.store.save_profile(&self.key, &p).await
-                {
+                let result = match &profile {
+                    Some(Some(p)) => self.store.save_profile(&self.key, p).await,
+                    Some(None) => self.store.forget_profile(&self.key).await,
+                    None => Ok(()),
+                };
+                if let Err(e) = result {
                     self.degrade(&e);
                 }
                 self.apply(saves).await;

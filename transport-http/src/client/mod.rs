@@ -40,6 +40,17 @@
 //!   tells the application through [`ClientNotice::SessionExpired`] and
 //!   [`ClientNotice::NewSession`] (and a `tracing` warning): the server-side
 //!   state of the old session is gone.
+//! * **A stale era verdict is re-probed once.** A request sent under the
+//!   stored verdict and refused as an unsupported protocol version (-32022,
+//!   -32004, -32001 in a JSON answer; nothing else is taken as proof) makes
+//!   the client forget the verdict, send one `server/discover` (at most one
+//!   per process), store what it finds and send
+//!   [`ClientNotice::StaleVerdict`]. If the server still supports the
+//!   request's modern version the request is sent once more; otherwise, or
+//!   if the probe fails, the refusal is the answer: a running rmcp service
+//!   cannot switch eras, the next start uses the new verdict. In a legacy
+//!   session the verdict and the session are forgotten and the next start
+//!   probes.
 //! * **Bad state never reaches the wire.** A corrupt stored record, one of
 //!   a newer schema, or one whose session id or `InitializeResult` no longer
 //!   parses, starts a fresh session with a warning, and
@@ -161,6 +172,18 @@ pub enum ClientNotice {
     BadStoredState {
         /// What was wrong with it.
         reason: String,
+    },
+    /// A request sent under the stored era verdict was refused as an
+    /// unsupported protocol version: the verdict was forgotten and the
+    /// server probed again, once. `new_verdict` is what that probe stored
+    /// (`None`: the probe failed and the next start probes again).
+    StaleVerdict {
+        /// The verdict that stopped working, e.g. `modern 2026-07-28`.
+        stale: String,
+        /// What the server answered.
+        reason: String,
+        /// The verdict the re-probe stored, if any.
+        new_verdict: Option<String>,
     },
     /// The store failed; the client goes on with in-memory state only, and
     /// this process's session will not survive a restart.

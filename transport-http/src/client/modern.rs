@@ -141,3 +141,120 @@ pub(crate) fn after_discover(
         _ => {}
     }
 }
+
+/// Whether `code` says "unsupported protocol version" (-32022, or a
+/// pre-release code for it).
+pub(crate) fn is_unsupported(code: ErrorCode) -> bool {
+    code == ErrorCode::UNSUPPORTED_PROTOCOL_VERSION || PRE_RELEASE_UNSUPPORTED.contains(&code.0)
+}
+
+/// The `server/discover` that re-probes a server after `refused` was
+/// refused: same `_meta` (version, client info, capabilities), its own id.
+pub(crate) fn reprobe_request(refused: &ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
+    let value = serde_json::to_value(refused).ok()?;
+    let mut meta = value.get("params")?.get("_meta")?.as_object()?.clone();
+    meta.get(META_VERSION)?;
+    // Only the client context goes along, not the request's progress token.
+    meta.retain(|k, _| k.starts_with("io.modelcontextprotocol/"));
+    let probe = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": "mcp-persist/reprobe",
+        "method": "server/discover",
+        "params": {"_meta": meta},
+    });
+    serde_json::from_value(probe).ok()
+}
+
+/// What a re-probe found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Reprobe {
+    /// Modern, and the refused request's version is supported after all:
+    /// the request may be sent once more.
+    Retry,
+    /// A new verdict is stored (legacy, or another modern version); the
+    /// running rmcp service cannot switch to it, the next start uses it.
+    NewVerdict,
+    /// Nothing usable came back; nothing is stored.
+    Failed,
+}
+
+/// Learns from the answer to a re-probe and stores the new verdict.
+pub(crate) fn after_reprobe(
+    shared: &Shared,
+    answer: &ServerJsonRpcMessage,
+    requested: Option<String>,
+) -> Reprobe {
+    match answer {
+        ServerJsonRpcMessage::Response(response) => {
+            let ServerResult::DiscoverResult(result) = &response.result else {
+                return Reprobe::Failed;
+            };
+            let supported = result
+                .supported_versions
+                .iter()
+                .any(|v| Some(v.as_str()) == requested.as_deref());
+            let mut answer = answer.clone();
+            after_discover(shared, &mut answer, requested);
+            if supported {
+                Reprobe::Retry
+            } else {
+                Reprobe::NewVerdict
+            }
+        }
+        ServerJsonRpcMessage::Error(error) => {
+            let supported: Vec<ProtocolVersion> = error
+                .error
+                .data
+                .as_ref()
+                .and_then(|d| d.get("supported"))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .filter_map(|v| ProtocolVersion::new(v.to_owned()).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let modern_rejection = [
+                ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                ErrorCode::HEADER_MISMATCH,
+            ]
+            .contains(&error.error.code);
+            if modern_rejection
+                || (is_unsupported(error.error.code)
+                    && supported.iter().any(|v| v.era() == ProtocolEra::Modern))
+            {
+                // Modern, but not on the version asked for: nothing to store.
+                return Reprobe::Failed;
+            }
+            // A legacy server: the highest handshake version both sides know.
+            let known: Vec<&str> = rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+                .iter()
+                .filter(|v| v.has_initialize())
+                .map(|v| v.as_str())
+                .collect();
+            let version = supported
+                .into_iter()
+                .filter(|v| known.contains(&v.as_str()))
+                .max_by(|a, b| a.as_str().cmp(b.as_str()))
+                .or_else(|| {
+                    known
+                        .iter()
+                        .max()
+                        .and_then(|v| ProtocolVersion::new((*v).to_owned()).ok())
+                });
+            let Some(version) = version else {
+                return Reprobe::Failed;
+            };
+            info!(server = %shared.key, %version, "re-probe: the server is legacy now; verdict stored");
+            shared.set_profile(ServerProfile {
+                era: ProtocolEra::Legacy,
+                protocol_version: version,
+                verdict_at: Timestamp::now(),
+                discover: None,
+            });
+            Reprobe::NewVerdict
+        }
+        _ => Reprobe::Failed,
+    }
+}

@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     profile: Mutex<Option<ServerProfile>>,
     ids: tokio::sync::Mutex<IdBlocks>,
     map: Mutex<IdMap>,
+    /// Set once this process has re-probed a stale verdict: never twice.
+    reprobed: AtomicBool,
 }
 
 impl Shared {
@@ -139,6 +141,7 @@ impl Shared {
             profile: Mutex::new(None),
             ids: tokio::sync::Mutex::new(IdBlocks::default()),
             map: Mutex::new(IdMap::default()),
+            reprobed: AtomicBool::new(false),
         }
     }
 
@@ -152,6 +155,20 @@ impl Shared {
         if self.health.persisting() {
             self.journal.send(Op::SaveProfile(Box::new(profile)));
         }
+    }
+
+    /// Forgets a verdict that proved wrong, in memory and in the store.
+    pub(crate) fn forget_profile(&self) -> Option<ServerProfile> {
+        let old = lock(&self.profile).take();
+        if self.health.persisting() {
+            self.journal.send(Op::ForgetProfile);
+        }
+        old
+    }
+
+    /// Claims the one re-probe of this process: true the first time only.
+    pub(crate) fn claim_reprobe(&self) -> bool {
+        !self.reprobed.swap(true, Ordering::AcqRel)
     }
 
     /// Installs a stored profile read at start.

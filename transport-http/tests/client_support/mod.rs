@@ -179,13 +179,49 @@ pub enum Fixture {
     /// rmcp as it is (2026-07-28 supported).
     Rmcp,
     /// A legacy-only server: `server/discover` gets the pre-release code
-    /// -32004 with only handshake versions supported.
+    /// -32004 with only handshake versions supported, and so does any
+    /// request carrying the 2026-07-28 version.
     LegacyOnly,
+    /// Discovers as rmcp does, but refuses every other modern request with
+    /// -32022 (a server that keeps refusing).
+    Refusing,
+}
+
+/// Whether a request names the 2026-07-28 version (header or `_meta`).
+fn names_modern(headers: &http::HeaderMap, rpc: Option<&serde_json::Value>) -> bool {
+    let header = headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        == Some("2026-07-28");
+    let meta = rpc
+        .and_then(|v| v.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion"))
+        .and_then(|v| v.as_str())
+        == Some("2026-07-28");
+    header || meta
+}
+
+fn refusal(
+    rpc: Option<&serde_json::Value>,
+    code: i32,
+    supported: &[&str],
+) -> axum::response::Response {
+    let id = rpc.and_then(|v| v.get("id")).cloned().unwrap_or_default();
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": id,
+        "error": {"code": code, "message": "Unsupported protocol version",
+                  "data": {"supported": supported, "requested": "2026-07-28"}}
+    });
+    axum::response::Response::builder()
+        .status(400)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap()
 }
 
 pub struct TestServer {
     pub wire: Arc<Mutex<Vec<WireRecord>>>,
     pub url: String,
+    pub addr: std::net::SocketAddr,
     pub stats: Arc<Stats>,
     pub sessions: Arc<LocalSessionManager>,
     ct: tokio_util::sync::CancellationToken,
@@ -222,6 +258,16 @@ pub async fn start_server(slow_steps: u32) -> TestServer {
 
 /// Starts the server with a wire recorder in front.
 pub async fn start_server_with(slow_steps: u32, fixture: Fixture) -> TestServer {
+    start_server_on(None, slow_steps, fixture).await
+}
+
+/// Starts the server on `addr` (a free port when `None`), waiting for the
+/// address to be free again when a previous server just left it.
+pub async fn start_server_on(
+    addr: Option<std::net::SocketAddr>,
+    slow_steps: u32,
+    fixture: Fixture,
+) -> TestServer {
     let stats = Arc::new(Stats::default());
     let stores = Stores::new(MemoryStore::new());
     let events = DurableEventStore::new(
@@ -240,42 +286,80 @@ pub async fn start_server_with(slow_steps: u32, fixture: Fixture) -> TestServer 
     let service = StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
     let wire = Arc::new(Mutex::new(Vec::new()));
     let recorder = wire.clone();
-    let router = axum::Router::new().nest_service("/mcp", service).layer(
-        axum::middleware::from_fn(move |request: axum::extract::Request, next: axum::middleware::Next| {
-            let recorder = recorder.clone();
-            async move {
-                let (parts, body) = request.into_parts();
-                let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
-                let rpc: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
-                let rpc_method = rpc
-                    .as_ref()
-                    .and_then(|v| v.get("method"))
-                    .and_then(|m| m.as_str())
-                    .map(str::to_owned);
-                recorder.lock().unwrap().push(WireRecord {
-                    http_method: parts.method.to_string(),
-                    rpc_method: rpc_method.clone(),
-                    session_header: parts.headers.contains_key("mcp-session-id"),
-                    last_event_id_header: parts.headers.contains_key("last-event-id"),
-                });
-                if fixture == Fixture::LegacyOnly && rpc_method.as_deref() == Some("server/discover") {
-                    let id = rpc.as_ref().and_then(|v| v.get("id")).cloned().unwrap_or_default();
-                    let body = serde_json::json!({
-                        "jsonrpc": "2.0", "id": id,
-                        "error": {"code": -32004, "message": "Unsupported protocol version",
-                                  "data": {"supported": ["2025-06-18", "2025-11-25"], "requested": "2026-07-28"}}
-                    });
-                    return axum::response::Response::builder()
-                        .status(400)
-                        .header("content-type", "application/json")
-                        .body(axum::body::Body::from(body.to_string()))
-                        .unwrap();
+    let router =
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let recorder = recorder.clone();
+                    async move {
+                        let (parts, body) = request.into_parts();
+                        let bytes = axum::body::to_bytes(body, 1 << 20)
+                            .await
+                            .unwrap_or_default();
+                        let rpc: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+                        let rpc_method = rpc
+                            .as_ref()
+                            .and_then(|v| v.get("method"))
+                            .and_then(|m| m.as_str())
+                            .map(str::to_owned);
+                        recorder.lock().unwrap().push(WireRecord {
+                            http_method: parts.method.to_string(),
+                            rpc_method: rpc_method.clone(),
+                            session_header: parts.headers.contains_key("mcp-session-id"),
+                            last_event_id_header: parts.headers.contains_key("last-event-id"),
+                        });
+                        let discover = rpc_method.as_deref() == Some("server/discover");
+                        let request = rpc.as_ref().is_some_and(|v| v.get("id").is_some());
+                        match fixture {
+                            Fixture::LegacyOnly
+                                if discover
+                                    || (request && names_modern(&parts.headers, rpc.as_ref())) =>
+                            {
+                                return refusal(
+                                    rpc.as_ref(),
+                                    -32004,
+                                    &["2025-06-18", "2025-11-25"],
+                                );
+                            }
+                            Fixture::Refusing
+                                if request
+                                    && !discover
+                                    && names_modern(&parts.headers, rpc.as_ref()) =>
+                            {
+                                return refusal(
+                                    rpc.as_ref(),
+                                    -32022,
+                                    &["2026-07-28", "2025-11-25"],
+                                );
+                            }
+                            _ => {}
+                        }
+                        next.run(axum::extract::Request::from_parts(
+                            parts,
+                            axum::body::Body::from(bytes),
+                        ))
+                        .await
+                    }
+                },
+            ));
+    let listener = match addr {
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        Some(addr) => {
+            let mut attempts = 0;
+            loop {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => break l,
+                    Err(e) if attempts < 200 => {
+                        attempts += 1;
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(25)).await;
+                    }
+                    Err(e) => panic!("cannot bind {addr} again: {e}"),
                 }
-                next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await
             }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        }
+    };
     let addr = listener.local_addr().unwrap();
     let stop = ct.clone();
     tokio::spawn(async move {
@@ -286,6 +370,7 @@ pub async fn start_server_with(slow_steps: u32, fixture: Fixture) -> TestServer 
     TestServer {
         wire,
         url: format!("http://{addr}/mcp"),
+        addr,
         stats,
         sessions,
         ct,
