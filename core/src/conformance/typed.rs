@@ -567,6 +567,17 @@ pub async fn server_session_roundtrip(f: &dyn KvFixture) {
     );
 }
 
+/// The backend key under which the client session of the server whose path
+/// contains `path_part` is stored, found through `list` as a tool would.
+async fn raw_session_key(kv: &dyn crate::KvStore, path_part: &str) -> String {
+    kv.list("client/session/")
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|k| k.contains(path_part))
+        .expect("the session's key is listed")
+}
+
 /// A record written by a newer schema is `NewerSchema` through every typed
 /// store, and is left untouched.
 pub async fn newer_schema_is_typed_error(f: &dyn KvFixture) {
@@ -577,13 +588,7 @@ pub async fn newer_schema_is_typed_error(f: &dyn KvFixture) {
         .save_session(&key, &legacy_session("sess-future"), PutMode::Create)
         .await
         .expect("save");
-    let raw_key = kv
-        .list("client/session/")
-        .await
-        .expect("list")
-        .into_iter()
-        .find(|k| k.contains("future"))
-        .expect("key");
+    let raw_key = raw_session_key(&*kv, "future").await;
     let mut envelope: serde_json::Value =
         serde_json::from_slice(&kv.get(&raw_key).await.expect("get").expect("present").value)
             .expect("json");
@@ -632,13 +637,7 @@ pub async fn corrupt_record_is_typed_error(f: &dyn KvFixture) {
         .save_session(&bad, &legacy_session("sess-bad"), PutMode::Create)
         .await
         .expect("save");
-    let raw_key = kv
-        .list("client/session/")
-        .await
-        .expect("list")
-        .into_iter()
-        .find(|k| k.contains("bad"))
-        .expect("key");
+    let raw_key = raw_session_key(&*kv, "bad").await;
     let bytes = encode(&legacy_session("sess-bad")).expect("encode");
     for broken in [
         bytes[..bytes.len() / 2].to_vec(),
