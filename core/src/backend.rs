@@ -303,8 +303,9 @@ impl fmt::Debug for LogRecord {
 ///   number strictly greater than `after` (exclusive; `0` reads from the
 ///   start), in order, at most `limit` of them.
 /// * **TTL** belongs to the log as a whole: an append with a TTL makes the
-///   whole log expire once that TTL has passed since this append. An expired
-///   log reads as empty. After an expiry or a [`delete`](LogStore::delete),
+///   whole log expire once that TTL has passed since this append (a backend
+///   may keep it up to a sixteenth of the TTL longer, never shorter). An
+///   expired log reads as empty. After an expiry or a [`delete`](LogStore::delete),
 ///   sequence numbers may start again.
 /// * Records are at most [`max_record_bytes`](LogStore::max_record_bytes).
 #[async_trait]

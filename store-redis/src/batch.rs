@@ -1,16 +1,27 @@
-//! Group commit of log appends.
+//! Group commit of the appends that need the [`APPEND`] script.
 //!
-//! Appends from concurrent tasks are queued to one background task, which
-//! sends whatever has queued up as one Lua script call: every append in it
-//! still adds its records and refreshes its log's expiry atomically (a script
-//! runs as a whole), and each caller gets its own result. A lone append goes
-//! out at once; under load, batches grow while earlier ones are in flight,
-//! so the round trips and the script's overhead are shared by many appends.
+//! A single-record append goes straight out as one `XADD` (see
+//! [`RedisStore`](crate::RedisStore)'s guarantees). The rest (several
+//! records, a TTL to refresh, a TTL only) must add their records and set
+//! their log's expiry atomically, which takes the script. Those are queued to
+//! one background task, which sends whatever has queued up as one script
+//! call: each append in it is still atomic and gets its own result. A lone
+//! append goes out at once; under load, batches grow while earlier ones are
+//! in flight, so the round trips and the script's overhead are shared by
+//! many appends.
+//!
+//! The task also remembers when it last set each log's expiry and to which
+//! TTL, so that [`Appender::expiry_covers`] can tell the store a refresh is
+//! not needed yet.
 //!
 //! On a Cluster a script may only touch keys of one slot, so a batch is
 //! split by log and each part is sent on its own.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use mcp_persist_core::{Error, Result};
 use redis::Value;
@@ -21,7 +32,7 @@ use crate::{
     conn::Conn,
     error::{self, BACKEND},
     scripts::APPEND,
-    store::{bytes_of, parse_id, unexpected},
+    store::{bytes_of, millis, parse_id, unexpected},
 };
 
 /// Batches in flight at once; more appends queue up meanwhile.
@@ -31,13 +42,15 @@ const MAX_JOBS: usize = 512;
 /// ...and about this many bytes of records (a single larger append still
 /// goes out, alone).
 const MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Refreshed expiries remembered before stale ones are dropped.
+const REMEMBERED: usize = 4096;
 
 /// One caller's append.
 pub(crate) struct AppendJob {
     pub(crate) log: String,
     pub(crate) stream: Vec<u8>,
-    /// TTL in ms, or empty to keep the log's expiry.
-    pub(crate) ttl: String,
+    /// The TTL the caller asked for, or `None` to keep the log's expiry.
+    pub(crate) ttl: Option<Duration>,
     pub(crate) records: Vec<Vec<u8>>,
     pub(crate) reply: oneshot::Sender<Result<Vec<u64>>>,
 }
@@ -48,19 +61,63 @@ impl AppendJob {
     }
 }
 
+/// The expiry an append with `ttl` gives its log: the TTL plus a sixteenth,
+/// so that appends within the next sixteenth may skip the refresh and the
+/// log still lives at least `ttl` after each of them.
+pub(crate) fn expiry(ttl: Duration) -> Duration {
+    ttl.saturating_add(ttl / 16)
+}
+
+/// When this store last set a log's expiry, and to which TTL.
+#[derive(Clone, Copy)]
+struct Refresh {
+    /// Taken before the script was sent, so the expiry runs from later.
+    sent: Instant,
+    ttl: Duration,
+}
+
+impl Refresh {
+    fn covers(&self, ttl: Duration, now: Instant) -> bool {
+        self.ttl == ttl && now.saturating_duration_since(self.sent) < ttl / 16
+    }
+}
+
+type Refreshes = Arc<Mutex<HashMap<Vec<u8>, Refresh>>>;
+
 /// The handle through which a store queues appends.
-#[derive(Debug)]
 pub(crate) struct Appender {
     queue: mpsc::UnboundedSender<AppendJob>,
+    refreshes: Refreshes,
 }
 
 impl Appender {
     /// Starts the background task on the current tokio runtime. It ends
     /// when the last handle of the store is dropped.
-    pub(crate) fn start(conn: Conn, cluster: bool) -> Appender {
+    ///
+    /// Each script call that gets no reply within `timeout` fails its
+    /// appends, so a server that hangs cannot hold batches forever.
+    pub(crate) fn start(conn: Conn, cluster: bool, timeout: Duration) -> Appender {
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(run(conn, cluster, jobs));
-        Appender { queue }
+        let refreshes = Refreshes::default();
+        let sender = Sender {
+            conn,
+            refreshes: Arc::clone(&refreshes),
+            timeout,
+        };
+        tokio::spawn(run(sender, cluster, jobs));
+        Appender { queue, refreshes }
+    }
+
+    /// Whether this store set the expiry of `stream` for `ttl` recently
+    /// enough that an append now may leave it: the log then still lives at
+    /// least `ttl` past the append.
+    pub(crate) fn expiry_covers(&self, stream: &[u8], ttl: Duration) -> bool {
+        let now = Instant::now();
+        self.refreshes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(stream)
+            .is_some_and(|r| r.covers(ttl, now))
     }
 
     /// Queues an append and waits for its sequence numbers.
@@ -81,7 +138,15 @@ fn stopped() -> Error {
     )
 }
 
-async fn run(conn: Conn, cluster: bool, mut jobs: mpsc::UnboundedReceiver<AppendJob>) {
+/// What a batch needs to go out.
+#[derive(Clone)]
+struct Sender {
+    conn: Conn,
+    refreshes: Refreshes,
+    timeout: Duration,
+}
+
+async fn run(sender: Sender, cluster: bool, mut jobs: mpsc::UnboundedReceiver<AppendJob>) {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = jobs.recv().await {
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
@@ -99,7 +164,7 @@ async fn run(conn: Conn, cluster: bool, mut jobs: mpsc::UnboundedReceiver<Append
                 Err(_) => break,
             }
         }
-        let conn = conn.clone();
+        let sender = sender.clone();
         tokio::spawn(async move {
             if cluster && batch.len() > 1 {
                 let mut by_log: HashMap<Vec<u8>, Vec<AppendJob>> = HashMap::new();
@@ -108,55 +173,111 @@ async fn run(conn: Conn, cluster: bool, mut jobs: mpsc::UnboundedReceiver<Append
                 }
                 let parts: Vec<_> = by_log
                     .into_values()
-                    .map(|part| tokio::spawn(send(conn.clone(), part)))
+                    .map(|part| tokio::spawn(sender.clone().send(part)))
                     .collect();
                 for part in parts {
                     let _ = part.await;
                 }
             } else {
-                send(conn, batch).await;
+                sender.send(batch).await;
             }
             drop(permit);
         });
     }
 }
 
-/// Sends one batch as one script call (see [`APPEND`]) and answers every
-/// caller.
-async fn send(mut conn: Conn, batch: Vec<AppendJob>) {
-    if batch.len() > 1 {
-        debug!(appends = batch.len(), "sending a batch of appends");
+impl Sender {
+    /// Sends one batch as one script call and answers every caller.
+    async fn send(mut self, batch: Vec<AppendJob>) {
+        if batch.len() > 1 {
+            debug!(appends = batch.len(), "sending a batch of appends");
+        }
+        let sent = Instant::now();
+        let meta = script_meta(&batch);
+        let reply = {
+            let keys = script_keys(&batch);
+            let args = script_args(&batch, &meta);
+            let call = APPEND.run(&mut self.conn, &keys, &args);
+            tokio::time::timeout(self.timeout, call).await
+        };
+        match reply {
+            Ok(reply) => answer(batch, reply, sent, &self.refreshes),
+            Err(_) => {
+                for job in batch {
+                    let _ = job.reply.send(Err(error::no_reply("append", self.timeout)));
+                }
+            }
+        }
     }
-    let counts: Vec<String> = batch.iter().map(|j| j.records.len().to_string()).collect();
-    let keys: Vec<&[u8]> = batch.iter().map(|j| j.stream.as_slice()).collect();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 3);
-    for (job, count) in batch.iter().zip(&counts) {
-        args.push(job.ttl.as_bytes());
+}
+
+fn script_keys(jobs: &[AppendJob]) -> Vec<&[u8]> {
+    jobs.iter().map(|j| j.stream.as_slice()).collect()
+}
+
+/// Per append: its expiry in ms (empty: keep the log's) and record count.
+fn script_meta(jobs: &[AppendJob]) -> Vec<(String, String)> {
+    jobs.iter()
+        .map(|job| {
+            let expiry = job
+                .ttl
+                .map(|ttl| millis(expiry(ttl)).to_string())
+                .unwrap_or_default();
+            (expiry, job.records.len().to_string())
+        })
+        .collect()
+}
+
+/// The script's arguments: per append, its [`script_meta`] and records.
+fn script_args<'a>(jobs: &'a [AppendJob], meta: &'a [(String, String)]) -> Vec<&'a [u8]> {
+    let mut args = Vec::with_capacity(jobs.len() * 3);
+    for (job, (expiry, count)) in jobs.iter().zip(meta) {
+        args.push(expiry.as_bytes());
         args.push(count.as_bytes());
         args.extend(job.records.iter().map(Vec::as_slice));
     }
-    let reply = APPEND.run(&mut conn, &keys, &args).await;
-    drop((keys, args));
+    args
+}
+
+/// Answers the appends of one script call, and remembers the expiries it
+/// set.
+fn answer(
+    jobs: Vec<AppendJob>,
+    reply: redis::RedisResult<Value>,
+    sent: Instant,
+    refreshes: &Refreshes,
+) {
     let results = match reply {
         Ok(Value::Array(results)) => results,
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(error::map(e.clone(), &job.log)));
+            }
+            return;
+        }
         Ok(_) => {
-            for job in batch {
+            for job in jobs {
                 let outcome = Err(unexpected(&job.log, "append did not return ids"));
                 let _ = job.reply.send(outcome);
             }
             return;
         }
-        Err(e) => {
-            for job in batch {
-                let _ = job.reply.send(Err(error::map(e.clone(), &job.log)));
-            }
-            return;
-        }
     };
     let mut results = results.into_iter();
-    for job in batch {
+    let mut refreshed = Vec::new();
+    for job in jobs {
         let outcome = parse_ids(&job, &mut results);
+        if let (Ok(_), Some(ttl)) = (&outcome, job.ttl) {
+            refreshed.push((job.stream, Refresh { sent, ttl }));
+        }
         let _ = job.reply.send(outcome);
+    }
+    if !refreshed.is_empty() {
+        let mut known = refreshes.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= REMEMBERED {
+            known.retain(|_, r| r.covers(r.ttl, sent));
+        }
+        known.extend(refreshed);
     }
 }
 

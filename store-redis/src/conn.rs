@@ -80,7 +80,9 @@ impl Target {
         let client = Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(t.connect))
-            .set_response_timeout(Some(t.operation))
+            // Every operation is bounded by the store itself (one timer per
+            // operation rather than two).
+            .set_response_timeout(None)
             // While the server is down, a command waits for at most a few
             // quick reconnect attempts, then fails; the next command tries
             // again.

@@ -133,12 +133,12 @@ return {0, 1}
 
 /// `append` of a batch of appends, in order. For each: its records are
 /// `XADD`ed with ids `0-<seq>` (Redis picks the next sequence number) and,
-/// when it has a TTL and every `XADD` succeeded, its log gets that expiry
+/// when it has an expiry and every `XADD` succeeded, its log gets that expiry
 /// (`PEXPIRE`). The script runs atomically, so every append adds its records
 /// and refreshes its expiry in one step.
 ///
 /// KEYS: each append's stream (repeated for appends to the same log). ARGV,
-/// per append: its TTL in ms (empty: keep the log's expiry), its record
+/// per append: its expiry in ms (empty: keep the log's), its record
 /// count, its records. Returns one flat array: per append, its ids, or, when
 /// Redis refused an `XADD` (a key of another type), the ids before it and
 /// then the error text prefixed with `!`. A refused first `XADD` leaves the

@@ -63,11 +63,18 @@ const IDLE_BLOCKING: usize = 8;
 /// * **TTL** rides with the write (`SET ... PX`); Redis never returns an
 ///   expired key and reclaims its space itself, so `sweep_expired` has
 ///   nothing to do.
-/// * **Logs** are Redis Streams with ids `0-<seq>`. An append adds its
-///   records (`XADD`) and refreshes the log's expiry (`PEXPIRE`) in one
-///   atomic Lua script; appends from concurrent tasks are group-committed,
-///   many to a script call, each still atomic on its own. An append of one
-///   record without a TTL is a plain `XADD`.
+/// * **Logs** are Redis Streams with ids `0-<seq>`. An append of one record
+///   without a TTL is one `XADD`, atomic by itself. An append with a TTL
+///   adds its records (`XADD`) and sets the log's expiry (`PEXPIRE`) in one
+///   atomic Lua script; appends from concurrent tasks that need the script
+///   are group-committed, many to a script call, each still atomic on its
+///   own. The expiry set is the TTL plus a sixteenth, so that for the next
+///   sixteenth of the TTL this store's single-record appends with the same
+///   TTL are a plain `XADD ... NOMKSTREAM` and skip the refresh: a log lives
+///   at least its TTL past every append, and at most a sixteenth longer.
+///   `NOMKSTREAM` adds nothing to a log that has gone meanwhile (deleted by
+///   another process), and that append is then sent as the script, so a log
+///   is never created without its expiry.
 ///   `wait_after` blocks in `XREAD BLOCK` on a dedicated connection, never on
 ///   the shared one.
 /// * **Durability** is Redis's: with `appendonly yes` and
@@ -164,6 +171,33 @@ impl RedisStore {
     }
 
     /// Runs `fut` within the operation timeout.
+    /// One `XADD` of one record; with `if_live`, only into an existing
+    /// stream (`NOMKSTREAM`), and `None` when there is none.
+    async fn xadd(
+        &self,
+        log: &str,
+        stream: &[u8],
+        record: &[u8],
+        if_live: bool,
+    ) -> Result<Option<u64>> {
+        let mut cmd =
+            redis::Cmd::with_capacity(5 + usize::from(if_live), stream.len() + record.len() + 24);
+        cmd.arg("XADD").arg(stream);
+        if if_live {
+            cmd.arg("NOMKSTREAM");
+        }
+        cmd.arg("0-*").arg("d").arg(record);
+        let reply: Value = cmd
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| error::map(e, log))?;
+        if reply == Value::Nil && if_live {
+            return Ok(None);
+        }
+        let id = bytes_of(&reply).ok_or_else(|| unexpected(log, "XADD returned no id"))?;
+        parse_id(log, id).map(Some)
+    }
+
     async fn bounded<T>(
         &self,
         operation: &'static str,
@@ -296,7 +330,7 @@ impl RedisStoreBuilder {
         info!(cluster, key_prefix = %layout.prefix(), "connected to redis");
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                appender: Appender::start(shared.clone(), cluster),
+                appender: Appender::start(shared.clone(), cluster, t.operation),
                 shared,
                 target,
                 layout,
@@ -317,7 +351,7 @@ fn check_url(url: &str) -> Result<()> {
 }
 
 /// A duration in whole milliseconds, at least 1, at most about 100 years.
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     const MAX: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
     u64::try_from(d.as_millis()).unwrap_or(MAX).clamp(1, MAX)
 }
@@ -578,24 +612,32 @@ impl LogStore for RedisStore {
             return Ok(Vec::new());
         }
         let stream = self.inner.layout.log(log);
-        if ttl.is_none() && records.len() == 1 {
-            // One `XADD` is atomic by itself: no script needed.
-            let work = async {
-                let mut cmd = redis::cmd("XADD");
-                cmd.arg(&stream).arg("0-*").arg("d").arg(&records[0]);
-                let id: Value = cmd
-                    .query_async(&mut self.conn())
-                    .await
-                    .map_err(|e| error::map(e, log))?;
-                let id = bytes_of(&id).ok_or_else(|| unexpected(log, "XADD returned no id"))?;
-                Ok(vec![parse_id(log, id)?])
+        if let [record] = records.as_slice() {
+            // One record and no expiry to set: a single `XADD` is atomic by
+            // itself. With a TTL whose refresh is not due yet, `NOMKSTREAM`
+            // keeps the `XADD` from creating a log without an expiry; if the
+            // log has gone, the script below creates it properly.
+            let if_live = match ttl {
+                None => Some(false),
+                Some(ttl) => self
+                    .inner
+                    .appender
+                    .expiry_covers(&stream, ttl)
+                    .then_some(true),
             };
-            return self
-                .bounded("append", work)
-                .instrument(debug_span!("redis.append", log, records = 1))
-                .await;
+            if let Some(if_live) = if_live {
+                let added = self
+                    .bounded("append", self.xadd(log, &stream, record, if_live))
+                    .await?;
+                if let Some(seq) = added {
+                    return Ok(vec![seq]);
+                }
+                debug!(
+                    log,
+                    "log gone since its expiry was set; appending with the script"
+                );
+            }
         }
-        let ttl = ttl.map(|t| millis(t).to_string()).unwrap_or_default();
         let count = records.len();
         let work = self.inner.appender.append(|reply| AppendJob {
             log: log.to_owned(),

@@ -125,6 +125,17 @@ impl DurableRedis {
         panic!("redis-server on port {} never answered PING", self.port);
     }
 
+    /// Sends a signal by name (`STOP`, `CONT`) to the running server.
+    fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("the server runs").id();
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {pid} failed");
+    }
+
     /// SIGKILL: no shutdown, no final fsync.
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -357,5 +368,95 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
         "checked {} acknowledged puts and {} acknowledged appends across the kill",
         acked.kv.len(),
         acked.log.len()
+    );
+}
+
+/// A server that stops answering (SIGSTOP) leaves the connection open, so
+/// only the store's own timeout can end an operation: every kind of append,
+/// and reads and writes of records, fail with `Unavailable` within the
+/// operation timeout, and the same store works again once the server goes on
+/// (SIGCONT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_fails_operations_in_time() {
+    let Some(bin) = server_bin() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = DurableRedis::start(&bin, dir.path(), free_port());
+    let timeout = Duration::from_millis(400);
+    let store = RedisStore::standalone(format!("redis://127.0.0.1:{}/", server.port))
+        .operation_timeout(timeout)
+        .connect()
+        .await
+        .expect("connect");
+    let ttl = Some(Duration::from_secs(600));
+    // A first append with a TTL sets the log's expiry, so the next one is a
+    // single `XADD` and not the script: both paths are tried below.
+    store
+        .append("events", vec![b"0".to_vec()], ttl)
+        .await
+        .expect("append before the stop");
+
+    server.signal("STOP");
+    let started = std::time::Instant::now();
+    let outcomes = [
+        (
+            "append, one record",
+            store
+                .append("events", vec![b"a".to_vec()], None)
+                .await
+                .err(),
+        ),
+        (
+            "append, one record, fresh TTL",
+            store.append("events", vec![b"b".to_vec()], ttl).await.err(),
+        ),
+        (
+            "append, two records",
+            store
+                .append("events", vec![b"c".to_vec(), b"d".to_vec()], ttl)
+                .await
+                .err(),
+        ),
+        ("get", store.get("k").await.err()),
+        (
+            "put",
+            store
+                .put("k", b"v".to_vec(), PutMode::Overwrite, None)
+                .await
+                .err(),
+        ),
+    ];
+    let elapsed = started.elapsed();
+    server.signal("CONT");
+    for (what, outcome) in outcomes {
+        assert!(
+            matches!(outcome, Some(Error::Unavailable { .. })),
+            "{what} on a stopped server must give Unavailable, got {outcome:?}"
+        );
+    }
+    // Five operations one after another, each bounded by the timeout; the
+    // margin is for a busy machine.
+    assert!(
+        elapsed < timeout * 5 + Duration::from_secs(2),
+        "five operations took {elapsed:?} with a timeout of {timeout:?} each"
+    );
+
+    // The same store goes on once the server does.
+    let mut appended = None;
+    for _ in 0..100 {
+        match store.append("events", vec![b"e".to_vec()], ttl).await {
+            Ok(seqs) => {
+                appended = Some(seqs);
+                break;
+            }
+            Err(Error::Unavailable { .. }) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("unexpected error after SIGCONT: {e:?}"),
+        }
+    }
+    let seqs = appended.expect("the store did not work again after the server went on");
+    let records = store.read_after("events", 0, 100).await.expect("read");
+    assert_eq!(
+        records.last().map(|r| (r.seq, r.data.clone())),
+        Some((seqs[0], b"e".to_vec())),
+        "the append after the pause is the last record"
     );
 }

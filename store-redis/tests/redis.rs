@@ -379,3 +379,78 @@ async fn extreme_arguments_neither_panic_nor_misread() {
         b"v"
     );
 }
+
+/// The remaining lifetime of a log's Redis key, in ms (`PTTL`: -1 for no
+/// expiry, -2 for no key).
+async fn log_pttl(conn: &mut impl ConnectionLike, prefix: &str, log: &str) -> i64 {
+    let key = format!("{prefix}{{log:{log}}}");
+    match raw_cmd(conn, &[b"PTTL", key.as_bytes()]).await {
+        redis::Value::Int(ms) => ms,
+        other => panic!("PTTL returned {other:?}"),
+    }
+}
+
+/// Appends in quick succession skip refreshing the expiry, yet the log
+/// still lives at least its TTL past the last of them.
+#[tokio::test]
+async fn a_log_lives_its_ttl_past_every_append() {
+    let Some(endpoint) = Endpoint::of(Topology::Standalone) else {
+        return;
+    };
+    let prefix = unique_prefix("ttl");
+    let store = endpoint.open(&prefix).await;
+    let mut conn = raw(&endpoint).await.expect("standalone");
+    let ttl = Duration::from_secs(8);
+    for round in 0..20 {
+        store
+            .append("events", vec![vec![round]], Some(ttl))
+            .await
+            .expect("append");
+        let after_append = std::time::Instant::now();
+        let left = log_pttl(&mut conn, &prefix, "events").await;
+        let lower = ttl.saturating_sub(after_append.elapsed()).as_millis() as i64;
+        assert!(
+            left >= lower,
+            "append {round}: the log expires in {left} ms, before its TTL of {ttl:?} has passed"
+        );
+        assert!(
+            left <= (ttl + ttl / 16).as_millis() as i64,
+            "append {round}: the log expires in {left} ms, more than a sixteenth past its TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+/// A log deleted behind the store's back (by another process) while its
+/// expiry is fresh is created again with an expiry, never without one.
+#[tokio::test]
+async fn a_log_recreated_after_a_foreign_delete_keeps_an_expiry() {
+    let Some(endpoint) = Endpoint::of(Topology::Standalone) else {
+        return;
+    };
+    let prefix = unique_prefix("ttl-gone");
+    let store = endpoint.open(&prefix).await;
+    let other = endpoint.open(&prefix).await;
+    let mut conn = raw(&endpoint).await.expect("standalone");
+    let ttl = Duration::from_secs(600);
+    store
+        .append("events", vec![b"a".to_vec()], Some(ttl))
+        .await
+        .expect("first append");
+    LogStore::delete(&other, "events")
+        .await
+        .expect("delete from another store");
+    let seqs = store
+        .append("events", vec![b"b".to_vec()], Some(ttl))
+        .await
+        .expect("append after the delete");
+    assert_eq!(seqs, vec![1], "the log starts again after its delete");
+    let left = log_pttl(&mut conn, &prefix, "events").await;
+    assert!(
+        left > 0,
+        "a log created again has no expiry (PTTL {left}); it would never be reclaimed"
+    );
+    let records = store.read_after("events", 0, 10).await.expect("read");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].data, b"b");
+}
