@@ -96,6 +96,10 @@ async fn main() -> Result<()> {
             ));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let server = listener.local_addr()?;
+    // TCP_NODELAY, as a production server sets it (see examples/server.rs).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move { axum::serve(listener, router).await });
     let proxy = delay_proxy(server, ONE_WAY_DELAY).await?;
     let folder = tempfile::tempdir()?;

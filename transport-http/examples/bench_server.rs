@@ -5,7 +5,9 @@
 //! * **Progress events per second** delivered end to end (tool handler to
 //!   rmcp client, over HTTP and SSE) by rmcp's in-memory defaults, by the
 //!   durable server without an event store, and by the durable server with
-//!   each backend's event store (every event committed before it is sent).
+//!   each backend's event store (every event committed before it is sent;
+//!   Redis when `MCP_PERSIST_REDIS_URL` names a server, as `cargo xtask bench`
+//!   arranges).
 //! * **Added latency of a cross-instance restore**: the first request on an
 //!   instance that must restore the session from the store, against the
 //!   same request once the session is there.
@@ -62,8 +64,15 @@ fn options() -> anyhow::Result<demo::Options> {
 }
 
 async fn serve(router: axum::Router) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/mcp", listener.local_addr()?);
+    // Without TCP_NODELAY, a response written in two parts waits for the
+    // client's delayed ACK (about 40 ms on Linux) and every latency below
+    // would measure that.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
@@ -182,6 +191,24 @@ async fn main() -> anyhow::Result<()> {
             mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("state.db")).await?,
         ))
     };
+    // Redis when `cargo xtask bench` started one; each use gets its own
+    // key prefix.
+    let redis_url = std::env::var("MCP_PERSIST_REDIS_URL").ok();
+    let redis_uses = std::sync::atomic::AtomicUsize::new(0);
+    let redis = || async {
+        let Some(url) = redis_url.clone() else {
+            return anyhow::Ok(None);
+        };
+        let n = redis_uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let store = mcp_persist_store_redis::RedisStore::standalone(url)
+            .key_prefix(format!("bench-server:{}:{n}:", std::process::id()))
+            .connect()
+            .await?;
+        anyhow::Ok(Some(Stores::new(store)))
+    };
+    if redis_url.is_none() {
+        println!("MCP_PERSIST_REDIS_URL is not set: no Redis rows (run `cargo xtask bench`)");
+    }
 
     println!("progress events delivered end to end ({EVENTS} per call, best of {ROUNDS})");
     println!("{:<36} {:>12} {:>10}", "server", "events/s", "vs rmcp");
@@ -209,11 +236,13 @@ async fn main() -> anyhow::Result<()> {
     for (name, stores) in [
         (
             "durable, memory event store",
-            Stores::new(MemoryStore::new()),
+            Some(Stores::new(MemoryStore::new())),
         ),
-        ("durable, file event store", file().await?),
-        ("durable, sqlite event store", sqlite().await?),
+        ("durable, file event store", Some(file().await?)),
+        ("durable, sqlite event store", Some(sqlite().await?)),
+        ("durable, redis event store", redis().await?),
     ] {
+        let Some(stores) = stores else { continue };
         let rate = progress_rate(demo::durable_router(stores, &opts, Arc::default())?).await?;
         println!("{name:<36} {rate:>12.0} {:>10.2}", rate / baseline);
     }
@@ -227,10 +256,12 @@ async fn main() -> anyhow::Result<()> {
         "backend", "restoring", "warm", "added"
     );
     for (name, stores) in [
-        ("memory", Stores::new(MemoryStore::new())),
-        ("file", file().await?),
-        ("sqlite", sqlite().await?),
+        ("memory", Some(Stores::new(MemoryStore::new()))),
+        ("file", Some(file().await?)),
+        ("sqlite", Some(sqlite().await?)),
+        ("redis", redis().await?),
     ] {
+        let Some(stores) = stores else { continue };
         let (restore, warm) = restore_latency(stores).await?;
         println!(
             "{name:<12} {:>11.2} ms {:>11.2} ms {:>11.2} ms",

@@ -367,6 +367,12 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", options.port)).await?;
     println!("LISTENING {}", listener.local_addr()?);
+    // TCP_NODELAY: without it, a response written in two parts (headers,
+    // then the first SSE event) waits for the client's delayed ACK, about
+    // 40 ms on Linux.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router).await?;
     Ok(())
 }

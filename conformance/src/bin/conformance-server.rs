@@ -99,6 +99,10 @@ async fn main() -> Result<()> {
         out.flush().context("flushing stdout")?;
     }
     tracing::info!(%addr, "conformance server ready");
+    // TCP_NODELAY: responses are written in parts (headers, then events).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router)
         .await
         .context("serving HTTP")?;

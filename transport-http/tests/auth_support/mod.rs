@@ -336,6 +336,9 @@ async fn start_auth_server(ct: &tokio_util::sync::CancellationToken) -> Arc<Auth
         .route("/token", post(token))
         .with_state(server.clone());
     let stop = ct.clone();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, router)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -469,6 +472,9 @@ pub async fn start(auth_servers: usize) -> World {
         .route("/.well-known/oauth-protected-resource", get(prm))
         .merge(mcp);
     let stop = ct.clone();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, router)
             .with_graceful_shutdown(async move { stop.cancelled().await })

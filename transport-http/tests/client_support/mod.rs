@@ -362,6 +362,9 @@ pub async fn start_server_on(
     };
     let addr = listener.local_addr().unwrap();
     let stop = ct.clone();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, router)
             .with_graceful_shutdown(async move { stop.cancelled().await })
