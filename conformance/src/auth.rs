@@ -2,10 +2,15 @@
 //! client with persistence on, credentials in SQLite.
 //!
 //! The client authorizes headlessly: it follows the authorization URL to the
-//! redirect the suite's authorization server answers with. When a request
-//! is refused (the token expired beyond refresh, or the resource moved to
-//! another authorization server), it authorizes again, which discovers the
-//! authorization server afresh and registers there if it is new.
+//! redirect the suite's authorization server answers with. Before its first
+//! authorization it asks the server unauthenticated, as a client that has
+//! just been pointed at a URL does, and authorizes with the 401's
+//! `WWW-Authenticate` challenge (its `scope` and `resource_metadata`). When a
+//! request is refused later (the token expired beyond refresh, the resource
+//! moved to another authorization server, or a 403 asks for more scope), it
+//! authorizes again with that request's challenge, which discovers the
+//! authorization server afresh, registers there if it is new, and requests
+//! the scope the server named.
 //! Credentials persist in a SQLite file: a fresh one in a temporary folder,
 //! or the file named by `MCP_PERSIST_AUTH_DB` (so a second run starts from
 //! the credentials of the first).
@@ -14,7 +19,7 @@ use anyhow::Context;
 use mcp_persist_core::{BoxError, Secret, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
-    auth::{DurableAuth, DurableAuthBuild, DurableAuthClient},
+    auth::{DurableAuth, DurableAuthBuild, DurableAuthClient, auth_challenge},
     client::DurableClientBuilder,
 };
 use rmcp::{
@@ -62,16 +67,19 @@ fn arguments(schema: &Map<String, Value>) -> Option<Map<String, Value>> {
     Some(args)
 }
 
-/// One MCP session: list the tools and call each.
+/// One MCP session: list the tools and call each. After a failed session,
+/// with `retry`, the client is authorized afresh, with the failure's
+/// challenge when it had one.
 async fn exercise(
     url: &str,
     stores: &Stores,
     auth: &DurableAuth,
+    retry: bool,
 ) -> anyhow::Result<Result<(), anyhow::Error>> {
     let (transport, _handle, client) = DurableClientBuilder::new(url, stores)
         .build_with_auth(auth)
         .await?;
-    authorize_if_needed(&client).await?;
+    authorize_if_needed(&client, url).await?;
     let outcome = async {
         // 2026-07-28 servers get `server/discover`, older ones `initialize`.
         let lifecycle = ClientLifecycleMode::Auto {
@@ -91,21 +99,78 @@ async fn exercise(
         Ok::<_, anyhow::Error>(())
     }
     .await;
-    if outcome.is_err() {
-        // The next attempt authorizes afresh.
-        client.authorize(None, headless).await?;
+    if let (Err(e), true) = (&outcome, retry) {
+        // The next attempt authorizes afresh, for what the server asked.
+        let challenge = e.chain().find_map(auth_challenge);
+        tracing::info!(challenge = ?challenge, "session refused; authorizing again");
+        client.authorize(challenge.as_deref(), headless).await?;
     }
     Ok(outcome)
 }
 
-async fn authorize_if_needed(client: &DurableAuthClient<reqwest::Client>) -> anyhow::Result<()> {
+async fn authorize_if_needed(
+    client: &DurableAuthClient<reqwest::Client>,
+    url: &str,
+) -> anyhow::Result<()> {
     if !client.is_authorized().await {
+        let challenge = first_challenge(url).await;
+        tracing::info!(challenge = ?challenge, "authorizing");
         client
-            .authorize(None, headless)
+            .authorize(challenge.as_deref(), headless)
             .await
             .context("authorization")?;
     }
     Ok(())
+}
+
+/// The challenge an unauthenticated client meets first: the 401 to its
+/// `initialize`, or, on a server that lets `initialize` through, to the
+/// `tools/list` after it. `None` when neither is refused (or the server is
+/// unreachable: the authorization then finds out).
+async fn first_challenge(url: &str) -> Option<String> {
+    let http = reqwest::Client::new();
+    let post = |body: Value, session: Option<String>| {
+        let mut request = http
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request
+                .header("mcp-session-id", session)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        request.send()
+    };
+    let challenge = |response: &reqwest::Response| {
+        let refused = matches!(response.status().as_u16(), 401 | 403);
+        refused
+            .then(|| response.headers().get("www-authenticate")?.to_str().ok())
+            .flatten()
+            .map(str::to_owned)
+    };
+    let init = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "mcp-persist-conformance-client", "version": "1"}
+        }
+    });
+    let response = post(init, None).await.ok()?;
+    if let Some(found) = challenge(&response) {
+        return Some(found);
+    }
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let _ = post(initialized, session.clone()).await;
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let response = post(list, session).await.ok()?;
+    challenge(&response)
 }
 
 /// Plays an `auth/...` scenario against the suite's server at `url`, with
@@ -145,16 +210,16 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
     }
     tracing::info!(scenario, "playing authorization scenario");
 
-    // Two sessions at most: the first may find the token refused (expired,
-    // or the resource moved to another authorization server) and authorize
-    // again; the second runs on the new grant. With the first authorization
-    // that makes three in all, the limit the suite checks against loops.
+    // Three sessions at most: a session may find the token refused (expired,
+    // the resource moved to another authorization server, or a 403 asking
+    // for more scope) and authorize again; a step-up after a re-authorization
+    // takes the third. The suite checks separately against loops.
     let mut last = Ok(());
-    for attempt in 1..=2 {
-        last = exercise(url, &stores, &auth).await?;
+    for attempt in 1..=3 {
+        last = exercise(url, &stores, &auth, attempt < 3).await?;
         match &last {
             Ok(()) => break,
-            Err(e) => tracing::warn!(attempt, error = %e, "MCP session failed; authorized again"),
+            Err(e) => tracing::warn!(attempt, error = %e, "MCP session failed"),
         }
     }
     last

@@ -697,6 +697,58 @@ impl<C> DurableAuthClient<C> {
     }
 }
 
+/// The `WWW-Authenticate` challenge behind an rmcp error, when the call
+/// failed because the server answered 401 (no or a refused token) or 403
+/// (`insufficient_scope`).
+///
+/// Pass it to [`DurableAuthClient::authorize`] and try again: the client
+/// then requests the scope the challenge names (step-up authorization) and
+/// discovers the authorization server through the challenge's
+/// `resource_metadata`. Walks the error's sources, including the transport
+/// errors that rmcp's `ServiceError` and `ClientInitializeError` hold
+/// without exposing them as sources.
+///
+/// ```no_run
+/// # async fn run(
+/// #     auth_client: &mcp_persist_transport_http::auth::DurableAuthClient<reqwest::Client>,
+/// #     service: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+/// # ) -> Result<(), Box<dyn std::error::Error>> {
+/// use mcp_persist_transport_http::auth::auth_challenge;
+/// use rmcp::model::CallToolRequestParams;
+///
+/// if let Err(e) = service.call_tool(CallToolRequestParams::new("write")).await {
+///     let Some(challenge) = auth_challenge(&e) else { return Err(e.into()) };
+///     auth_client
+///         .authorize(Some(&challenge), |url: String| async move { Ok(url) })
+///         .await?;
+///     // Connect again: the new token carries the scope the server asked for.
+/// }
+/// # Ok(()) }
+/// ```
+pub fn auth_challenge(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use rmcp::{
+        service::{ClientInitializeError, ServiceError},
+        transport::streamable_http_client::{AuthRequiredError, InsufficientScopeError},
+    };
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(e) = e.downcast_ref::<AuthRequiredError>() {
+            return Some(e.www_authenticate_header.clone());
+        }
+        if let Some(e) = e.downcast_ref::<InsufficientScopeError>() {
+            return Some(e.www_authenticate_header.clone());
+        }
+        next = match e.downcast_ref::<ServiceError>() {
+            Some(ServiceError::TransportSend(transport)) => Some(transport),
+            _ => match e.downcast_ref::<ClientInitializeError>() {
+                Some(ClientInitializeError::TransportError { error, .. }) => Some(error),
+                _ => e.source(),
+            },
+        };
+    }
+    None
+}
+
 /// The `scope` parameter of a `WWW-Authenticate: Bearer` challenge.
 fn scope_of_challenge(header: &str) -> Option<String> {
     let start = header.find("scope=\"")? + "scope=\"".len();
@@ -849,8 +901,55 @@ impl DurableAuthBuild for DurableClientBuilder {
 #[cfg(test)]
 mod tests {
     use mcp_persist_core::Timestamp;
+    use rmcp::{
+        service::{ClientInitializeError, ServiceError},
+        transport::{
+            DynamicTransportError,
+            streamable_http_client::{AuthRequiredError, InsufficientScopeError},
+        },
+    };
 
     use super::{store::to_rmcp, *};
+
+    fn transport_error(e: StreamableHttpError<std::io::Error>) -> DynamicTransportError {
+        DynamicTransportError::from_parts("test", std::any::TypeId::of::<()>(), Box::new(e))
+    }
+
+    #[test]
+    fn challenges_are_found_behind_rmcp_errors() {
+        let step_up = r#"Bearer error="insufficient_scope", scope="mcp:basic mcp:write""#;
+        let call = ServiceError::TransportSend(transport_error(
+            StreamableHttpError::InsufficientScope(InsufficientScopeError::new(
+                step_up.to_owned(),
+                Some("mcp:basic mcp:write".to_owned()),
+            )),
+        ));
+        assert_eq!(auth_challenge(&call).as_deref(), Some(step_up));
+        // Wrapped again, as an application's error type would.
+        let wrapped = anyhow::Error::new(call).context("calling the write tool");
+        let found = wrapped.chain().find_map(auth_challenge);
+        assert_eq!(found.as_deref(), Some(step_up));
+        assert_eq!(
+            scope_of_challenge(step_up).as_deref(),
+            Some("mcp:basic mcp:write")
+        );
+
+        let first =
+            r#"Bearer resource_metadata="http://127.0.0.1:1/.well-known/oauth-protected-resource""#;
+        let init = ClientInitializeError::TransportError {
+            error: transport_error(StreamableHttpError::AuthRequired(AuthRequiredError::new(
+                first.to_owned(),
+            ))),
+            context: "send initialize request".into(),
+        };
+        assert_eq!(auth_challenge(&init).as_deref(), Some(first));
+
+        let other = ServiceError::TransportSend(transport_error(StreamableHttpError::Io(
+            std::io::Error::other("connection reset"),
+        )));
+        assert_eq!(auth_challenge(&other), None);
+        assert_eq!(auth_challenge(&ServiceError::TransportClosed), None);
+    }
 
     #[test]
     fn absolute_expiry_round_trips_through_rmcp_shape() {
