@@ -13,7 +13,8 @@
 //!   straight through the `redis` crate (what the client library costs
 //!   before the store does anything).
 //! * **KV**: 64 concurrent tasks doing compare-and-swap `put`s, then `get`s,
-//!   against pipelined `SET` and `GET` from `redis-benchmark`.
+//!   against pipelined `SET` and `GET` from `redis-benchmark`, and `get`s
+//!   against the same `GET`s straight through the `redis` crate.
 //!
 //! The store's side runs twice per round: on a current-thread tokio runtime
 //! (one thread, as `redis-benchmark` is one thread) and on the default
@@ -58,6 +59,7 @@ struct Side {
     append_plain: f64,
     append_ttl: f64,
     client_xadd: f64,
+    client_get: f64,
     put: f64,
     get: f64,
 }
@@ -77,6 +79,7 @@ impl Side {
             append_plain: 0.0,
             append_ttl: 0.0,
             client_xadd: 0.0,
+            client_get: 0.0,
             put: 0.0,
             get: 0.0,
         })
@@ -92,9 +95,11 @@ impl Side {
         self.append_ttl = self
             .append_ttl
             .max(self.runtime.block_on(appends(store, ttl))?);
-        self.client_xadd = self
-            .client_xadd
-            .max(self.runtime.block_on(client_xadds(store.key_prefix()))?);
+        let prefix = store.key_prefix();
+        let client_xadd = client_only(prefix, APPENDS_PER_TASK, false, xadd);
+        self.client_xadd = self.client_xadd.max(self.runtime.block_on(client_xadd)?);
+        let client_get = client_only(prefix, KV_PER_TASK, true, get);
+        self.client_get = self.client_get.max(self.runtime.block_on(client_get)?);
         let (put, get) = self.runtime.block_on(kv(store))?;
         self.put = self.put.max(put);
         self.get = self.get.max(get);
@@ -199,6 +204,11 @@ fn main() -> Result<()> {
             ),
             ("kv put (CAS script) vs SET", side.put, raw_set),
             ("kv get vs GET", side.get, raw_get),
+            (
+                "(the client library alone: redis-rs GET vs GET)",
+                side.client_get,
+                raw_get,
+            ),
         ] {
             println!(
                 "| {name} | {} | {ours:.0} | {raw:.0} | {:.0}% |",
@@ -257,30 +267,42 @@ async fn appends(store: &RedisStore, ttl: Option<Duration>) -> Result<f64> {
     Ok((TASKS * APPENDS_PER_TASK) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The same appends as [`appends`] without a TTL, sent as plain `XADD`s
-/// straight through the `redis` crate's multiplexed connection: what the
-/// client library costs before the store does anything.
-async fn client_xadds(prefix: &str) -> Result<f64> {
+/// What the client library costs before the store does anything: 64 tasks
+/// sending `per_task` commands each, built by `command` for the task's own
+/// key, straight through the `redis` crate's multiplexed connection. With
+/// `seed`, each key first holds a record (for `GET`).
+async fn client_only(
+    prefix: &str,
+    per_task: usize,
+    seed: bool,
+    command: fn(&str, &[u8]) -> redis::Cmd,
+) -> Result<f64> {
     let url = std::env::var("MCP_PERSIST_REDIS_URL")?;
-    let conn = redis::Client::open(url.as_str())?
+    let mut conn = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
     let record = vec![b'x'; RECORD_BYTES];
+    let keys: Vec<String> = (0..TASKS)
+        .map(|t| format!("{prefix}client{{{t}}}"))
+        .collect();
+    if seed {
+        for key in &keys {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg(&record)
+                .query_async(&mut conn)
+                .await?;
+        }
+    }
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(TASKS);
-    for t in 0..TASKS {
+    for key in &keys {
         let mut conn = conn.clone();
-        let record = record.clone();
-        let key = format!("{prefix}client{{{t}}}");
+        let (key, record) = (key.clone(), record.clone());
         tasks.push(tokio::spawn(async move {
-            for _ in 0..APPENDS_PER_TASK {
-                let _: redis::Value = redis::cmd("XADD")
-                    .arg(&key)
-                    .arg("0-*")
-                    .arg("d")
-                    .arg(&record)
-                    .query_async(&mut conn)
-                    .await?;
+            // Built for every call, as an application (or the store) does.
+            for _ in 0..per_task {
+                let _: redis::Value = command(&key, &record).query_async(&mut conn).await?;
             }
             Ok::<_, redis::RedisError>(())
         }));
@@ -288,14 +310,21 @@ async fn client_xadds(prefix: &str) -> Result<f64> {
     for task in tasks {
         task.await??;
     }
-    let rate = (TASKS * APPENDS_PER_TASK) as f64 / started.elapsed().as_secs_f64();
-    let mut conn = conn;
-    let mut del = redis::cmd("DEL");
-    for t in 0..TASKS {
-        del.arg(format!("{prefix}client{{{t}}}"));
-    }
-    let _: i64 = del.query_async(&mut conn).await?;
+    let rate = (TASKS * per_task) as f64 / started.elapsed().as_secs_f64();
+    let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
     Ok(rate)
+}
+
+fn xadd(key: &str, record: &[u8]) -> redis::Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(key).arg("0-*").arg("d").arg(record);
+    cmd
+}
+
+fn get(key: &str, _: &[u8]) -> redis::Cmd {
+    let mut cmd = redis::cmd("GET");
+    cmd.arg(key);
+    cmd
 }
 
 async fn kv(store: &RedisStore) -> Result<(f64, f64)> {
