@@ -19,7 +19,7 @@ use anyhow::Context;
 use mcp_persist_core::{BoxError, Secret, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
-    auth::{DurableAuth, DurableAuthBuild, DurableAuthClient, auth_challenge},
+    auth::{DurableAuth, DurableAuthBuild, DurableAuthClient, Registration, auth_challenge},
     client::DurableClientBuilder,
 };
 use rmcp::{
@@ -29,6 +29,8 @@ use rmcp::{
 use serde_json::{Map, Value, json};
 
 const REDIRECT_URI: &str = "http://localhost:3000/callback";
+/// The client id metadata document URL the suite expects (`auth/basic-cimd`).
+const CLIENT_METADATA_URL: &str = "https://conformance-test.local/client-metadata.json";
 
 async fn headless(url: String) -> Result<String, BoxError> {
     let http = reqwest::Client::builder()
@@ -192,9 +194,15 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
         .unwrap_or_else(|| temp.join("credentials.db"));
     let stores = Stores::new(SqliteStore::open(&db).await?);
 
+    // A client id metadata document where the authorization server supports
+    // them (the suite's server accepts its fixed URL without fetching it),
+    // dynamic registration elsewhere.
     let mut auth = DurableAuth::new(url.to_owned(), stores.credentials())
         .redirect_uri(REDIRECT_URI)
-        .dynamic_registration("mcp-persist-conformance-client");
+        .registration(Registration::MetadataDocument {
+            url: CLIENT_METADATA_URL.to_owned(),
+            client_name: "mcp-persist-conformance-client".to_owned(),
+        });
     if let Some(client_id) = context.get("client_id").and_then(Value::as_str) {
         auth = auth.pre_registered(
             client_id,
