@@ -76,12 +76,20 @@ async fn exercise(
     url: &str,
     stores: &Stores,
     auth: &DurableAuth,
+    grant: Grant,
     retry: bool,
 ) -> anyhow::Result<Result<(), anyhow::Error>> {
     let (transport, _handle, client) = DurableClientBuilder::new(url, stores)
         .build_with_auth(auth)
         .await?;
-    authorize_if_needed(&client, url).await?;
+    if !client.is_authorized().await {
+        let challenge = first_challenge(url).await;
+        tracing::info!(challenge = ?challenge, "authorizing");
+        grant
+            .authorize(&client, challenge.as_deref())
+            .await
+            .context("authorization")?;
+    }
     let outcome = async {
         // 2026-07-28 servers get `server/discover`, older ones `initialize`.
         let lifecycle = ClientLifecycleMode::Auto {
@@ -105,24 +113,31 @@ async fn exercise(
         // The next attempt authorizes afresh, for what the server asked.
         let challenge = e.chain().find_map(auth_challenge);
         tracing::info!(challenge = ?challenge, "session refused; authorizing again");
-        client.authorize(challenge.as_deref(), headless).await?;
+        grant.authorize(&client, challenge.as_deref()).await?;
     }
     Ok(outcome)
 }
 
-async fn authorize_if_needed(
-    client: &DurableAuthClient<reqwest::Client>,
-    url: &str,
-) -> anyhow::Result<()> {
-    if !client.is_authorized().await {
-        let challenge = first_challenge(url).await;
-        tracing::info!(challenge = ?challenge, "authorizing");
-        client
-            .authorize(challenge.as_deref(), headless)
-            .await
-            .context("authorization")?;
+/// How the client gets its tokens.
+#[derive(Clone, Copy)]
+enum Grant {
+    /// Authorization code with PKCE, through the (headless) user agent.
+    AuthorizationCode,
+    /// Client credentials (SEP-1046): the client acts on its own behalf.
+    ClientCredentials,
+}
+
+impl Grant {
+    async fn authorize(
+        self,
+        client: &DurableAuthClient<reqwest::Client>,
+        challenge: Option<&str>,
+    ) -> Result<(), mcp_persist_transport_http::auth::DurableAuthError> {
+        match self {
+            Grant::AuthorizationCode => client.authorize(challenge, headless).await,
+            Grant::ClientCredentials => client.authorize_client_credentials(challenge).await,
+        }
     }
-    Ok(())
 }
 
 /// The challenge an unauthenticated client meets first: the 401 to its
@@ -216,6 +231,13 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
                 .map(str::to_owned),
         );
     }
+    // The client-credentials scenarios give the client's id and secret and
+    // expect it to act on its own behalf.
+    let grant = if scenario.starts_with("auth/client-credentials") {
+        Grant::ClientCredentials
+    } else {
+        Grant::AuthorizationCode
+    };
     tracing::info!(scenario, "playing authorization scenario");
 
     // Three sessions at most: a session may find the token refused (expired,
@@ -224,7 +246,7 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
     // takes the third. The suite checks separately against loops.
     let mut last = Ok(());
     for attempt in 1..=3 {
-        last = exercise(url, &stores, &auth, attempt < 3).await?;
+        last = exercise(url, &stores, &auth, grant, attempt < 3).await?;
         match &last {
             Ok(()) => break,
             Err(e) => tracing::warn!(attempt, error = %e, "MCP session failed"),

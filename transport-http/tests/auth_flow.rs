@@ -210,3 +210,94 @@ async fn a_new_authorization_server_gets_a_new_registration_and_never_the_old_cr
     let as1_again = stored(&stores.credentials(), &world.auth(0).issuer, &resource).await;
     assert_eq!(as1_again.client.client_id, as1.client.client_id);
 }
+
+/// A client acting on its own behalf (client-credentials grant) gets its
+/// token once; a restarted process uses the stored token without asking the
+/// authorization server again, and the secret and token never reach a
+/// `Debug` print of the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::unwrap_used)]
+async fn a_client_credentials_token_survives_a_restart() {
+    let world = start(1).await;
+    let secret = "cc-secret-do-not-print";
+    world.auth(0).pre_register("machine-client", secret);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let machine = |stores: &Stores| {
+        DurableAuth::new(world.mcp_url.clone(), stores.credentials()).pre_registered(
+            "machine-client",
+            Some(mcp_persist_core::Secret::new(secret)),
+            None,
+        )
+    };
+    let call = |transport| async {
+        let service = ().serve(transport).await?;
+        service
+            .call_tool(CallToolRequestParams::new("whoami"))
+            .await?;
+        service.cancel().await?;
+        anyhow::Ok(())
+    };
+
+    // First process: no stored token; one client-credentials grant.
+    {
+        let stores = Stores::new(
+            mcp_persist_store_sqlite::SqliteStore::open(&db)
+                .await
+                .unwrap(),
+        );
+        let (transport, _handle, client) =
+            DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+                .build_with_auth(&machine(&stores))
+                .await
+                .unwrap();
+        assert!(!client.is_authorized().await);
+        client.authorize_client_credentials(None).await.unwrap();
+        assert!(client.is_authorized().await);
+        let printed = format!("{client:?}");
+        assert!(!printed.contains(secret), "the secret printed: {printed}");
+        call(transport).await.unwrap();
+    }
+    assert_eq!(world.auth(0).client_credentials_grants(), 1);
+    let requests = world.auth(0).requests();
+
+    // Second process, same file: the stored token, no authorization server.
+    let stores = Stores::new(
+        mcp_persist_store_sqlite::SqliteStore::open(&db)
+            .await
+            .unwrap(),
+    );
+    let (transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+        .build_with_auth(&machine(&stores))
+        .await
+        .unwrap();
+    assert!(client.is_authorized().await, "the token was not restored");
+    call(transport).await.unwrap();
+    assert_eq!(
+        world.auth(0).requests(),
+        requests,
+        "a restart asked the authorization server again"
+    );
+    assert_eq!(world.mcp.tool_calls.load(Ordering::SeqCst), 2);
+}
+
+/// Without a pre-registered secret the grant is refused up front, typed.
+#[tokio::test]
+#[allow(clippy::unwrap_used)]
+async fn client_credentials_need_a_pre_registered_secret() {
+    let world = start(1).await;
+    let stores = Stores::new(mcp_persist_core::MemoryStore::new());
+    let (_transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+        .build_with_auth(&auth(&world, &stores))
+        .await
+        .unwrap();
+    let err = client.authorize_client_credentials(None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            mcp_persist_transport_http::auth::DurableAuthError::NoClientSecret
+        ),
+        "{err:?}"
+    );
+    assert_eq!(world.auth(0).requests(), 0);
+}

@@ -102,7 +102,10 @@ use rmcp::{
     model::ClientJsonRpcMessage,
     transport::{
         AuthClient, AuthError, AuthorizationManager,
-        auth::{AuthorizationCallback, AuthorizationMetadata, OAuthClientConfig},
+        auth::{
+            AuthorizationCallback, AuthorizationMetadata, ClientCredentialsConfig,
+            OAuthClientConfig,
+        },
         streamable_http_client::{
             StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
         },
@@ -199,6 +202,12 @@ pub enum DurableAuthError {
         #[source]
         source: BoxError,
     },
+    /// The client-credentials grant needs a client registered beforehand
+    /// with a secret ([`DurableAuth::pre_registered`]).
+    #[error(
+        "the client-credentials grant needs a pre-registered client with a secret; configure DurableAuth::pre_registered"
+    )]
+    NoClientSecret,
     /// Building the transport failed.
     #[error("building the durable transport failed")]
     Client {
@@ -543,6 +552,83 @@ impl<C> DurableAuthClient<C> {
             .await
             .map_err(oauth("token exchange"))?;
         info!(issuer = ?self.shared.issuer(), resource = %self.shared.resource, "authorized");
+        Ok(())
+    }
+
+    /// Gets a token with the OAuth client-credentials grant (SEP-1046), for a
+    /// client acting on its own behalf: no user agent, no redirect. The
+    /// client is the one configured with [`DurableAuth::pre_registered`]
+    /// (with a secret); the scope is the challenge's, else the configured
+    /// scopes. The token is stored like any other, so a restarted process
+    /// uses it without asking again; the grant issues no refresh token, so
+    /// once it expires (or a call fails with a challenge) call this again.
+    pub async fn authorize_client_credentials(
+        &self,
+        challenge: Option<&str>,
+    ) -> Result<(), DurableAuthError> {
+        let Registration::PreRegistered {
+            client_id,
+            client_secret: Some(client_secret),
+            issuer: expected,
+        } = &self.config.registration
+        else {
+            return Err(DurableAuthError::NoClientSecret);
+        };
+        let mut manager = self.inner.auth_manager.lock().await;
+        let resolution = match challenge {
+            Some(_) => manager.resolve_metadata_from_challenge(challenge).await,
+            None => manager.resolve_metadata().await,
+        }
+        .map_err(oauth("discovery"))?;
+        let metadata = resolution.metadata;
+        let issuer = metadata
+            .issuer
+            .clone()
+            .unwrap_or_else(|| UNNAMED_ISSUER.to_owned());
+        if let Some(expected) = expected
+            && *expected != issuer
+        {
+            return Err(DurableAuthError::IssuerMismatch {
+                expected: expected.clone(),
+                found: issuer,
+            });
+        }
+        let metadata_json = serde_json::to_value(&metadata).ok();
+        manager.set_metadata(metadata);
+        self.shared
+            .switch_issuer(&issuer)
+            .await
+            .map_err(|source| DurableAuthError::Store { source })?;
+        if let Some(json) = metadata_json {
+            self.shared.set_metadata(json);
+        }
+        self.shared.set_registration(ClientRegistration {
+            client_id: client_id.clone(),
+            client_secret: Some(client_secret.clone()),
+            metadata_url: None,
+            token_endpoint_auth_method: None,
+        });
+        let challenge_scope = challenge.and_then(scope_of_challenge);
+        let defaults: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
+        let scopes = manager.select_scopes(challenge_scope.as_deref(), &defaults);
+        let grant = ClientCredentialsConfig::ClientSecret {
+            client_id: client_id.clone(),
+            client_secret: client_secret.expose_secret().to_owned(),
+            scopes,
+            resource: Some(self.shared.resource.clone()),
+        };
+        manager
+            .validate_client_credentials_metadata(&grant)
+            .map_err(oauth("client-credentials metadata check"))?;
+        manager
+            .configure_client_credentials(&grant)
+            .map_err(oauth("client configuration"))?;
+        // Stores the token through the durable credential store.
+        manager
+            .exchange_client_credentials(&grant)
+            .await
+            .map_err(oauth("client-credentials token request"))?;
+        info!(issuer = %issuer, resource = %self.shared.resource, "authorized with client credentials");
         Ok(())
     }
 

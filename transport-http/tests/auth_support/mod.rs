@@ -59,6 +59,7 @@ pub struct AuthServer {
     pub registrations: AtomicUsize,
     pub code_exchanges: AtomicUsize,
     pub refreshes: AtomicUsize,
+    pub client_credentials: AtomicUsize,
     pub rejected_refreshes: AtomicUsize,
     /// Lifetime of issued access tokens, in seconds.
     pub expires_in: AtomicU64,
@@ -88,6 +89,17 @@ impl AuthServer {
     }
     pub fn registrations(&self) -> usize {
         self.registrations.load(Ordering::SeqCst)
+    }
+    /// Registers a confidential client out of band (for the
+    /// client-credentials grant).
+    pub fn pre_register(&self, client_id: &str, secret: &str) {
+        self.clients
+            .lock()
+            .unwrap()
+            .insert(client_id.to_owned(), secret.to_owned());
+    }
+    pub fn client_credentials_grants(&self) -> usize {
+        self.client_credentials.load(Ordering::SeqCst)
     }
     pub fn is_live_refresh_token(&self, token: &str) -> bool {
         self.live_refresh.lock().unwrap().contains_key(token)
@@ -165,7 +177,7 @@ async fn metadata(State(s): State<Arc<AuthServer>>) -> Response {
             "token_endpoint": format!("{i}/token"),
             "registration_endpoint": format!("{i}/register"),
             "response_types_supported": ["code"],
-            "grant_types_supported": ["authorization_code", "refresh_token"],
+            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["client_secret_basic"],
         }),
@@ -301,6 +313,23 @@ async fn token(State(s): State<Arc<AuthServer>>, headers: HeaderMap, body: Strin
                 .unwrap()
                 .push(issued.0.clone());
             issued
+        }
+        Some("client_credentials") => {
+            if form.get("resource").is_none_or(String::is_empty) {
+                return json_response(StatusCode::BAD_REQUEST, json!({"error": "invalid_target"}));
+            }
+            s.client_credentials.fetch_add(1, Ordering::SeqCst);
+            // No refresh token for this grant (RFC 6749 4.4.3).
+            let (access, _) = issue(&s, &client_id);
+            return json_response(
+                StatusCode::OK,
+                json!({
+                    "access_token": access,
+                    "token_type": "Bearer",
+                    "expires_in": expires_in,
+                    "scope": "mcp",
+                }),
+            );
         }
         _ => {
             return json_response(
