@@ -191,6 +191,16 @@ async fn main() -> anyhow::Result<()> {
             mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("state.db")).await?,
         ))
     };
+    // Events need not outlive a power cut (a client that lost them starts
+    // a new request): synchronous=NORMAL survives a process crash.
+    let sqlite_normal = || async {
+        let options = mcp_persist_store_sqlite::SqliteOptions::default()
+            .durability(mcp_persist_store_sqlite::Durability::Normal);
+        anyhow::Ok(Stores::new(
+            mcp_persist_store_sqlite::SqliteStore::open_with(dir.path().join("normal.db"), options)
+                .await?,
+        ))
+    };
     // Redis when `cargo xtask bench` started one; each use gets its own
     // key prefix.
     let redis_url = std::env::var("MCP_PERSIST_REDIS_URL").ok();
@@ -240,6 +250,10 @@ async fn main() -> anyhow::Result<()> {
         ),
         ("durable, file event store", Some(file().await?)),
         ("durable, sqlite event store", Some(sqlite().await?)),
+        (
+            "durable, sqlite synchronous=NORMAL",
+            Some(sqlite_normal().await?),
+        ),
         ("durable, redis event store", redis().await?),
     ] {
         let Some(stores) = stores else { continue };
