@@ -503,25 +503,7 @@ impl<C> DurableAuthClient<C> {
     {
         let url = {
             let mut manager = self.inner.auth_manager.lock().await;
-            let resolution = match challenge {
-                Some(_) => manager.resolve_metadata_from_challenge(challenge).await,
-                None => manager.resolve_metadata().await,
-            }
-            .map_err(oauth("discovery"))?;
-            let metadata = resolution.metadata;
-            let issuer = metadata
-                .issuer
-                .clone()
-                .unwrap_or_else(|| UNNAMED_ISSUER.to_owned());
-            let metadata_json = serde_json::to_value(&metadata).ok();
-            manager.set_metadata(metadata.clone());
-            self.shared
-                .switch_issuer(&issuer)
-                .await
-                .map_err(|source| DurableAuthError::Store { source })?;
-            if let Some(json) = metadata_json {
-                self.shared.set_metadata(json);
-            }
+            let (issuer, metadata) = self.discover(&mut manager, challenge).await?;
             let registration = self
                 .registration_for(&mut manager, &issuer, &metadata)
                 .await?;
@@ -575,16 +557,7 @@ impl<C> DurableAuthClient<C> {
             return Err(DurableAuthError::NoClientSecret);
         };
         let mut manager = self.inner.auth_manager.lock().await;
-        let resolution = match challenge {
-            Some(_) => manager.resolve_metadata_from_challenge(challenge).await,
-            None => manager.resolve_metadata().await,
-        }
-        .map_err(oauth("discovery"))?;
-        let metadata = resolution.metadata;
-        let issuer = metadata
-            .issuer
-            .clone()
-            .unwrap_or_else(|| UNNAMED_ISSUER.to_owned());
+        let (issuer, _) = self.discover(&mut manager, challenge).await?;
         if let Some(expected) = expected
             && *expected != issuer
         {
@@ -592,15 +565,6 @@ impl<C> DurableAuthClient<C> {
                 expected: expected.clone(),
                 found: issuer,
             });
-        }
-        let metadata_json = serde_json::to_value(&metadata).ok();
-        manager.set_metadata(metadata);
-        self.shared
-            .switch_issuer(&issuer)
-            .await
-            .map_err(|source| DurableAuthError::Store { source })?;
-        if let Some(json) = metadata_json {
-            self.shared.set_metadata(json);
         }
         self.shared.set_registration(ClientRegistration {
             client_id: client_id.clone(),
@@ -630,6 +594,36 @@ impl<C> DurableAuthClient<C> {
             .map_err(oauth("client-credentials token request"))?;
         info!(issuer = %issuer, resource = %self.shared.resource, "authorized with client credentials");
         Ok(())
+    }
+
+    /// Discovers the authorization server (through the challenge when there
+    /// is one) and makes its issuer the one in force for this resource:
+    /// from here on, rmcp sees only that issuer's credentials.
+    async fn discover(
+        &self,
+        manager: &mut AuthorizationManager,
+        challenge: Option<&str>,
+    ) -> Result<(String, AuthorizationMetadata), DurableAuthError> {
+        let resolution = match challenge {
+            Some(_) => manager.resolve_metadata_from_challenge(challenge).await,
+            None => manager.resolve_metadata().await,
+        }
+        .map_err(oauth("discovery"))?;
+        let metadata = resolution.metadata;
+        let issuer = metadata
+            .issuer
+            .clone()
+            .unwrap_or_else(|| UNNAMED_ISSUER.to_owned());
+        let metadata_json = serde_json::to_value(&metadata).ok();
+        manager.set_metadata(metadata.clone());
+        self.shared
+            .switch_issuer(&issuer)
+            .await
+            .map_err(|source| DurableAuthError::Store { source })?;
+        if let Some(json) = metadata_json {
+            self.shared.set_metadata(json);
+        }
+        Ok((issuer, metadata))
     }
 
     async fn registration_for(
