@@ -8,6 +8,8 @@
 
 mod client_support;
 
+use client_support::Fixture;
+
 use std::{process::Stdio, sync::atomic::Ordering, time::Duration};
 
 use mcp_persist_core::{KvStore, Stores};
@@ -16,7 +18,7 @@ use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
     model::{
         CallToolRequestParams, NumberOrString, ProgressNotificationParam, ProgressToken,
-        RequestMetaObject,
+        RequestMetaObject, ResourceUpdatedNotificationParam,
     },
     service::NotificationContext,
 };
@@ -40,6 +42,12 @@ fn main() {
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
     }
+    eprintln!("standalone stream across a SIGKILL ...");
+    runtime.block_on(standalone_story(Fixture::Rmcp));
+    eprintln!("standalone stream across a SIGKILL: ok");
+    eprintln!("standalone stream across a SIGKILL, cursor refused ...");
+    runtime.block_on(standalone_story(Fixture::RefusesResume));
+    eprintln!("standalone stream across a SIGKILL, cursor refused: ok");
 }
 
 async fn open_store(backend: &str, dir: &str) -> Stores {
@@ -58,6 +66,25 @@ async fn open_store(backend: &str, dir: &str) -> Stores {
             Stores::from_parts(kv, None)
         }
         other => panic!("unknown backend {other}"),
+    }
+}
+
+/// Prints the number of every announcement (`announce://<n>`) the server
+/// sends on the standalone stream, as a JSON line.
+#[derive(Clone)]
+struct Listener;
+
+impl ClientHandler for Listener {
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let n = params
+            .uri
+            .strip_prefix("announce://")
+            .and_then(|n| n.parse::<u64>().ok());
+        println!("{}", json!({ "message": n }));
     }
 }
 
@@ -166,6 +193,28 @@ async fn child(role: &str) {
             handle.flush().await;
             say(json!({"interrupted_after": handle.interrupted().len(), "done": true}));
             client.cancel().await.expect("close");
+        }
+        "listen" => {
+            // Starts the announcements on the first run; a resumed run only
+            // listens. Prints each message number; never exits by itself.
+            let resumed = handle.resumed();
+            let client = Listener.serve(transport).await.expect("serve");
+            if !resumed {
+                let args = json!({"count": 12, "interval_ms": 150});
+                client
+                    .call_tool(
+                        CallToolRequestParams::new("announce")
+                            .with_arguments(args.as_object().cloned().expect("object")),
+                    )
+                    .await
+                    .expect("announce");
+            }
+            say(json!({"listening": true, "resumed": resumed}));
+            // Keep the journal written as messages arrive.
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                handle.flush().await;
+            }
         }
         other => panic!("unknown child role {other}"),
     }
@@ -284,4 +333,67 @@ async fn user_story(backend: &str) {
             .await
             .contains_key(session.as_str())
     );
+}
+
+/// The session's standalone GET stream outlives a SIGKILL: a client killed
+/// while the server is announcing resumes that stream from its stored cursor
+/// and receives every message, the ones sent while no process was listening
+/// included, each once. When the server refuses the cursor (the events
+/// expired), the client opens a fresh stream and goes on with what comes
+/// next.
+async fn standalone_story(fixture: Fixture) {
+    let server = client_support::start_server_with(1, fixture).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+    let mut seen: Vec<u64> = Vec::new();
+
+    let mut first = Child::spawn("listen", &server.url, "sqlite", &dir_s);
+    assert_eq!(first.line().await["listening"], true);
+    while seen.len() < 3 {
+        let line = first.line().await;
+        seen.extend(line["message"].as_u64());
+    }
+    // Let the journal catch up with the last message, then kill.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    first.child.start_kill().expect("SIGKILL");
+    first.child.wait().await.expect("reaped");
+    // Messages go on while nobody listens.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut second = Child::spawn("listen", &server.url, "sqlite", &dir_s);
+    let started = second.line().await;
+    assert_eq!(started["resumed"], true, "{started}");
+    while !seen.contains(&12) {
+        let line = second.line().await;
+        seen.extend(line["message"].as_u64());
+    }
+    second.child.start_kill().expect("SIGKILL");
+    second.child.wait().await.expect("reaped");
+    // rmcp hands notifications to the handler concurrently, so a replayed
+    // burst may print out of order; the server sends them in order.
+    seen.sort_unstable();
+    if fixture == Fixture::RefusesResume {
+        let mut unique = seen.clone();
+        unique.dedup();
+        assert_eq!(unique, seen, "an announcement arrived twice: {seen:?}");
+        let gets: Vec<bool> = server
+            .wire
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|r| r.http_method == "GET")
+            .map(|r| r.last_event_id_header)
+            .collect();
+        assert!(
+            gets.windows(2).any(|w| w == [true, false]),
+            "the refused resume was not followed by a fresh GET: {gets:?}"
+        );
+    } else {
+        assert_eq!(
+            seen,
+            (1..=12).collect::<Vec<u64>>(),
+            "every announcement exactly once"
+        );
+    }
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
 }

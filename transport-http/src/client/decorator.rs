@@ -636,6 +636,21 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
         }
         let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
+        if let Some(cursor) = self.standalone_cursor(&owner) {
+            let resumed = self
+                .inner
+                .get_stream(
+                    uri.clone(),
+                    session_id.clone(),
+                    Some(cursor),
+                    auth_header.clone(),
+                    custom_headers.clone(),
+                )
+                .await;
+            if let Some(stream) = self.resumed_or_fresh(resumed)? {
+                return Ok(self.observe(stream, owner));
+            }
+        }
         let stream = self
             .inner
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
@@ -656,6 +671,22 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
         }
         let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
+        if let Some(cursor) = self.standalone_cursor(&owner) {
+            let resumed = self
+                .inner
+                .get_stream_with_max_sse_event_size(
+                    uri.clone(),
+                    session_id.clone(),
+                    Some(cursor),
+                    auth_header.clone(),
+                    custom_headers.clone(),
+                    max_sse_event_size,
+                )
+                .await;
+            if let Some(stream) = self.resumed_or_fresh(resumed)? {
+                return Ok(self.observe(stream, owner));
+            }
+        }
         let stream = self
             .inner
             .get_stream_with_max_sse_event_size(
@@ -677,6 +708,38 @@ impl<C> DurableHttpClient<C> {
         self.shared
             .profile()
             .is_some_and(|p| p.era == ProtocolEra::Modern)
+    }
+
+    /// For the first standalone GET of a session resumed after a restart:
+    /// where the previous process stopped reading, so that the server replays
+    /// what was sent while no process listened.
+    fn standalone_cursor(&self, owner: &StreamOwner) -> Option<String> {
+        let StreamOwner::Standalone(session) = owner else {
+            return None;
+        };
+        let cursor = self.shared.take_standalone_cursor(session)?;
+        info!(server = %self.shared.key, session = %session, "resuming the standalone stream where the previous process stopped");
+        Some(cursor)
+    }
+
+    /// The outcome of a GET that carried a stored cursor: the stream, or
+    /// `None` to open a fresh one when the server would not resume (the
+    /// events expired, or it keeps none). Authorization failures stay errors.
+    fn resumed_or_fresh<E: std::error::Error + Send + Sync + 'static>(
+        &self,
+        resumed: Result<SseStream, StreamableHttpError<E>>,
+    ) -> Result<Option<SseStream>, StreamableHttpError<E>> {
+        match resumed {
+            Ok(stream) => Ok(Some(stream)),
+            Err(
+                e @ (StreamableHttpError::AuthRequired(_)
+                | StreamableHttpError::InsufficientScope(_)),
+            ) => Err(e),
+            Err(e) => {
+                warn!(server = %self.shared.key, error = %e, "the server would not resume the standalone stream; opening a fresh one (messages sent meanwhile are lost)");
+                Ok(None)
+            }
+        }
     }
 
     fn stream_owner(&self, session_id: Option<&str>, fresh: bool) -> StreamOwner {

@@ -16,6 +16,10 @@ use tracing::{debug, warn};
 
 use super::state::Health;
 
+/// The key under which a session's standalone GET stream cursor is stored
+/// (request streams are keyed by their request id).
+pub(crate) const STANDALONE_STREAM: &str = "standalone";
+
 /// One change for the store, in the order the client made it.
 #[derive(Debug)]
 pub(crate) enum Op {
@@ -247,7 +251,7 @@ impl Writer {
                 .update_session(&self.key, |s| {
                     if s.session_id == sid {
                         s.last_event_ids
-                            .insert("standalone".to_owned(), event.clone());
+                            .insert(STANDALONE_STREAM.to_owned(), event.clone());
                     }
                 })
                 .await;

@@ -28,6 +28,13 @@
 //!   (missed notifications, then the final answer), or reported with a task
 //!   id to poll, or reported as lost with method and params. Nothing is sent
 //!   again without the application deciding so.
+//! * **Server messages are not lost either.** The last event id of the
+//!   session's standalone GET stream (server notifications and requests
+//!   outside any request) is stored too; the first GET of a restarted process
+//!   sends it as `Last-Event-ID`, so the server replays what it sent while no
+//!   process listened. A server that refuses it (events expired, or none
+//!   kept) gets a fresh GET. Messages that arrived within the journal's
+//!   coalescing window before a crash may arrive again.
 //! * **No stall.** Journal and cursor writes go to a background writer that
 //!   coalesces them: a request answered within the coalescing window
 //!   ([`DurableClientBuilder::journal_delay`], 10 ms by default) is never
@@ -116,6 +123,7 @@ use tracing::{info, warn};
 
 use self::{
     handle::WireClient,
+    journal::STANDALONE_STREAM,
     recovery::RecoveryConfig,
     state::{Health, Seed, Shared},
 };
@@ -492,6 +500,9 @@ async fn load(
         interrupted = interrupted.len(), "resuming stored session");
     let session_id = seed.session_id.clone();
     shared.install_seed(seed, ids);
+    if let Some(event) = stored.last_event_ids.get(STANDALONE_STREAM) {
+        shared.install_standalone_cursor(session_id.clone(), event.clone());
+    }
     (
         StartKind::Resumed {
             session_id: session_id.to_string(),

@@ -89,6 +89,9 @@ struct SessionSlot {
     expired: Option<SessionId>,
     /// Set when the application ends the session: lets the DELETE through.
     ending: bool,
+    /// The last event id the previous process saw on the session's
+    /// standalone GET stream: the first GET of this process resumes from it.
+    standalone_cursor: Option<(SessionId, String)>,
 }
 
 #[derive(Debug, Default)]
@@ -190,6 +193,21 @@ impl Shared {
                 prefetched: None,
                 fetching: false,
             };
+        }
+    }
+
+    /// Remembers where a stored session's standalone stream stopped.
+    pub(crate) fn install_standalone_cursor(&self, session: SessionId, event: String) {
+        lock(&self.session).standalone_cursor = Some((session, event));
+    }
+
+    /// The stored standalone cursor of `session`, once: only the first GET
+    /// after a restart resumes from it.
+    pub(crate) fn take_standalone_cursor(&self, session: &SessionId) -> Option<String> {
+        let mut slot = lock(&self.session);
+        match slot.standalone_cursor.take() {
+            Some((s, event)) if s == *session => Some(event),
+            _ => None,
         }
     }
 

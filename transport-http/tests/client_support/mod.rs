@@ -128,7 +128,12 @@ impl ServerHandler for Counting {
         );
         Ok(ListToolsResult::with_all_items(vec![
             Tool::new("echo", "echoes", schema.clone()),
-            Tool::new("slow", "slow work with progress", schema),
+            Tool::new("slow", "slow work with progress", schema.clone()),
+            Tool::new(
+                "announce",
+                "answers at once, then sends `count` resource updates on the standalone stream",
+                schema,
+            ),
         ]))
     }
 
@@ -156,6 +161,30 @@ impl ServerHandler for Counting {
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 }
                 "slow done".to_owned()
+            }
+            "announce" => {
+                // Outside the request: after the answer, one update every
+                // `interval_ms` (`announce://<n>`), on the session's GET stream.
+                let arg = |name: &str, default: u64| {
+                    request
+                        .arguments
+                        .as_ref()
+                        .and_then(|a| a.get(name))
+                        .and_then(serde_json::Value::as_u64)
+                        .unwrap_or(default)
+                };
+                let (count, interval) = (arg("count", 10), arg("interval_ms", 100));
+                let peer = context.peer.clone();
+                tokio::spawn(async move {
+                    for n in 1..=count {
+                        tokio::time::sleep(Duration::from_millis(interval)).await;
+                        let message = rmcp::model::ResourceUpdatedNotificationParam::new(format!(
+                            "announce://{n}"
+                        ));
+                        let _ = peer.notify_resource_updated(message).await;
+                    }
+                });
+                "announcing".to_owned()
             }
             other => return Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         };
@@ -185,6 +214,9 @@ pub enum Fixture {
     /// Discovers as rmcp does, but refuses every other modern request with
     /// -32022 (a server that keeps refusing).
     Refusing,
+    /// rmcp as it is, but a GET with `Last-Event-ID` gets 410 Gone (the
+    /// events expired): no stream can be resumed.
+    RefusesResume,
 }
 
 /// Whether a request names the 2026-07-28 version (header or `_meta`).
@@ -332,6 +364,15 @@ pub async fn start_server_on(
                                     -32022,
                                     &["2026-07-28", "2025-11-25"],
                                 );
+                            }
+                            Fixture::RefusesResume
+                                if parts.method == http::Method::GET
+                                    && parts.headers.contains_key("last-event-id") =>
+                            {
+                                return axum::response::Response::builder()
+                                    .status(410)
+                                    .body(axum::body::Body::from("Gone: the events expired"))
+                                    .unwrap();
                             }
                             _ => {}
                         }
