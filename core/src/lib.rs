@@ -27,8 +27,10 @@
 //!
 //! **Server side**: [`ServerSession`]s in a [`SessionStore`] (the client's
 //! `initialize` params and the principal the session is bound to, expiring
-//! after an idle TTL), and the SSE event log in an [`EventStore`], whose
-//! [`EventId`]s carry an unguessable per-stream token.
+//! after an idle TTL), the SSE event log in an [`EventStore`], whose
+//! [`EventId`]s carry an unguessable per-stream token, and the secret keys a
+//! fleet must share (such as the one sealing SEP-2322 `requestState`) in a
+//! [`SharedKeyStore`], created once and rotated with the previous key kept.
 //!
 //! Every record is written with its kind and schema version (see
 //! [`records`]); one written by a newer version of this crate is
@@ -114,8 +116,8 @@ pub use records::{
 };
 pub use secret::Secret;
 pub use stores::{
-    ClientStateStore, CredentialStore, EventStore, EventStoreConfig, RefreshLease, RefreshOutcome,
-    SessionStore, Stored, StoredEvent, Stores,
+    ClientStateStore, CredentialStore, EventStore, EventStoreConfig, KeyRing, RefreshLease,
+    RefreshOutcome, SessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores,
 };
 pub use types::{
     EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,

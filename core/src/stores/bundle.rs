@@ -1,6 +1,8 @@
 use std::{sync::Arc, time::Duration};
 
-use super::{ClientStateStore, CredentialStore, EventStore, EventStoreConfig, SessionStore};
+use super::{
+    ClientStateStore, CredentialStore, EventStore, EventStoreConfig, SessionStore, SharedKeyStore,
+};
 use crate::{Error, KvStore, LogStore, Result};
 
 /// Which backend holds which kind of state.
@@ -61,7 +63,8 @@ impl Stores {
         }
     }
 
-    /// Routes credentials (tokens, client secrets, pending authorizations) to `kv`.
+    /// Routes credentials (tokens, client secrets, pending authorizations)
+    /// and the server's [shared keys](Stores::shared_keys) to `kv`.
     pub fn with_credentials(mut self, kv: Arc<dyn KvStore>) -> Self {
         self.credentials = kv;
         self
@@ -93,6 +96,11 @@ impl Stores {
     /// The credential store.
     pub fn credentials(&self) -> CredentialStore {
         CredentialStore::new(self.credentials.clone())
+    }
+
+    /// Secret keys shared by a server fleet, kept where credentials are.
+    pub fn shared_keys(&self) -> SharedKeyStore {
+        SharedKeyStore::new(self.credentials.clone())
     }
 
     /// The server session store, with sessions expiring after `idle_ttl`.

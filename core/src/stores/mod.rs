@@ -17,17 +17,20 @@
 //! | [`SessionStore`] | `server/session/<session id>` | [`ServerSession`](crate::ServerSession) |
 //! | [`EventStore`] | `server/stream/<stream id>` (KV) | stream owner and token |
 //! | | `server/events/<stream id>` (log) | one record per SSE event |
+//! | [`SharedKeyStore`] | `server/key/<name>` | [`KeyRing`] (active and previous key) |
 
 mod bundle;
 mod client;
 mod credentials;
 mod events;
+mod keys;
 mod session;
 
 pub use bundle::Stores;
 pub use client::ClientStateStore;
 pub use credentials::{CredentialStore, RefreshLease, RefreshOutcome};
 pub use events::{EventStore, EventStoreConfig, StoredEvent};
+pub use keys::{KeyRing, SharedKey, SharedKeyStore};
 pub use session::SessionStore;
 
 use std::time::Duration;

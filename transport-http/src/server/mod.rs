@@ -219,3 +219,119 @@ impl DurableServer {
         tower_layer::Layer::layer(&self.layer, service)
     }
 }
+
+/// The name of the shared key behind [`request_state_codec`].
+pub const REQUEST_STATE_KEY: &str = "request-state";
+
+/// A SEP-2322 `requestState` codec that every instance on `stores` shares.
+///
+/// A server that hands out `requestState` (multi round-trip requests) must
+/// accept it back on whichever instance the client's retry reaches. The codec
+/// seals with the fleet's shared key [`REQUEST_STATE_KEY`] (created by the
+/// first instance that asks, kept where credentials are) and opens with it
+/// and, after [`SharedKeyStore::rotate`](mcp_persist_core::SharedKeyStore::rotate),
+/// with the previous key too. Build it at start; an instance picks up a
+/// rotation when it builds the codec again, and until then still seals with
+/// the previous key, which every instance keeps accepting.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use mcp_persist_core::{MemoryStore, Stores};
+/// use rmcp::model::SealOptions;
+///
+/// let stores = Stores::new(MemoryStore::new()); // shared by every instance
+/// let codec = mcp_persist_transport_http::server::request_state_codec(&stores).await?;
+/// let state = codec.seal_with(b"step=2", &SealOptions::new().associated_data(b"user:alice"));
+/// assert_eq!(codec.open_with(&state, b"user:alice")?, b"step=2");
+/// # Ok(()) }
+/// ```
+pub async fn request_state_codec(stores: &Stores) -> Result<rmcp::model::RequestStateCodec> {
+    let ring = stores
+        .shared_keys()
+        .get_or_create(REQUEST_STATE_KEY)
+        .await?;
+    let keys = ring
+        .keys()
+        .map(|k| (k.id.clone(), k.secret.expose_secret().as_bytes().to_vec()));
+    rmcp::model::RequestStateCodec::new_with_keyring(ring.active.id.clone(), keys).map_err(|e| {
+        mcp_persist_core::Error::corrupt(
+            format!("server/key/{REQUEST_STATE_KEY}"),
+            format!("the stored key ring is not a usable request-state keyring: {e}"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use mcp_persist_core::{KvStore, LogStore, MemoryStore, Stores};
+    use rmcp::model::SealOptions;
+
+    use super::request_state_codec;
+
+    /// Two instances: two bundles over one backend, as two processes would
+    /// have.
+    fn fleet() -> (Stores, Stores) {
+        let shared = std::sync::Arc::new(MemoryStore::new());
+        let kv: std::sync::Arc<dyn KvStore> = shared.clone();
+        let log: std::sync::Arc<dyn LogStore> = shared;
+        (
+            Stores::from_parts(kv.clone(), Some(log.clone())),
+            Stores::from_parts(kv, Some(log)),
+        )
+    }
+
+    #[tokio::test]
+    async fn request_state_sealed_on_one_instance_opens_on_another() {
+        let (a, b) = fleet();
+        let on_a = request_state_codec(&a).await.expect("codec a");
+        let on_b = request_state_codec(&b).await.expect("codec b");
+        let bound = SealOptions::new().associated_data(b"user:alice|tools/call:book");
+        let state = on_a.seal_with(b"step=2", &bound);
+        assert_eq!(
+            on_b.open_with(&state, b"user:alice|tools/call:book")
+                .expect("b opens a's state"),
+            b"step=2"
+        );
+        // Another principal, or a tampered value, is refused everywhere.
+        assert!(
+            on_b.open_with(&state, b"user:mallory|tools/call:book")
+                .is_err()
+        );
+        // One character in the middle changed (a whole base64 digit, never a
+        // padding bit).
+        let mut chars: Vec<char> = state.chars().collect();
+        let at = (chars.len() / 2..chars.len())
+            .find(|&i| chars[i].is_ascii_alphanumeric())
+            .expect("an alphanumeric character");
+        chars[at] = if chars[at] == 'A' { 'B' } else { 'A' };
+        let tampered: String = chars.into_iter().collect();
+        assert!(
+            on_b.open_with(&tampered, b"user:alice|tools/call:book")
+                .is_err()
+        );
+
+        // After a rotation, a rebuilt codec still opens the old state and
+        // seals with the new key, which the old codec does not know.
+        a.shared_keys()
+            .rotate(super::REQUEST_STATE_KEY)
+            .await
+            .expect("rotate");
+        let rotated = request_state_codec(&b).await.expect("rebuilt codec");
+        assert_eq!(
+            rotated
+                .open_with(&state, b"user:alice|tools/call:book")
+                .expect("the previous key still opens"),
+            b"step=2"
+        );
+        let fresh = rotated.seal(b"step=3");
+        assert!(on_a.open(&fresh).is_err(), "the old codec knows no new key");
+        assert_eq!(
+            request_state_codec(&a)
+                .await
+                .expect("a rebuilt")
+                .open(&fresh)
+                .expect("a rebuilt codec opens it"),
+            b"step=3"
+        );
+    }
+}
