@@ -26,7 +26,8 @@ use rmcp::{
         ListResourcesResult, ListToolsResult, LoggingLevel, LoggingMessageNotificationParam,
         PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
         ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference,
-        ServerConfig, SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams,
+        RequestStateCodec, ServerConfig, SetLevelRequestParams, SubscribeRequestParams,
+        UnsubscribeRequestParams,
     },
     service::RequestContext,
 };
@@ -41,7 +42,7 @@ const WAV_SILENCE: &str = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0Y
 /// Decodes a fixture literal into an rmcp type. A literal that does not
 /// decode is a bug in this file; the scenario sees an internal error naming
 /// the type instead of the server going down.
-fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ErrorData> {
+pub(crate) fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ErrorData> {
     serde_json::from_value(value).map_err(|e| {
         ErrorData::internal_error(
             format!(
@@ -55,7 +56,7 @@ fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ErrorData> {
 
 /// Decodes a result literal, marked complete (`resultType`, 2026-07-28) as
 /// rmcp's own constructors do; rmcp strips the mark for older peers.
-fn complete_result<T: DeserializeOwned>(mut value: Value) -> Result<T, ErrorData> {
+pub(crate) fn complete_result<T: DeserializeOwned>(mut value: Value) -> Result<T, ErrorData> {
     if let Some(object) = value.as_object_mut() {
         object
             .entry("resultType")
@@ -81,19 +82,35 @@ fn empty_object_schema() -> Value {
 /// Cheap to clone: rmcp makes one per session (or per request, for the
 /// stateless 2026-07-28 lifecycle); the log level and subscriptions are
 /// shared by all clones.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FixtureServer {
     log_level: Arc<Mutex<Option<LoggingLevel>>>,
     subscriptions: Arc<Mutex<HashSet<String>>>,
+    /// Seals the `requestState` of the multi round-trip fixtures.
+    codec: Arc<RequestStateCodec>,
 }
 
 impl FixtureServer {
-    /// A fixture server with no log level set and no subscriptions.
-    pub fn new() -> Self {
-        Self::default()
+    /// A fixture server with no log level set and no subscriptions, sealing
+    /// `requestState` with `codec` (the fleet's shared one, see
+    /// [`request_state_codec`](mcp_persist_transport_http::server::request_state_codec)).
+    pub fn new(codec: RequestStateCodec) -> Self {
+        FixtureServer {
+            log_level: Arc::default(),
+            subscriptions: Arc::default(),
+            codec: Arc::new(codec),
+        }
     }
 
     fn tools() -> Value {
+        let mut tools = Self::plain_tools();
+        if let (Some(all), Value::Array(more)) = (tools.as_array_mut(), crate::mrtr::tools()) {
+            all.extend(more);
+        }
+        tools
+    }
+
+    fn plain_tools() -> Value {
         json!([
             { "name": "test_simple_text", "description": "Returns a simple text response", "inputSchema": empty_object_schema() },
             { "name": "test_image_content", "description": "Returns an image", "inputSchema": empty_object_schema() },
@@ -293,6 +310,10 @@ impl ServerHandler for FixtureServer {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let capabilities = cx.client_capabilities();
+        if let Some(answer) = crate::mrtr::call_tool(&self.codec, &request, capabilities.as_ref()) {
+            return answer;
+        }
         let args = request.arguments.clone().unwrap_or_default();
         let content = |blocks: Value| -> Result<CallToolResponse, ErrorData> {
             let result: CallToolResult = complete_result(json!({ "content": blocks }))?;
@@ -561,7 +582,8 @@ impl ServerHandler for FixtureServer {
                         { "name": "resourceUri", "description": "The resource to embed", "required": true }
                     ]
                 },
-                { "name": "test_prompt_with_image", "description": "A prompt with an image" }
+                { "name": "test_prompt_with_image", "description": "A prompt with an image" },
+                crate::mrtr::prompt()
             ]
         }))
     }
@@ -571,6 +593,9 @@ impl ServerHandler for FixtureServer {
         request: GetPromptRequestParams,
         _cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
+        if let Some(answer) = crate::mrtr::get_prompt(&request) {
+            return answer;
+        }
         let args = request.arguments.clone().unwrap_or_default();
         let arg = |name: &str| {
             args.get(name)
@@ -658,13 +683,82 @@ impl ServerHandler for FixtureServer {
 mod tests {
     use super::*;
 
+    fn codec() -> RequestStateCodec {
+        RequestStateCodec::try_new(vec![7u8; 32]).expect("a 32-byte key")
+    }
+
     #[test]
     fn fixtures_decode() {
-        let server = FixtureServer::new();
+        let server = FixtureServer::new(codec());
         let info = server.get_info();
         assert_eq!(info.server_info.name, "mcp-persist-conformance-server");
         let tools: ListToolsResult =
             decode(json!({ "tools": FixtureServer::tools() })).expect("tools decode");
         assert!(tools.tools.iter().any(|t| t.name == "test_reconnection"));
+        assert!(
+            tools
+                .tools
+                .iter()
+                .any(|t| t.name == "test_input_required_result_multi_round")
+        );
+    }
+
+    /// Every input request the multi round-trip fixtures build decodes as
+    /// rmcp's type, and a state sealed for one tool opens for no other.
+    #[test]
+    fn multi_round_trip_fixtures_decode_and_bind_their_state() {
+        let codec = codec();
+        for tool in FixtureServer::tools().as_array().expect("array") {
+            let name = tool["name"].as_str().expect("name");
+            if !name.starts_with("test_input_required_result_") {
+                continue;
+            }
+            let request = CallToolRequestParams::new(name.to_owned());
+            let sampling: rmcp::model::ClientCapabilities =
+                decode(json!({"sampling": {}})).expect("capabilities");
+            let answer = crate::mrtr::call_tool(&codec, &request, Some(&sampling))
+                .expect("a fixture tool")
+                .expect("round 1 answers");
+            assert!(
+                matches!(answer, CallToolResponse::InputRequired(_)),
+                "{name} did not ask for input"
+            );
+        }
+        let mut request = CallToolRequestParams::new("test_input_required_result_request_state");
+        let CallToolResponse::InputRequired(first) = crate::mrtr::call_tool(&codec, &request, None)
+            .expect("fixture")
+            .expect("round 1")
+        else {
+            panic!("no input required");
+        };
+        let state = first.request_state.expect("sealed state");
+        request.input_responses = Some(
+            [(
+                "confirm".to_owned(),
+                json!({"action": "accept", "content": {"ok": true}}),
+            )]
+            .into_iter()
+            .collect(),
+        );
+        request.request_state = Some(state.clone());
+        assert!(
+            crate::mrtr::call_tool(&codec, &request, None)
+                .expect("fixture")
+                .is_ok()
+        );
+        let mut other = request.clone();
+        other.name = "test_input_required_result_tampered_state".into();
+        assert!(
+            crate::mrtr::call_tool(&codec, &other, None)
+                .expect("fixture")
+                .is_err(),
+            "a state sealed for one tool opened for another"
+        );
+        request.request_state = Some(format!("{state}-TAMPERED"));
+        assert!(
+            crate::mrtr::call_tool(&codec, &request, None)
+                .expect("fixture")
+                .is_err()
+        );
     }
 }

@@ -19,6 +19,7 @@
 pub mod auth;
 pub mod client;
 pub mod fixtures;
+mod mrtr;
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default
 /// `info`). Stdout stays free for what the programs print on purpose.

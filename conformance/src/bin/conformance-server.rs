@@ -13,9 +13,9 @@ use std::{io::Write, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 use mcp_persist_conformance::{fixtures::FixtureServer, init_tracing};
-use mcp_persist_core::Stores;
+use mcp_persist_core::{MemoryStore, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
-use mcp_persist_transport_http::server::DurableServer;
+use mcp_persist_transport_http::server::{DurableServer, request_state_codec};
 use rmcp::transport::{
     StreamableHttpServerConfig, StreamableHttpService,
     streamable_http_server::session::local::LocalSessionManager,
@@ -71,8 +71,12 @@ async fn main() -> Result<()> {
     let args = parse_args()?;
     let router = match args.store {
         Store::MemoryRmcp => {
+            // The requestState key lives in memory: one process, one key.
+            let codec = request_state_codec(&Stores::new(MemoryStore::new()))
+                .await
+                .context("creating the requestState key")?;
             let service = StreamableHttpService::new(
-                || Ok(FixtureServer::new()),
+                move || Ok(FixtureServer::new(codec.clone())),
                 LocalSessionManager::default().into(),
                 StreamableHttpServerConfig::default(),
             );
@@ -82,11 +86,19 @@ async fn main() -> Result<()> {
             let backend = SqliteStore::open(&path)
                 .await
                 .with_context(|| format!("opening the SQLite store at {}", path.display()))?;
-            let server = DurableServer::builder(Stores::new(backend))
+            let stores = Stores::new(backend);
+            // Shared by every instance on this store.
+            let codec = request_state_codec(&stores)
+                .await
+                .context("reading the shared requestState key")?;
+            let server = DurableServer::builder(stores)
                 .build()
                 .context("building the durable server")?;
-            tracing::info!(path = %path.display(), "sessions and events on SQLite");
-            axum::Router::new().nest_service("/mcp", server.service(|| Ok(FixtureServer::new())))
+            tracing::info!(path = %path.display(), "sessions, events and keys on SQLite");
+            axum::Router::new().nest_service(
+                "/mcp",
+                server.service(move || Ok(FixtureServer::new(codec.clone()))),
+            )
         }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
