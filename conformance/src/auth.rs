@@ -25,6 +25,7 @@ use mcp_persist_transport_http::{
 use rmcp::{
     ClientLifecycleMode, ClientServiceExt,
     model::{CallToolRequestParams, ProtocolVersion},
+    transport::JwtSigningAlgorithm,
 };
 use serde_json::{Map, Value, json};
 
@@ -218,7 +219,25 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
             url: CLIENT_METADATA_URL.to_owned(),
             client_name: "mcp-persist-conformance-client".to_owned(),
         });
-    if let Some(client_id) = context.get("client_id").and_then(Value::as_str) {
+    let key_client = context
+        .get("client_id")
+        .and_then(Value::as_str)
+        .zip(context.get("private_key_pem").and_then(Value::as_str));
+    if let Some((client_id, pem)) = key_client {
+        let algorithm = match context.get("signing_algorithm").and_then(Value::as_str) {
+            Some("ES384") => JwtSigningAlgorithm::ES384,
+            Some("RS256") => JwtSigningAlgorithm::RS256,
+            Some("RS384") => JwtSigningAlgorithm::RS384,
+            Some("RS512") => JwtSigningAlgorithm::RS512,
+            _ => JwtSigningAlgorithm::ES256,
+        };
+        auth = auth.registration(Registration::PreRegisteredKey {
+            client_id: client_id.to_owned(),
+            signing_key: Secret::new(pem),
+            algorithm,
+            issuer: None,
+        });
+    } else if let Some(client_id) = context.get("client_id").and_then(Value::as_str) {
         auth = auth.pre_registered(
             client_id,
             context

@@ -301,3 +301,38 @@ async fn client_credentials_need_a_pre_registered_secret() {
     );
     assert_eq!(world.auth(0).requests(), 0);
 }
+
+/// A client registered with a signing key never enters the browser flow,
+/// and its key never prints.
+#[tokio::test]
+#[allow(clippy::unwrap_used)]
+async fn a_key_registered_client_is_kept_to_client_credentials() {
+    use mcp_persist_transport_http::auth::{DurableAuthError, Registration};
+    let world = start(1).await;
+    let stores = Stores::new(mcp_persist_core::MemoryStore::new());
+    let pem = "-----BEGIN PRIVATE KEY-----\nnot-a-real-key-do-not-print\n-----END PRIVATE KEY-----";
+    let auth = DurableAuth::new(world.mcp_url.clone(), stores.credentials()).registration(
+        Registration::PreRegisteredKey {
+            client_id: "machine".to_owned(),
+            signing_key: mcp_persist_core::Secret::new(pem),
+            algorithm: rmcp::transport::JwtSigningAlgorithm::ES256,
+            issuer: None,
+        },
+    );
+    let printed = format!("{auth:?}");
+    assert!(!printed.contains("not-a-real-key"), "{printed}");
+    let (_transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+        .build_with_auth(&auth)
+        .await
+        .unwrap();
+    let err = client.authorize(None, headless).await.unwrap_err();
+    assert!(
+        matches!(err, DurableAuthError::KeyClientNeedsClientCredentials),
+        "{err:?}"
+    );
+    // The malformed key is refused by the grant, typed, without its text.
+    let err = client.authorize_client_credentials(None).await.unwrap_err();
+    let message = format!("{err:?} {err}");
+    assert!(!message.contains("not-a-real-key"), "{message}");
+    assert!(!client.is_authorized().await);
+}

@@ -101,7 +101,7 @@ use mcp_persist_core::{
 use rmcp::{
     model::ClientJsonRpcMessage,
     transport::{
-        AuthClient, AuthError, AuthorizationManager,
+        AuthClient, AuthError, AuthorizationManager, JwtSigningAlgorithm,
         auth::{
             AuthorizationCallback, AuthorizationMetadata, ClientCredentialsConfig,
             OAuthClientConfig,
@@ -141,6 +141,21 @@ pub enum Registration {
         client_id: String,
         /// The client secret of a confidential client.
         client_secret: Option<Secret>,
+        /// The issuer the registration belongs to; when set, the client
+        /// refuses to present it to any other authorization server.
+        issuer: Option<String>,
+    },
+    /// A client registered beforehand with a public key: it authenticates
+    /// with a JWT assertion signed by the private key (`private_key_jwt`,
+    /// RFC 7523). Only the client-credentials grant
+    /// ([`DurableAuthClient::authorize_client_credentials`]) uses it.
+    PreRegisteredKey {
+        /// The client id (the assertion's `iss` and `sub`).
+        client_id: String,
+        /// The private key, PEM (PKCS#8 EC or RSA).
+        signing_key: Secret,
+        /// The signing algorithm, such as `ES256` or `RS256`.
+        algorithm: JwtSigningAlgorithm,
         /// The issuer the registration belongs to; when set, the client
         /// refuses to present it to any other authorization server.
         issuer: Option<String>,
@@ -203,11 +218,19 @@ pub enum DurableAuthError {
         source: BoxError,
     },
     /// The client-credentials grant needs a client registered beforehand
-    /// with a secret ([`DurableAuth::pre_registered`]).
+    /// with a secret ([`DurableAuth::pre_registered`]) or a signing key
+    /// ([`Registration::PreRegisteredKey`]).
     #[error(
-        "the client-credentials grant needs a pre-registered client with a secret; configure DurableAuth::pre_registered"
+        "the client-credentials grant needs a pre-registered client with a secret or a signing key; configure DurableAuth::pre_registered or Registration::PreRegisteredKey"
     )]
     NoClientSecret,
+    /// A client registered with a signing key authenticates only in the
+    /// client-credentials grant; use
+    /// [`DurableAuthClient::authorize_client_credentials`].
+    #[error(
+        "a client registered with a signing key uses the client-credentials grant; call authorize_client_credentials"
+    )]
+    KeyClientNeedsClientCredentials,
     /// Building the transport failed.
     #[error("building the durable transport failed")]
     Client {
@@ -539,22 +562,27 @@ impl<C> DurableAuthClient<C> {
 
     /// Gets a token with the OAuth client-credentials grant (SEP-1046), for a
     /// client acting on its own behalf: no user agent, no redirect. The
-    /// client is the one configured with [`DurableAuth::pre_registered`]
-    /// (with a secret); the scope is the challenge's, else the configured
-    /// scopes. The token is stored like any other, so a restarted process
-    /// uses it without asking again; the grant issues no refresh token, so
-    /// once it expires (or a call fails with a challenge) call this again.
+    /// client is the one registered beforehand, with a secret
+    /// ([`DurableAuth::pre_registered`]) or a signing key
+    /// ([`Registration::PreRegisteredKey`], a `private_key_jwt` assertion);
+    /// the scope is the challenge's, else the configured scopes. The token is
+    /// stored like any other, so a restarted process uses it without asking
+    /// again; the grant issues no refresh token, so once it expires (or a
+    /// call fails with a challenge) call this again.
     pub async fn authorize_client_credentials(
         &self,
         challenge: Option<&str>,
     ) -> Result<(), DurableAuthError> {
-        let Registration::PreRegistered {
-            client_id,
-            client_secret: Some(client_secret),
-            issuer: expected,
-        } = &self.config.registration
-        else {
-            return Err(DurableAuthError::NoClientSecret);
+        let (client_id, expected) = match &self.config.registration {
+            Registration::PreRegistered {
+                client_id,
+                client_secret: Some(_),
+                issuer,
+            }
+            | Registration::PreRegisteredKey {
+                client_id, issuer, ..
+            } => (client_id, issuer),
+            _ => return Err(DurableAuthError::NoClientSecret),
         };
         let mut manager = self.inner.auth_manager.lock().await;
         let (issuer, _) = self.discover(&mut manager, challenge).await?;
@@ -566,20 +594,49 @@ impl<C> DurableAuthClient<C> {
                 found: issuer,
             });
         }
-        self.shared.set_registration(ClientRegistration {
-            client_id: client_id.clone(),
-            client_secret: Some(client_secret.clone()),
-            metadata_url: None,
-            token_endpoint_auth_method: None,
-        });
         let challenge_scope = challenge.and_then(scope_of_challenge);
         let defaults: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
         let scopes = manager.select_scopes(challenge_scope.as_deref(), &defaults);
-        let grant = ClientCredentialsConfig::ClientSecret {
-            client_id: client_id.clone(),
-            client_secret: client_secret.expose_secret().to_owned(),
-            scopes,
-            resource: Some(self.shared.resource.clone()),
+        let resource = Some(self.shared.resource.clone());
+        let grant = match &self.config.registration {
+            Registration::PreRegisteredKey {
+                signing_key,
+                algorithm,
+                ..
+            } => {
+                self.shared.set_registration(ClientRegistration {
+                    client_id: client_id.clone(),
+                    client_secret: None,
+                    metadata_url: None,
+                    token_endpoint_auth_method: Some("private_key_jwt".to_owned()),
+                });
+                ClientCredentialsConfig::PrivateKeyJwt {
+                    client_id: client_id.clone(),
+                    signing_key: signing_key.expose_secret().as_bytes().to_vec(),
+                    signing_algorithm: *algorithm,
+                    token_endpoint_audience: None,
+                    scopes,
+                    resource,
+                }
+            }
+            Registration::PreRegistered {
+                client_secret: Some(client_secret),
+                ..
+            } => {
+                self.shared.set_registration(ClientRegistration {
+                    client_id: client_id.clone(),
+                    client_secret: Some(client_secret.clone()),
+                    metadata_url: None,
+                    token_endpoint_auth_method: None,
+                });
+                ClientCredentialsConfig::ClientSecret {
+                    client_id: client_id.clone(),
+                    client_secret: client_secret.expose_secret().to_owned(),
+                    scopes,
+                    resource,
+                }
+            }
+            _ => return Err(DurableAuthError::NoClientSecret),
         };
         manager
             .validate_client_credentials_metadata(&grant)
@@ -645,6 +702,9 @@ impl<C> DurableAuthClient<C> {
             .map(|s| s.record.client);
         let redirect = self.config.redirect_uri.as_str();
         let reg = match (&self.config.registration, stored) {
+            (Registration::PreRegisteredKey { .. }, _) => {
+                return Err(DurableAuthError::KeyClientNeedsClientCredentials);
+            }
             (
                 Registration::PreRegistered {
                     issuer: Some(expected),
