@@ -239,6 +239,8 @@ pub struct Options {
     pub event_retention: Duration,
     /// Events kept per stream.
     pub event_max: u64,
+    /// Check the session in the store on every request.
+    pub strict_sessions: bool,
 }
 
 impl Options {
@@ -255,11 +257,16 @@ impl Options {
             rmcp_defaults: false,
             event_retention: Duration::from_secs(60 * 60),
             event_max: 10_000,
+            strict_sessions: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
             if flag == "--rmcp-defaults" {
                 o.rmcp_defaults = true;
+                continue;
+            }
+            if flag == "--strict-sessions" {
+                o.strict_sessions = true;
                 continue;
             }
             let value = args
@@ -327,6 +334,7 @@ pub fn durable_router(
     let http = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
     let server = DurableServer::builder(stores)
         .idle_ttl(options.idle_ttl)
+        .strict_sessions(options.strict_sessions)
         .tail_idle(options.tail_idle)
         .event_retention(EventStoreConfig::new(
             options.event_retention,

@@ -28,6 +28,8 @@ pub struct SessionStore {
     kv: Arc<dyn KvStore>,
     idle_ttl: Duration,
     touch_interval: Duration,
+    /// Check the session exists on every touch, not once per interval.
+    strict: bool,
     last_touch: Arc<Mutex<HashMap<SessionId, tokio::time::Instant>>>,
 }
 
@@ -48,8 +50,20 @@ impl SessionStore {
             kv,
             idle_ttl,
             touch_interval: idle_ttl / 10,
+            strict: false,
             last_touch: Arc::default(),
         }
+    }
+
+    /// With `strict`, every [`touch`](SessionStore::touch) reads the session
+    /// (one store read per use), so a session deleted by another instance is
+    /// gone here at once; the write that extends the TTL stays coalesced.
+    /// Without it (the default), an instance that holds a session notices a
+    /// delete elsewhere at its next coalesced write, up to a tenth of the
+    /// idle TTL later.
+    pub fn with_strict_liveness(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
     }
 
     /// The idle TTL.
@@ -98,21 +112,32 @@ impl SessionStore {
     /// the session no longer exists.
     pub async fn touch(&self, id: &SessionId) -> Result<bool> {
         let now = tokio::time::Instant::now();
-        {
+        let recent = {
             let mut last = self.last_touch.lock().unwrap_or_else(|p| p.into_inner());
-            if last
+            let recent = last
                 .get(id)
-                .is_some_and(|t| now.duration_since(*t) < self.touch_interval)
-            {
+                .is_some_and(|t| now.duration_since(*t) < self.touch_interval);
+            if !recent {
+                if last.len() >= TOUCH_CACHE_LIMIT {
+                    // Entries older than the interval no longer suppress a write.
+                    let interval = self.touch_interval;
+                    last.retain(|_, t| now.duration_since(*t) < interval);
+                }
+                last.insert(id.clone(), now);
+            }
+            recent
+        };
+        if recent {
+            if !self.strict {
                 return Ok(true);
             }
-            if last.len() >= TOUCH_CACHE_LIMIT {
-                // Entries older than the interval no longer suppress a write.
-                let interval = self.touch_interval;
-                last.retain(|_, t| now.duration_since(*t) < interval);
+            let live = self.kv.get(&Self::key(id)).await?.is_some();
+            if !live {
+                self.forget_touch(id);
             }
-            last.insert(id.clone(), now);
+            return Ok(live);
         }
+
         let key = Self::key(id);
         for _ in 0..8 {
             let Some(stored) = read::<ServerSession>(&*self.kv, &key).await? else {

@@ -42,7 +42,9 @@ pub enum SessionManagerError {
 /// * **Liveness comes from the shared store.** A session this instance holds
 ///   but the store no longer has (idle TTL passed, or a DELETE on another
 ///   instance) is closed here and answered 404. Every use touches the
-///   session's TTL (coalesced to one write per tenth of the TTL).
+///   session's TTL (coalesced to one write per tenth of the TTL); with
+///   [`strict_sessions`](super::DurableServerBuilder::strict_sessions) every
+///   use also reads it, so an end elsewhere is seen at once.
 /// * **Restore.** rmcp asks for a fresh worker when a request names a session
 ///   found only in the store; this manager makes one under the same id.
 /// * **Resume.** `Last-Event-ID` replays from the shared log and tails it,

@@ -51,6 +51,7 @@ pub use session_store::DurableSessionStore;
 pub struct DurableServerBuilder {
     stores: Stores,
     idle_ttl: Duration,
+    strict_sessions: bool,
     events: Option<EventStoreConfig>,
     tail_idle: Duration,
     config: StreamableHttpServerConfig,
@@ -63,6 +64,7 @@ impl std::fmt::Debug for DurableServerBuilder {
         f.debug_struct("DurableServerBuilder")
             .field("stores", &self.stores)
             .field("idle_ttl", &self.idle_ttl)
+            .field("strict_sessions", &self.strict_sessions)
             .field("events", &self.events)
             .field("tail_idle", &self.tail_idle)
             .finish_non_exhaustive()
@@ -85,6 +87,16 @@ impl DurableServerBuilder {
     /// tenth of this.
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
         self.idle_ttl = ttl;
+        self
+    }
+
+    /// With `strict`, every request reads its session from the store, so a
+    /// session ended on one instance (DELETE) is gone on all at once; the
+    /// price is one store read per request. By default an instance that holds
+    /// a session notices an end elsewhere at its next coalesced touch, up to
+    /// a tenth of the idle TTL later.
+    pub fn strict_sessions(mut self, strict: bool) -> Self {
+        self.strict_sessions = strict;
         self
     }
 
@@ -128,7 +140,10 @@ impl DurableServerBuilder {
     /// The configured server; [`mcp_persist_core::Error::Unsupported`] when
     /// events are kept but the stores route no log backend.
     pub fn build(self) -> Result<DurableServer> {
-        let sessions = self.stores.sessions(self.idle_ttl);
+        let sessions = self
+            .stores
+            .sessions(self.idle_ttl)
+            .with_strict_liveness(self.strict_sessions);
         let events = match self.events {
             Some(config) => Some(self.stores.events(config)?),
             None => None,
@@ -179,6 +194,7 @@ impl DurableServer {
         DurableServerBuilder {
             stores,
             idle_ttl: Duration::from_secs(30 * 60),
+            strict_sessions: false,
             events: Some(EventStoreConfig::default()),
             tail_idle: Duration::from_secs(60),
             config: StreamableHttpServerConfig::default(),
