@@ -632,30 +632,17 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
-        if self.judged_modern() {
-            return Err(StreamableHttpError::ServerDoesNotSupportSse);
-        }
-        let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
-        if let Some(cursor) = self.standalone_cursor(&owner) {
-            let resumed = self
-                .inner
-                .get_stream(
-                    uri.clone(),
-                    session_id.clone(),
-                    Some(cursor),
-                    auth_header.clone(),
-                    custom_headers.clone(),
-                )
-                .await;
-            if let Some(stream) = self.resumed_or_fresh(resumed)? {
-                return Ok(self.observe(stream, owner));
-            }
-        }
-        let stream = self
-            .inner
-            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
-            .await?;
-        Ok(self.observe(stream, owner))
+        let open = |last_event_id| {
+            self.inner.get_stream(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id,
+                auth_header.clone(),
+                custom_headers.clone(),
+            )
+        };
+        self.open_get(session_id.as_deref(), last_event_id, open)
+            .await
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -667,37 +654,47 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        let open = |last_event_id| {
+            self.inner.get_stream_with_max_sse_event_size(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id,
+                auth_header.clone(),
+                custom_headers.clone(),
+                max_sse_event_size,
+            )
+        };
+        self.open_get(session_id.as_deref(), last_event_id, open)
+            .await
+    }
+}
+
+impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
+    /// Opens a GET stream through `open` (given the `Last-Event-ID` to
+    /// send): none for a modern server; for the first standalone GET of a
+    /// session resumed after a restart, from the stored cursor (a fresh
+    /// stream when the server refuses it); and observed for cursors and
+    /// answers.
+    async fn open_get<F, Fut>(
+        &self,
+        session_id: Option<&str>,
+        last_event_id: Option<String>,
+        open: F,
+    ) -> Result<SseStream, StreamableHttpError<C::Error>>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = Result<SseStream, StreamableHttpError<C::Error>>>,
+    {
         if self.judged_modern() {
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
         }
-        let owner = self.stream_owner(session_id.as_deref(), last_event_id.is_none());
-        if let Some(cursor) = self.standalone_cursor(&owner) {
-            let resumed = self
-                .inner
-                .get_stream_with_max_sse_event_size(
-                    uri.clone(),
-                    session_id.clone(),
-                    Some(cursor),
-                    auth_header.clone(),
-                    custom_headers.clone(),
-                    max_sse_event_size,
-                )
-                .await;
-            if let Some(stream) = self.resumed_or_fresh(resumed)? {
-                return Ok(self.observe(stream, owner));
-            }
+        let owner = self.stream_owner(session_id, last_event_id.is_none());
+        if let Some(cursor) = self.standalone_cursor(&owner)
+            && let Some(stream) = self.resumed_or_fresh(open(Some(cursor)).await)?
+        {
+            return Ok(self.observe(stream, owner));
         }
-        let stream = self
-            .inner
-            .get_stream_with_max_sse_event_size(
-                uri,
-                session_id,
-                last_event_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await?;
+        let stream = open(last_event_id).await?;
         Ok(self.observe(stream, owner))
     }
 }
