@@ -751,6 +751,24 @@ pub async fn event_replay_never_crosses_streams(f: &dyn LogFixture) {
         .await
         .expect_err("other session");
     assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
+    // A session's stream asked for by a request naming no session: refused
+    // (a sessionless request must never read a session's events).
+    let err = store
+        .replay_after(&a_ids[0].to_string(), None)
+        .await
+        .expect_err("no session");
+    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
+    // A stream recorded without a session, asked for within a session:
+    // refused too, so no session reaches sessionless streams.
+    let loose = store
+        .append("loose", None, &serde_json::json!({"loose": 0}))
+        .await
+        .expect("append");
+    let err = store
+        .replay_after(&loose.to_string(), Some(&a_sess))
+        .await
+        .expect_err("sessionless stream");
+    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
 }
 
 /// Another instance (a reopened store) replays and tails what the first

@@ -303,7 +303,9 @@ impl EventStore {
     /// * unknown stream, expired stream, or a forged token:
     ///   [`Error::NotFound`] (the three are not told apart, so ids cannot be
     ///   probed);
-    /// * a stream of another session: [`Error::InvalidInput`];
+    /// * a stream of another session, a session's stream asked for without a
+    ///   session, or a sessionless stream asked for within a session:
+    ///   [`Error::InvalidInput`];
     /// * events after the id already dropped by retention: [`Error::NotFound`]
     ///   with `what: "events"`.
     pub async fn check(&self, last_event_id: &str, session: Option<&SessionId>) -> Result<EventId> {
@@ -323,15 +325,19 @@ impl EventStore {
             );
             return Err(unknown());
         }
-        if let (Some(owner), Some(asker)) = (&meta.session, session)
-            && owner != asker
-        {
-            {
-                return Err(Error::invalid(
-                    "event id",
-                    "it names a stream of another session",
-                ));
-            }
+        // Ownership is exact: a session's stream is resumable only in that
+        // session, and a stream recorded without a session only by a request
+        // naming none. A request without a session never reaches a session's
+        // events, and a session never reaches sessionless ones.
+        if meta.session.as_ref() != session {
+            warn!(
+                stream = id.stream(),
+                "event id of a stream owned by another session (or by none)"
+            );
+            return Err(Error::invalid(
+                "event id",
+                "it names a stream of another session",
+            ));
         }
         if id.seq() < meta.dropped_through {
             return Err(Error::NotFound {
