@@ -13,16 +13,16 @@ use futures::future::BoxFuture;
 use http::{Request, Response, StatusCode, request::Parts};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use mcp_persist_core::{Error, EventId, SessionId};
+use rmcp::{
+    model::ProtocolVersion,
+    transport::common::http_header::{
+        HEADER_LAST_EVENT_ID, HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID,
+    },
+};
 use tracing::{debug, warn};
 
 use super::session_store::REQUEST_PRINCIPAL;
 
-const HEADER_SESSION_ID: &str = "mcp-session-id";
-const HEADER_LAST_EVENT_ID: &str = "last-event-id";
-const HEADER_PROTOCOL_VERSION: &str = "mcp-protocol-version";
-/// The first protocol revision without sessions: its requests ignore
-/// `Mcp-Session-Id`, so the binding does not apply to them.
-const SESSIONLESS_VERSION: &str = "2026-07-28";
 /// Sessions whose binding is cached per instance before the cache is reset.
 const BINDING_CACHE_LIMIT: usize = 16_384;
 
@@ -62,19 +62,35 @@ struct Shared {
 /// and checks `Last-Event-ID`s before rmcp sees them. Works with any tower
 /// stack (axum: `Router::layer`, or wrap the service directly).
 ///
+/// **The rule:** a legacy session, and every stream recorded in it, is
+/// reachable only by a request that presents that session *and* the
+/// principal it is bound to, whatever protocol version the request claims.
 /// Per request:
 ///
 /// 1. The principal is read from the [`Principal`] request extension (or the
 ///    closure given to [`principal_from`](Self::principal_from)), and kept
 ///    for the duration of the request, so an `initialize` stores it with the
-///    new session in the same write.
-/// 2. A request naming a session bound to another principal gets exactly the
-///    404 rmcp gives an unknown session, on every instance.
-/// 3. A `GET` carrying `Last-Event-ID` is checked against the event log: a
-///    malformed id or one naming a stream of another session is answered
-///    `400`, one whose stream or events have expired `410 Gone`, each with a
-///    plain-text body saying which. Never an empty `200` stream that sends
-///    the client polling forever.
+///    new session in the same write. A request without one is the anonymous
+///    principal: it reaches only sessions created anonymously.
+/// 2. A request of the sessionless revision (`MCP-Protocol-Version`
+///    `2026-07-28` or later) has no session and no resumable stream: its
+///    `Mcp-Session-Id` and `Last-Event-ID` headers are removed before rmcp
+///    or the handler sees them. It is served statelessly; it cannot
+///    initialize into, resume, touch or delete a session, and a handler never
+///    sees a session id the binding did not vouch for. A `GET` or `DELETE`
+///    of that revision gets rmcp's `405`.
+/// 3. Any other request naming a session bound to another principal is
+///    passed on as if it named an id no session has, so its answer (rmcp's
+///    `404`, or whatever rmcp answers an unknown id on that path) is the
+///    answer an unknown id gets, byte for byte, on every instance: a session
+///    id cannot be probed for existence.
+/// 4. A `GET` carrying `Last-Event-ID` in a session it may use (or in none)
+///    is checked against the event log: a malformed id, or one naming a
+///    stream of another session (or of no session), is answered `400`; one whose stream or events have expired
+///    `410 Gone`, each with a plain-text body saying which. Never an empty
+///    `200` stream that sends the client polling forever. The id `0` that
+///    rmcp primes a standalone stream with names no event: it starts the
+///    standalone stream afresh.
 ///
 /// Place it directly around rmcp's service (no layer that spawns the request
 /// onto another task in between), so the principal reaches the store.
@@ -161,8 +177,6 @@ impl<S> std::fmt::Debug for SessionBinding<S> {
 
 /// What the layer answers instead of passing a request on.
 enum Refusal {
-    /// The 404 rmcp gives an unknown session, byte for byte.
-    UnknownSession,
     BadRequest(String),
     Gone(String),
     Unavailable,
@@ -171,10 +185,6 @@ enum Refusal {
 impl Refusal {
     fn into_response<E: 'static>(self) -> Response<BoxBody<Bytes, E>> {
         let (status, body) = match self {
-            Refusal::UnknownSession => (
-                StatusCode::NOT_FOUND,
-                "Not Found: Session not found".to_owned(),
-            ),
             Refusal::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
             Refusal::Gone(body) => (StatusCode::GONE, body),
             Refusal::Unavailable => (
@@ -194,6 +204,37 @@ impl Refusal {
         );
         response
     }
+}
+
+/// Whether the request claims a revision without sessions, classified as
+/// rmcp classifies it: a version header at or after the first revision with
+/// no `initialize` (an unknown one there is rmcp's to refuse).
+fn claims_sessionless(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(HEADER_MCP_PROTOCOL_VERSION)
+        .is_some_and(|v| v.as_bytes() >= ProtocolVersion::NO_INITIALIZE.as_str().as_bytes())
+}
+
+/// A session id that names no session: 128 random bits, fresh per request,
+/// in the shape of the ids rmcp hands out. A request naming another
+/// principal's session is passed on with this in its place, so every path
+/// answers it exactly as it answers an id nobody holds.
+fn unknown_session_id() -> Result<String, Refusal> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        warn!(error = %e, "no randomness for a stand-in session id");
+        Refusal::Unavailable
+    })?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    ))
 }
 
 impl Shared {
@@ -217,29 +258,41 @@ impl Shared {
         Ok(Some(session.principal))
     }
 
-    async fn check(&self, parts: &Parts, principal: &Option<String>) -> Result<(), Refusal> {
-        let sessionless = parts
+    /// Applies the rule of [`SessionBindingLayer`] to a request's head,
+    /// rewriting its session headers where the rule says so.
+    async fn check(&self, parts: &mut Parts, principal: &Option<String>) -> Result<(), Refusal> {
+        if claims_sessionless(parts) {
+            if parts.headers.remove(HEADER_SESSION_ID).is_some() {
+                debug!("ignored Mcp-Session-Id on a request of the sessionless revision");
+            }
+            if parts.headers.remove(HEADER_LAST_EVENT_ID).is_some() {
+                debug!("ignored Last-Event-ID on a request of the sessionless revision");
+            }
+            return Ok(());
+        }
+        let named = parts
             .headers
-            .get(HEADER_PROTOCOL_VERSION)
+            .get(HEADER_SESSION_ID)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v >= SESSIONLESS_VERSION);
-        let session = if sessionless {
-            None
-        } else {
-            parts
-                .headers
-                .get(HEADER_SESSION_ID)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| SessionId::new(v).ok())
-        };
-        if let Some(id) = &session {
-            match self.bound_principal(id).await {
+            .and_then(|v| SessionId::new(v).ok());
+        // The session this request may use: named, stored, and bound to
+        // this principal.
+        let mut vouched = None;
+        if let Some(id) = named.clone() {
+            match self.bound_principal(&id).await {
                 Ok(Some(bound)) if bound != *principal => {
-                    warn!("refused a session presented under another principal");
-                    return Err(Refusal::UnknownSession);
+                    warn!(
+                        "a session presented under another principal; answering as for an unknown id"
+                    );
+                    let stand_in = unknown_session_id()?;
+                    parts.headers.insert(
+                        HEADER_SESSION_ID,
+                        http::HeaderValue::from_str(&stand_in).map_err(|_| Refusal::Unavailable)?,
+                    );
                 }
+                Ok(Some(_)) => vouched = Some(id),
                 // Unknown or expired sessions are rmcp's to answer.
-                Ok(_) => {}
+                Ok(None) => {}
                 Err(e) => {
                     warn!(error = %e, "session store failed while checking a binding");
                     return Err(Refusal::Unavailable);
@@ -250,12 +303,24 @@ impl Shared {
             && let (Some(events), Some(last)) =
                 (&self.events, parts.headers.get(HEADER_LAST_EVENT_ID))
         {
+            if last.as_bytes() == b"0" {
+                // rmcp's priming id for a standalone stream that had no event
+                // yet: nothing to resume from, so a fresh standalone stream.
+                parts.headers.remove(HEADER_LAST_EVENT_ID);
+                return Ok(());
+            }
+            // A session that is unknown here (or another principal's, now a
+            // stand-in) is answered by rmcp exactly as any unknown session:
+            // checking the event id against it would tell the two apart.
+            if named.is_some() && vouched.is_none() {
+                return Ok(());
+            }
             let last = last.to_str().map_err(|_| {
                 Refusal::BadRequest(
                     "Bad Request: malformed Last-Event-ID: not visible ASCII".into(),
                 )
             })?;
-            check_last_event_id(events, last, session.as_ref()).await?;
+            check_last_event_id(events, last, vouched.as_ref()).await?;
         }
         Ok(())
     }
@@ -322,9 +387,9 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
+            let (mut parts, body) = request.into_parts();
             let principal = (shared.principal)(&parts);
-            if let Err(refusal) = shared.check(&parts, &principal).await {
+            if let Err(refusal) = shared.check(&mut parts, &principal).await {
                 return Ok(refusal.into_response());
             }
             let request = Request::from_parts(parts, body);

@@ -232,11 +232,17 @@ impl SessionManager for DurableSessionManager {
         }
     }
 
+    /// None, on purpose: rmcp uses a manager-level event store only for
+    /// requests served without a session, to persist their streams and replay
+    /// them to any `GET` that names an event id. Such a stream has no session
+    /// and so no principal to check, and the sessionless revision has no
+    /// resumption at all. Without it rmcp cancels a sessionless request whose
+    /// client disconnected, as that revision requires, and spends no commit on
+    /// a stream nobody may resume. Sessions' streams are still recorded: each
+    /// session's worker has its own store.
     fn event_store(
         &self,
     ) -> Option<Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>> {
-        self.events.clone().map(|e| {
-            Arc::new(e) as Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>
-        })
+        None
     }
 }
