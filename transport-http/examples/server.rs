@@ -11,7 +11,9 @@
 //! apart, each carrying `tag`, then answers), `ask_sampling` (asks the
 //! client to sample, so it needs the client's sampling capability) and
 //! `stats` (how many `initialize` requests this process answered, and how
-//! many sessions it restored from the store). The principal is read from
+//! many sessions it restored from the store) and `whoami` (the client name
+//! the server holds for the caller, and the `Mcp-Session-Id` the handler was
+//! given, if any). The principal is read from
 //! the `x-demo-user` header (a stand-in for real authentication).
 //!
 //! Flags: `--port N` (0 picks a free one), `--backend memory|file|sqlite|redis`,
@@ -96,6 +98,11 @@ fn tools() -> Vec<Tool> {
             schema(
                 serde_json::json!({"type": "object", "properties": {"prompt": {"type": "string"}}}),
             ),
+        ),
+        Tool::new(
+            "whoami",
+            "The client name this server holds for the caller, and the session id the handler sees.",
+            schema(serde_json::json!({"type": "object"})),
         ),
         Tool::new(
             "stats",
@@ -200,6 +207,15 @@ impl ServerHandler for DemoHandler {
                     .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
                 format!("sampled {reply}")
             }
+            "whoami" => serde_json::json!({
+                "client": context.peer.peer_info().map(|info| info.client_info.name.clone()),
+                "session": context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|parts| parts.headers.get("mcp-session-id"))
+                    .and_then(|v| v.to_str().ok()),
+            })
+            .to_string(),
             "stats" => serde_json::json!({
                 "initialize": self.counters.initialize.load(Ordering::SeqCst),
                 "restored": self.counters.restored.load(Ordering::SeqCst),
