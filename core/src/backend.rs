@@ -35,33 +35,36 @@
 //! # Writing a backend
 //!
 //! ```
-//! use std::{collections::HashMap, sync::Mutex, time::Duration};
+//! use std::{collections::HashMap, sync::Mutex};
 //! use async_trait::async_trait;
 //! use mcp_persist_core::{backend::{validate_key, validate_value, DEFAULT_MAX_VALUE_BYTES},
-//!     Error, KvEntry, KvStore, PutMode, Result, Version};
+//!     Backend, Error, KvEntry, KvStore, PutMode, PutOptions, Result, Version};
 //!
 //! /// A store without TTL support: it refuses writes that ask for one.
 //! #[derive(Default)]
 //! struct TinyStore { map: Mutex<HashMap<String, (Vec<u8>, u64)>>, clock: Mutex<u64> }
 //!
 //! #[async_trait]
-//! impl KvStore for TinyStore {
+//! impl Backend for TinyStore {
 //!     fn backend_name(&self) -> &'static str { "tiny" }
+//! }
+//!
+//! #[async_trait]
+//! impl KvStore for TinyStore {
 //!     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
 //!         validate_key(key)?;
 //!         let map = self.map.lock().expect("not poisoned");
 //!         Ok(map.get(key).map(|(v, n)| KvEntry { value: v.clone(), version: Version::new(*n) }))
 //!     }
-//!     async fn put(&self, key: &str, value: Vec<u8>, mode: PutMode, ttl: Option<Duration>)
-//!         -> Result<Version> {
+//!     async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
 //!         validate_key(key)?;
 //!         validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
-//!         if ttl.is_some() {
+//!         if options.ttl.is_some() {
 //!             return Err(Error::Unsupported { operation: "ttl", backend: "tiny" });
 //!         }
 //!         let mut map = self.map.lock().expect("not poisoned");
 //!         let current = map.get(key).map(|(_, n)| Version::new(*n));
-//!         mode.check(key, current)?;
+//!         options.mode.check(key, current)?;
 //!         let mut clock = self.clock.lock().expect("not poisoned");
 //!         *clock += 1;
 //!         map.insert(key.to_owned(), (value, *clock));
@@ -85,10 +88,10 @@
 //! }
 //! # tokio_test_block_on(async {
 //! let store = TinyStore::default();
-//! let v1 = store.put("a", b"1".to_vec(), PutMode::Create, None).await.unwrap();
-//! let v2 = store.put("a", b"2".to_vec(), PutMode::Update(v1), None).await.unwrap();
+//! let v1 = store.put("a", b"1".to_vec(), PutOptions::new(PutMode::Create)).await.unwrap();
+//! let v2 = store.put("a", b"2".to_vec(), PutOptions::new(PutMode::Update(v1))).await.unwrap();
 //! assert!(v2 > v1);
-//! assert!(matches!(store.put("a", b"3".to_vec(), PutMode::Update(v1), None).await,
+//! assert!(matches!(store.put("a", b"3".to_vec(), PutOptions::new(PutMode::Update(v1))).await,
 //!                  Err(Error::Conflict { .. })));
 //! # });
 //! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -172,9 +175,10 @@ impl fmt::Display for Version {
 }
 
 /// How a [`KvStore::put`] treats an existing record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PutMode {
     /// Write whatever is there.
+    #[default]
     Overwrite,
     /// Write only if no live record exists; otherwise [`Error::AlreadyExists`].
     Create,
@@ -194,6 +198,50 @@ impl PutMode {
             (PutMode::Update(want), Some(have)) if want == have => Ok(()),
             (PutMode::Update(_), _) => Err(Error::Conflict { key: key.into() }),
         }
+    }
+}
+
+/// How a [`KvStore::put`] writes: its precondition and its time to live.
+///
+/// Options travel in one struct so a new one breaks no backend and no call
+/// site: start from [`PutOptions::default`] (overwrite, no TTL) or
+/// [`PutOptions::new`] and set what differs.
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_persist_core::{PutMode, PutOptions};
+///
+/// let options = PutOptions::new(PutMode::Create).with_ttl(Duration::from_secs(60));
+/// assert_eq!(options.mode, PutMode::Create);
+/// assert_eq!(options.ttl, Some(Duration::from_secs(60)));
+/// assert_eq!(PutOptions::default().mode, PutMode::Overwrite);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PutOptions {
+    /// The precondition (default: [`PutMode::Overwrite`]).
+    pub mode: PutMode,
+    /// Expire the record this long after the write; `None` (the default)
+    /// keeps it until deleted, and clears any TTL the key had.
+    pub ttl: Option<Duration>,
+}
+
+impl PutOptions {
+    /// A write with precondition `mode` and no TTL.
+    pub const fn new(mode: PutMode) -> Self {
+        PutOptions { mode, ttl: None }
+    }
+
+    /// The same write, expiring `ttl` after it (`None`: never).
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.ttl = ttl.into();
+        self
+    }
+}
+
+impl From<PutMode> for PutOptions {
+    fn from(mode: PutMode) -> Self {
+        PutOptions::new(mode)
     }
 }
 
@@ -232,10 +280,7 @@ impl fmt::Debug for KvEntry {
 /// * **Limits**: keys per [`validate_key`], values up to
 ///   [`max_value_bytes`](KvStore::max_value_bytes), else [`Error::TooLarge`].
 #[async_trait]
-pub trait KvStore: Send + Sync + 'static {
-    /// A short, stable name for errors and traces (`"sqlite"`, `"redis"`, ...).
-    fn backend_name(&self) -> &'static str;
-
+pub trait KvStore: Backend {
     /// The largest value this backend accepts, in bytes.
     fn max_value_bytes(&self) -> usize {
         DEFAULT_MAX_VALUE_BYTES
@@ -244,16 +289,11 @@ pub trait KvStore: Send + Sync + 'static {
     /// Reads the live record under `key`, or `None` when absent or expired.
     async fn get(&self, key: &str) -> Result<Option<KvEntry>>;
 
-    /// Writes `value` under `key` according to `mode`, optionally expiring
-    /// after `ttl`, and returns the new version. A write without a TTL
+    /// Writes `value` under `key` according to `options` (its
+    /// [`mode`](PutOptions::mode), and a [`ttl`](PutOptions::ttl) after which
+    /// it expires), and returns the new version. A write without a TTL
     /// clears any TTL the key had.
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> Result<Version>;
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version>;
 
     /// Deletes the record under `key`. With `if_version`, deletes only if the
     /// live record is at that version, else [`Error::Conflict`] (also when the
@@ -263,9 +303,29 @@ pub trait KvStore: Send + Sync + 'static {
     /// Every live key starting with `prefix` (empty: all keys), sorted
     /// bytewise. Meant for tools and sweeps, not hot paths.
     async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+}
 
-    /// Reclaims the space of expired records, returning how many were removed.
-    /// Correctness never depends on it: expired records are invisible anyway.
+impl fmt::Debug for dyn KvStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KvStore")
+            .field("backend", &self.backend_name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every backend has, whichever of [`KvStore`] and [`LogStore`] it
+/// implements: a name, and a way to reclaim the space of expired state.
+///
+/// A type implementing both traits implements this once, so
+/// `store.backend_name()` and `store.sweep_expired()` need no qualification.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// A short, stable name for errors and traces (`"sqlite"`, `"redis"`, ...).
+    fn backend_name(&self) -> &'static str;
+
+    /// Reclaims the space of expired records and logs, whichever this
+    /// backend holds, returning how many were removed. Correctness never
+    /// depends on it: expired state is invisible anyway.
     async fn sweep_expired(&self) -> Result<u64> {
         Ok(0)
     }
@@ -305,14 +365,11 @@ impl fmt::Debug for LogRecord {
 /// * **TTL** belongs to the log as a whole: an append with a TTL makes the
 ///   whole log expire once that TTL has passed since this append (a backend
 ///   may keep it up to a sixteenth of the TTL longer, never shorter). An
-///   expired log reads as empty. After an expiry or a [`delete`](LogStore::delete),
+///   expired log reads as empty. After an expiry or a [`delete_log`](LogStore::delete_log),
 ///   sequence numbers may start again.
 /// * Records are at most [`max_record_bytes`](LogStore::max_record_bytes).
 #[async_trait]
-pub trait LogStore: Send + Sync + 'static {
-    /// A short, stable name for errors and traces.
-    fn backend_name(&self) -> &'static str;
-
+pub trait LogStore: Backend {
     /// The largest record this backend accepts, in bytes.
     fn max_record_bytes(&self) -> usize {
         DEFAULT_MAX_VALUE_BYTES
@@ -360,10 +417,13 @@ pub trait LogStore: Send + Sync + 'static {
     async fn trim(&self, log: &str, before: u64) -> Result<u64>;
 
     /// Deletes the whole log. Deleting an absent log is not an error.
-    async fn delete(&self, log: &str) -> Result<()>;
+    async fn delete_log(&self, log: &str) -> Result<()>;
+}
 
-    /// Reclaims expired logs, returning how many were removed.
-    async fn sweep_expired(&self) -> Result<u64> {
-        Ok(0)
+impl fmt::Debug for dyn LogStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogStore")
+            .field("backend", &self.backend_name())
+            .finish_non_exhaustive()
     }
 }

@@ -107,7 +107,7 @@ mod secret;
 pub mod stores;
 mod types;
 
-pub use backend::{KvEntry, KvStore, LogRecord, LogStore, PutMode, Version};
+pub use backend::{Backend, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Version};
 pub use error::{BoxError, Error, Result};
 pub use memory::MemoryStore;
 pub use records::{

@@ -15,8 +15,8 @@ use tokio::{sync::Notify, time::Instant};
 use crate::{
     Result,
     backend::{
-        DEFAULT_MAX_VALUE_BYTES, KvEntry, KvStore, LogRecord, LogStore, PutMode, Version,
-        validate_key, validate_value,
+        Backend, DEFAULT_MAX_VALUE_BYTES, KvEntry, KvStore, LogRecord, LogStore, PutMode,
+        PutOptions, Version, validate_key, validate_value,
     },
 };
 
@@ -26,9 +26,9 @@ const NAME: &str = "memory";
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// use mcp_persist_core::{KvStore, LogStore, MemoryStore, PutMode};
+/// use mcp_persist_core::{KvStore, LogStore, MemoryStore, PutMode, PutOptions};
 /// let store = MemoryStore::new();
-/// let v = store.put("k", b"hello".to_vec(), PutMode::Create, None).await?;
+/// let v = store.put("k", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
 /// assert_eq!(store.get("k").await?.unwrap().version, v);
 /// let seqs = store.append("log", vec![b"a".to_vec(), b"b".to_vec()], None).await?;
 /// assert_eq!(store.read_after("log", seqs[0], 10).await?[0].data, b"b");
@@ -113,11 +113,23 @@ impl State {
 }
 
 #[async_trait]
-impl KvStore for MemoryStore {
+impl Backend for MemoryStore {
     fn backend_name(&self) -> &'static str {
         NAME
     }
 
+    async fn sweep_expired(&self) -> Result<u64> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let before = state.kv.len() + state.logs.len();
+        state.kv.retain(|_, slot| live(slot.expires, now));
+        state.logs.retain(|_, log| live(log.expires, now));
+        Ok((before - state.kv.len() - state.logs.len()) as u64)
+    }
+}
+
+#[async_trait]
+impl KvStore for MemoryStore {
     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         validate_key(key)?;
         let mut state = self.state();
@@ -127,13 +139,8 @@ impl KvStore for MemoryStore {
         }))
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> Result<Version> {
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+        let PutOptions { mode, ttl, .. } = options;
         validate_key(key)?;
         validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
         let now = Instant::now();
@@ -178,23 +185,10 @@ impl KvStore for MemoryStore {
         keys.sort();
         Ok(keys)
     }
-
-    async fn sweep_expired(&self) -> Result<u64> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let before = state.kv.len() + state.logs.len();
-        state.kv.retain(|_, slot| live(slot.expires, now));
-        state.logs.retain(|_, log| live(log.expires, now));
-        Ok((before - state.kv.len() - state.logs.len()) as u64)
-    }
 }
 
 #[async_trait]
 impl LogStore for MemoryStore {
-    fn backend_name(&self) -> &'static str {
-        NAME
-    }
-
     async fn append(
         &self,
         log: &str,
@@ -278,14 +272,10 @@ impl LogStore for MemoryStore {
         Ok(dropped as u64)
     }
 
-    async fn delete(&self, log: &str) -> Result<()> {
+    async fn delete_log(&self, log: &str) -> Result<()> {
         validate_key(log)?;
         self.state().logs.remove(log);
         Ok(())
-    }
-
-    async fn sweep_expired(&self) -> Result<u64> {
-        KvStore::sweep_expired(self).await
     }
 }
 
@@ -299,7 +289,7 @@ mod tests {
         let store = MemoryStore::new();
         let kv: Arc<dyn KvStore> = Arc::new(store.clone());
         let log: Arc<dyn LogStore> = Arc::new(store);
-        kv.put("k", b"v".to_vec(), PutMode::Create, None)
+        kv.put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
             .await
             .unwrap();
         log.append("l", vec![b"r".to_vec()], None).await.unwrap();

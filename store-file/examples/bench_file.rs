@@ -19,7 +19,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use mcp_persist_core::{KvStore, LogStore, PutMode};
+use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_file::FileStore;
 
 /// Time spent on each side of a comparison at most.
@@ -117,10 +117,14 @@ fn main() -> Result<()> {
 
     // Key-value puts: a compare-and-swap update each time, against the raw
     // replace without and with the directory fsync our puts also do.
-    let mut version = rt.block_on(store.put("bench/key", value.clone(), PutMode::Create, None))?;
+    let mut version =
+        rt.block_on(store.put("bench/key", value.clone(), PutOptions::new(PutMode::Create)))?;
     let mut put = || -> Result<()> {
-        version =
-            rt.block_on(store.put("bench/key", value.clone(), PutMode::Update(version), None))?;
+        version = rt.block_on(store.put(
+            "bench/key",
+            value.clone(),
+            PutOptions::new(PutMode::Update(version)),
+        ))?;
         Ok(())
     };
     for (dir_fsync, baseline) in [

@@ -7,7 +7,7 @@
 //! ```
 
 use anyhow::{Context, Result};
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_file::FileStore;
 
 #[tokio::main(flavor = "current_thread")]
@@ -31,7 +31,11 @@ async fn main() -> Result<()> {
             None => (0, PutMode::Create),
         };
         match store
-            .put("runs", (current + 1).to_string().into_bytes(), mode, None)
+            .put(
+                "runs",
+                (current + 1).to_string().into_bytes(),
+                PutOptions::new(mode),
+            )
             .await
         {
             Ok(_) => break current + 1,

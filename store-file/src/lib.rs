@@ -36,10 +36,8 @@
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //!
 //! TTLs are wall-clock based and honoured on every read; expired records and
-//! logs are reclaimed by [`KvStore::sweep_expired`] and
-//! [`LogStore::sweep_expired`] (correctness never depends on sweeping).
-//! Both traits name a `delete` and a `sweep_expired`; with both in scope,
-//! call them as `KvStore::delete(&store, key, None)`.
+//! logs are reclaimed by [`Backend::sweep_expired`] (correctness never
+//! depends on sweeping).
 //!
 //! Versions are the greater of the key's previous version plus one, the
 //! store's version floor plus one, and the current time in microseconds: a
@@ -64,7 +62,7 @@
 //! # Example
 //!
 //! ```
-//! use mcp_persist_core::{KvStore, LogStore, PutMode, Stores};
+//! use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions, Stores};
 //! use mcp_persist_store_file::FileStore;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,8 +72,8 @@
 //! let store = FileStore::open(&path).await?;
 //!
 //! // The backend primitives...
-//! let v1 = store.put("greeting", b"hello".to_vec(), PutMode::Create, None).await?;
-//! store.put("greeting", b"hello again".to_vec(), PutMode::Update(v1), None).await?;
+//! let v1 = store.put("greeting", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
+//! store.put("greeting", b"hello again".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
 //! let seqs = store.append("events", vec![b"one".to_vec(), b"two".to_vec()], None).await?;
 //! assert_eq!(store.read_after("events", seqs[0], 10).await?[0].data, b"two");
 //!
@@ -109,7 +107,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, Result, Version,
+    Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
     backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
 };
 
@@ -265,11 +263,24 @@ impl FileStore {
 }
 
 #[async_trait]
-impl KvStore for FileStore {
+impl Backend for FileStore {
     fn backend_name(&self) -> &'static str {
         NAME
     }
 
+    /// Removes expired records and deletion markers, first raising the
+    /// store's version floor above them so no version is ever reused. Also
+    /// removes temporary files crashed writers left more than ten minutes ago.
+    /// Deletes every expired log too, all its segments at once.
+    async fn sweep_expired(&self) -> Result<u64> {
+        let records = self.blocking(|inner| inner.kv_sweep()).await?;
+        let logs = self.blocking(|inner| inner.log_sweep()).await?;
+        Ok(records + logs)
+    }
+}
+
+#[async_trait]
+impl KvStore for FileStore {
     fn max_value_bytes(&self) -> usize {
         self.inner.options.max_value_bytes
     }
@@ -280,13 +291,8 @@ impl KvStore for FileStore {
         self.blocking(move |inner| inner.kv_get(&key)).await
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> Result<Version> {
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+        let PutOptions { mode, ttl, .. } = options;
         validate_key(key)?;
         validate_value(&value, self.inner.options.max_value_bytes)?;
         let key = key.to_owned();
@@ -309,21 +315,10 @@ impl KvStore for FileStore {
         let prefix = prefix.to_owned();
         self.blocking(move |inner| inner.kv_list(&prefix)).await
     }
-
-    /// Removes expired records and deletion markers, first raising the
-    /// store's version floor above them so no version is ever reused. Also
-    /// removes temporary files crashed writers left more than ten minutes ago.
-    async fn sweep_expired(&self) -> Result<u64> {
-        self.blocking(|inner| inner.kv_sweep()).await
-    }
 }
 
 #[async_trait]
 impl LogStore for FileStore {
-    fn backend_name(&self) -> &'static str {
-        NAME
-    }
-
     fn max_record_bytes(&self) -> usize {
         self.inner.options.max_value_bytes
     }
@@ -360,14 +355,9 @@ impl LogStore for FileStore {
             .await
     }
 
-    async fn delete(&self, log: &str) -> Result<()> {
+    async fn delete_log(&self, log: &str) -> Result<()> {
         validate_key(log)?;
         let log = log.to_owned();
         self.blocking(move |inner| inner.log_delete(&log)).await
-    }
-
-    /// Deletes every expired log, all its segments at once.
-    async fn sweep_expired(&self) -> Result<u64> {
-        self.blocking(|inner| inner.log_sweep()).await
     }
 }

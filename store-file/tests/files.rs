@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Backend, Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_file::{FileStore, FileStoreOptions};
 
 async fn open(dir: &Path) -> FileStore {
@@ -70,11 +70,19 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
     store
-        .put("victim", b"precious value".to_vec(), PutMode::Create, None)
+        .put(
+            "victim",
+            b"precious value".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     store
-        .put("bystander", b"fine".to_vec(), PutMode::Create, None)
+        .put(
+            "bystander",
+            b"fine".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     let file = record_file(&dir, "victim");
@@ -119,7 +127,7 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
                 .contains(&"bystander".to_owned())
         );
         let err = store
-            .put("victim", b"x".to_vec(), PutMode::Create, None)
+            .put("victim", b"x".to_vec(), PutOptions::new(PutMode::Create))
             .await
             .expect_err("create over damage");
         assert!(matches!(err, Error::Corrupt { .. }), "{what}: got {err:?}");
@@ -136,7 +144,11 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
     // An overwrite replaces the damaged record, keeping the damaged file aside.
     let store = open(&dir).await;
     let v = store
-        .put("victim", b"fresh".to_vec(), PutMode::Overwrite, None)
+        .put(
+            "victim",
+            b"fresh".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect("overwrite a damaged record");
     let entry = store.get("victim").await.expect("get").expect("present");
@@ -152,7 +164,7 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
     store
-        .put("future", b"v".to_vec(), PutMode::Create, None)
+        .put("future", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     let file = record_file(&dir, "future");
@@ -166,7 +178,7 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
         "got {err:?}"
     );
     let err = store
-        .put("future", b"w".to_vec(), PutMode::Overwrite, None)
+        .put("future", b"w".to_vec(), PutOptions::new(PutMode::Overwrite))
         .await
         .expect_err("overwrite of a newer record");
     assert!(matches!(err, Error::NewerSchema { .. }), "got {err:?}");
@@ -176,11 +188,7 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
         "newer record was changed"
     );
     // Deleting it deliberately works, and keeps the file aside.
-    assert!(
-        KvStore::delete(&store, "future", None)
-            .await
-            .expect("delete")
-    );
+    assert!(store.delete("future", None).await.expect("delete"));
     assert_eq!(store.get("future").await.expect("get"), None);
     assert_eq!(walk(&dir.join("quarantine")).len(), 1);
 
@@ -203,7 +211,11 @@ async fn directories_are_0700_and_files_0600() {
         .expect("open");
     for i in 0..5 {
         store
-            .put(&format!("k{i}"), vec![i; 10], PutMode::Overwrite, None)
+            .put(
+                &format!("k{i}"),
+                vec![i; 10],
+                PutOptions::new(PutMode::Overwrite),
+            )
             .await
             .expect("put");
         store
@@ -211,7 +223,7 @@ async fn directories_are_0700_and_files_0600() {
             .await
             .expect("append");
     }
-    KvStore::delete(&store, "k0", None).await.expect("delete");
+    store.delete("k0", None).await.expect("delete");
     store.trim("log", 3).await.expect("trim");
     let mut checked = 0;
     for path in std::iter::once(dir.clone())
@@ -247,7 +259,7 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
     ];
     for (i, key) in keys.iter().enumerate() {
         store
-            .put(key, vec![i as u8], PutMode::Create, None)
+            .put(key, vec![i as u8], PutOptions::new(PutMode::Create))
             .await
             .expect("put");
         store
@@ -256,12 +268,20 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
             .expect("append");
     }
     let err = store
-        .put("nul\0../../x", b"x".to_vec(), PutMode::Create, None)
+        .put(
+            "nul\0../../x",
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect_err("NUL");
     assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
     let err = store
-        .put(&"../".repeat(400), b"x".to_vec(), PutMode::Create, None)
+        .put(
+            &"../".repeat(400),
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect_err("over-long key");
     assert!(matches!(err, Error::TooLarge { .. }), "got {err:?}");
@@ -451,18 +471,20 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     let store = open(&dir).await;
     let short = Some(Duration::from_millis(50));
     let v_deleted = store
-        .put("deleted", b"1".to_vec(), PutMode::Create, None)
+        .put("deleted", b"1".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
-    KvStore::delete(&store, "deleted", None)
-        .await
-        .expect("delete");
+    store.delete("deleted", None).await.expect("delete");
     let v_expired = store
-        .put("expiring", b"1".to_vec(), PutMode::Create, short)
+        .put(
+            "expiring",
+            b"1".to_vec(),
+            PutOptions::new(PutMode::Create).with_ttl(short),
+        )
         .await
         .expect("put");
     store
-        .put("kept", b"1".to_vec(), PutMode::Create, None)
+        .put("kept", b"1".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store
@@ -475,8 +497,8 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
         .expect("append");
     tokio::time::sleep(Duration::from_millis(150)).await;
 
-    assert_eq!(KvStore::sweep_expired(&store).await.expect("sweep"), 2);
-    assert_eq!(LogStore::sweep_expired(&store).await.expect("sweep"), 1);
+    // One sweep for both: two expired records and one expired log.
+    assert_eq!(store.sweep_expired().await.expect("sweep"), 3);
     assert_eq!(fs::read_dir(dir.join("kv")).expect("kv").count(), 1);
     assert_eq!(fs::read_dir(dir.join("log")).expect("log").count(), 1);
     assert_eq!(
@@ -488,12 +510,12 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     // even from a fresh handle.
     let store = open(&dir).await;
     let v = store
-        .put("deleted", b"2".to_vec(), PutMode::Create, None)
+        .put("deleted", b"2".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     assert!(v > v_deleted, "{v} after {v_deleted}");
     let v = store
-        .put("expiring", b"2".to_vec(), PutMode::Create, None)
+        .put("expiring", b"2".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     assert!(v > v_expired, "{v} after {v_expired}");

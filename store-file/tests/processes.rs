@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_file::{FileStore, FileStoreOptions};
 
 const ROLE_ENV: &str = "MCP_PERSIST_FILE_TEST_ROLE";
@@ -83,7 +83,7 @@ async fn increment(store: &FileStore, key: &str) -> (u64, u64) {
             ),
         };
         match store
-            .put(key, (n + 1).to_string().into_bytes(), mode, None)
+            .put(key, (n + 1).to_string().into_bytes(), PutOptions::new(mode))
             .await
         {
             Ok(_) => return (n + 1, conflicts),
@@ -108,8 +108,7 @@ async fn crash_child(store: &FileStore, tag: &str) {
             .put(
                 "blob",
                 vec![(n % 251) as u8; BLOB_BYTES],
-                PutMode::Overwrite,
-                None,
+                PutOptions::new(PutMode::Overwrite),
             )
             .await
             .expect("put blob");

@@ -10,7 +10,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use mcp_persist_core::{KvStore, PutMode};
+use mcp_persist_core::{KvStore, PutMode, PutOptions};
 use mcp_persist_store_file::FileStore;
 use tracing::{
     Event, Level, Metadata, Subscriber,
@@ -64,7 +64,7 @@ async fn a_store_open_to_others_draws_a_warning() {
     let private = tmp.path().join("private");
     let store = FileStore::open(&private).await.expect("open");
     store
-        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store.get("k").await.expect("get");
@@ -89,7 +89,7 @@ async fn a_store_open_to_others_draws_a_warning() {
 
     // A record file someone made group-readable: warned about when read.
     store
-        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     let file = fs::read_dir(shared.join("kv"))

@@ -38,7 +38,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use mcp_persist_core::{KvStore, LogStore, PutMode};
+use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_redis::RedisStore;
 
 const TASKS: usize = 64;
@@ -339,11 +339,15 @@ async fn kv(store: &RedisStore) -> Result<(f64, f64)> {
         tasks.push(tokio::spawn(async move {
             let key = format!("kv/{t}");
             let mut version = store
-                .put(&key, value.clone(), PutMode::Overwrite, None)
+                .put(&key, value.clone(), PutOptions::new(PutMode::Overwrite))
                 .await?;
             for _ in 1..KV_PER_TASK {
                 version = store
-                    .put(&key, value.clone(), PutMode::Update(version), None)
+                    .put(
+                        &key,
+                        value.clone(),
+                        PutOptions::new(PutMode::Update(version)),
+                    )
                     .await?;
             }
             Ok::<_, mcp_persist_core::Error>(())
@@ -394,8 +398,8 @@ async fn load_atomic_append() -> Result<String> {
 /// Removes what the benchmark wrote.
 async fn cleanup(store: &RedisStore) -> Result<()> {
     for t in 0..TASKS {
-        LogStore::delete(store, &format!("events/{t}")).await?;
-        KvStore::delete(store, &format!("kv/{t}"), None).await?;
+        store.delete_log(&format!("events/{t}")).await?;
+        store.delete(&format!("kv/{t}"), None).await?;
     }
     // The raw baseline's keys are not the store's: remove them directly.
     let url = std::env::var("MCP_PERSIST_REDIS_URL")?;

@@ -9,7 +9,7 @@ use std::{
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, Result, Version,
+    Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Result, Version,
     backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
 };
 use redis::Value;
@@ -457,11 +457,14 @@ fn parse_entries(log: &str, reply: Value) -> Result<Vec<LogRecord>> {
 }
 
 #[async_trait]
-impl KvStore for RedisStore {
+impl Backend for RedisStore {
     fn backend_name(&self) -> &'static str {
         BACKEND
     }
+}
 
+#[async_trait]
+impl KvStore for RedisStore {
     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         validate_key(key)?;
         let record = self.inner.layout.record(key);
@@ -482,13 +485,8 @@ impl KvStore for RedisStore {
             .await
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> Result<Version> {
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+        let PutOptions { mode, ttl, .. } = options;
         validate_key(key)?;
         validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
         let layout = &self.inner.layout;
@@ -594,10 +592,6 @@ impl KvStore for RedisStore {
 
 #[async_trait]
 impl LogStore for RedisStore {
-    fn backend_name(&self) -> &'static str {
-        BACKEND
-    }
-
     async fn append(
         &self,
         log: &str,
@@ -765,7 +759,7 @@ impl LogStore for RedisStore {
             .await
     }
 
-    async fn delete(&self, log: &str) -> Result<()> {
+    async fn delete_log(&self, log: &str) -> Result<()> {
         validate_key(log)?;
         let stream = self.inner.layout.log(log);
         let work = async {

@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_redis::RedisStore;
 
 const WRITERS: usize = 4;
@@ -198,7 +198,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
                 let outcome = if i % 2 == 0 {
                     tokio::time::timeout(
                         NO_HANG,
-                        store.put(&key, value.clone(), PutMode::Create, None),
+                        store.put(&key, value.clone(), PutOptions::new(PutMode::Create)),
                     )
                     .await
                     .map(|r| {
@@ -420,7 +420,7 @@ async fn a_server_that_stops_answering_fails_operations_in_time() {
         (
             "put",
             store
-                .put("k", b"v".to_vec(), PutMode::Overwrite, None)
+                .put("k", b"v".to_vec(), PutOptions::new(PutMode::Overwrite))
                 .await
                 .err(),
         ),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Endpoint, Topology, unique_prefix};
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_redis::RedisStore;
 use redis::aio::ConnectionLike;
 
@@ -24,22 +24,17 @@ async fn brace_keys_work_on(topology: Topology) {
             .put(
                 key,
                 b"1".to_vec(),
-                PutMode::Create,
-                Some(Duration::from_secs(60)),
+                PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_secs(60))),
             )
             .await
             .unwrap_or_else(|e| panic!("create {key:?}: {e}"));
         let v2 = store
-            .put(key, b"2".to_vec(), PutMode::Update(v1), None)
+            .put(key, b"2".to_vec(), PutOptions::new(PutMode::Update(v1)))
             .await
             .unwrap_or_else(|e| panic!("update {key:?}: {e}"));
-        assert!(
-            KvStore::delete(&store, key, Some(v2))
-                .await
-                .expect("delete")
-        );
+        assert!(store.delete(key, Some(v2)).await.expect("delete"));
         let v3 = store
-            .put(key, b"3".to_vec(), PutMode::Create, None)
+            .put(key, b"3".to_vec(), PutOptions::new(PutMode::Create))
             .await
             .expect("create again");
         assert!(v3 > v2, "version of {key:?} did not survive the delete");
@@ -112,7 +107,7 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
     );
     for mode in [PutMode::Create, PutMode::Overwrite] {
         let err = store
-            .put("plain", b"new".to_vec(), mode, None)
+            .put("plain", b"new".to_vec(), PutOptions::new(mode))
             .await
             .expect_err("a corrupt record is not overwritten");
         assert!(matches!(err, Error::Corrupt { .. }), "got {err:?}");
@@ -123,13 +118,9 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
         "the damaged record must be left as it was"
     );
     // Deleting it deliberately makes the key usable again.
-    assert!(
-        KvStore::delete(&store, "plain", None)
-            .await
-            .expect("delete")
-    );
+    assert!(store.delete("plain", None).await.expect("delete"));
     store
-        .put("plain", b"fresh".to_vec(), PutMode::Create, None)
+        .put("plain", b"fresh".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("create after delete");
 
@@ -246,7 +237,7 @@ async fn waiting_never_blocks_others_on(topology: Topology) {
     // empty.
     tokio::time::sleep(Duration::from_millis(50)).await;
     store
-        .put("k", b"v".to_vec(), PutMode::Overwrite, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Overwrite))
         .await
         .expect("put while others wait");
     store
@@ -277,12 +268,20 @@ async fn prefixes_isolate_stores_on_one_server() {
     };
     let a = endpoint.open(&unique_prefix("a")).await;
     let b = endpoint.open(&unique_prefix("b")).await;
-    a.put("shared/name", b"a".to_vec(), PutMode::Create, None)
-        .await
-        .expect("put a");
-    b.put("shared/name", b"b".to_vec(), PutMode::Create, None)
-        .await
-        .expect("the same key under another prefix is another key");
+    a.put(
+        "shared/name",
+        b"a".to_vec(),
+        PutOptions::new(PutMode::Create),
+    )
+    .await
+    .expect("put a");
+    b.put(
+        "shared/name",
+        b"b".to_vec(),
+        PutOptions::new(PutMode::Create),
+    )
+    .await
+    .expect("the same key under another prefix is another key");
     assert_eq!(a.list("").await.expect("list"), vec!["shared/name"]);
     assert_eq!(
         b.get("shared/name")
@@ -371,7 +370,11 @@ async fn extreme_arguments_neither_panic_nor_misread() {
     assert_eq!(store.trim("l", u64::MAX).await.expect("trim"), 3);
     assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
     store
-        .put("k", b"v".to_vec(), PutMode::Create, Some(Duration::MAX))
+        .put(
+            "k",
+            b"v".to_vec(),
+            PutOptions::new(PutMode::Create).with_ttl(Some(Duration::MAX)),
+        )
         .await
         .expect("a TTL too long for Redis is clamped");
     assert_eq!(
@@ -437,7 +440,8 @@ async fn a_log_recreated_after_a_foreign_delete_keeps_an_expiry() {
         .append("events", vec![b"a".to_vec()], Some(ttl))
         .await
         .expect("first append");
-    LogStore::delete(&other, "events")
+    other
+        .delete_log("events")
         .await
         .expect("delete from another store");
     let seqs = store

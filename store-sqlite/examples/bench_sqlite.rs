@@ -18,7 +18,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use mcp_persist_core::{KvStore, LogStore, PutMode};
+use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_sqlite::SqliteStore;
 use rusqlite::{Connection, params};
 
@@ -163,8 +163,12 @@ async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Re
     let (ops, elapsed) = concurrent(tasks, move |task, i| {
         let s = s.clone();
         async move {
-            s.put(&format!("key/{task}"), record(i), PutMode::Overwrite, None)
-                .await?;
+            s.put(
+                &format!("key/{task}"),
+                record(i),
+                PutOptions::new(PutMode::Overwrite),
+            )
+            .await?;
             Ok(())
         }
     })

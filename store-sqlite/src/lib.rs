@@ -23,8 +23,7 @@
 //!   reads on a small pool of read-only connections through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //! * **TTL** is a column: an expired record or log is never returned, and a
-//!   periodic sweep (and [`KvStore::sweep_expired`] /
-//!   [`LogStore::sweep_expired`]) reclaims the space. Expiry instants are
+//!   periodic sweep (and [`Backend::sweep_expired`]) reclaims the space. Expiry instants are
 //!   wall-clock milliseconds, so every process sharing the file agrees on them.
 //! * **Versioned schema.** The schema version lives in the database's
 //!   `user_version` ([`SCHEMA_VERSION`]) and older databases are migrated
@@ -50,15 +49,15 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
-//! use mcp_persist_core::{KvStore, LogStore, PutMode};
+//! use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions};
 //! use mcp_persist_store_sqlite::SqliteStore;
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = SqliteStore::open(dir.path().join("state.db")).await?;
 //!
-//! let v1 = store.put("greeting", b"hello".to_vec(), PutMode::Create, None).await?;
+//! let v1 = store.put("greeting", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
 //! // Compare-and-swap: only succeeds while the record is still at v1.
-//! store.put("greeting", b"hi".to_vec(), PutMode::Update(v1), None).await?;
+//! store.put("greeting", b"hi".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
 //!
 //! let seqs = store.append("events", vec![b"one".to_vec(), b"two".to_vec()], None).await?;
 //! let later = store.read_after("events", seqs[0], 10).await?;
@@ -84,7 +83,7 @@ use std::{
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, Result, Version,
+    Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
     backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
 };
 use rusqlite::Connection;
@@ -361,11 +360,20 @@ fn payload(records: &[Vec<u8>]) -> usize {
 }
 
 #[async_trait]
-impl KvStore for SqliteStore {
+impl Backend for SqliteStore {
     fn backend_name(&self) -> &'static str {
         NAME
     }
 
+    async fn sweep_expired(&self) -> Result<u64> {
+        let records = self.write(0, false, ops::kv_sweep).await?;
+        let logs = self.write(0, false, ops::log_sweep).await?;
+        Ok(records + logs)
+    }
+}
+
+#[async_trait]
+impl KvStore for SqliteStore {
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key))]
     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         validate_key(key)?;
@@ -374,14 +382,9 @@ impl KvStore for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key, ?mode))]
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> Result<Version> {
+    #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key, mode = ?options.mode))]
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+        let PutOptions { mode, ttl, .. } = options;
         validate_key(key)?;
         validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
         let key = key.to_owned();
@@ -407,18 +410,10 @@ impl KvStore for SqliteStore {
         self.read(move |conn, ctx| ops::kv_list(conn, ctx, &prefix))
             .await
     }
-
-    async fn sweep_expired(&self) -> Result<u64> {
-        self.write(0, false, ops::kv_sweep).await
-    }
 }
 
 #[async_trait]
 impl LogStore for SqliteStore {
-    fn backend_name(&self) -> &'static str {
-        NAME
-    }
-
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, records = records.len()))]
     async fn append(
         &self,
@@ -488,17 +483,13 @@ impl LogStore for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log))]
-    async fn delete(&self, log: &str) -> Result<()> {
+    async fn delete_log(&self, log: &str) -> Result<()> {
         validate_key(log)?;
         let log = log.to_owned();
         self.write(log.len(), false, move |conn, ctx| {
             ops::log_delete(conn, ctx, &log)
         })
         .await
-    }
-
-    async fn sweep_expired(&self) -> Result<u64> {
-        self.write(0, false, ops::log_sweep).await
     }
 }
 

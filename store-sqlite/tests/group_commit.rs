@@ -8,7 +8,7 @@
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_sqlite::{SqliteOptions, SqliteStore};
 use rusqlite::Connection;
 use tokio::task::JoinHandle;
@@ -119,15 +119,19 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
     let db = dir.path().join("mixed.db");
     let store = Arc::new(open(&db).await);
     let stale = store
-        .put("cas", b"1".to_vec(), PutMode::Create, None)
+        .put("cas", b"1".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("create");
     let current = store
-        .put("cas", b"2".to_vec(), PutMode::Update(stale), None)
+        .put(
+            "cas",
+            b"2".to_vec(),
+            PutOptions::new(PutMode::Update(stale)),
+        )
         .await
         .expect("update");
     store
-        .put("taken", b"x".to_vec(), PutMode::Create, None)
+        .put("taken", b"x".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("create");
 
@@ -142,21 +146,31 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
     // a good CAS, another append.
     let s = Arc::clone(&store);
     let stale_cas = tokio::spawn(async move {
-        s.put("cas", b"stale".to_vec(), PutMode::Update(stale), None)
-            .await
+        s.put(
+            "cas",
+            b"stale".to_vec(),
+            PutOptions::new(PutMode::Update(stale)),
+        )
+        .await
     });
     until_queued(&store, 1).await;
     let s = Arc::clone(&store);
     let append_a = tokio::spawn(async move { s.append("mixed", vec![b"a".to_vec()], None).await });
     until_queued(&store, 2).await;
     let s = Arc::clone(&store);
-    let taken =
-        tokio::spawn(async move { s.put("taken", b"y".to_vec(), PutMode::Create, None).await });
+    let taken = tokio::spawn(async move {
+        s.put("taken", b"y".to_vec(), PutOptions::new(PutMode::Create))
+            .await
+    });
     until_queued(&store, 3).await;
     let s = Arc::clone(&store);
     let good_cas = tokio::spawn(async move {
-        s.put("cas", b"3".to_vec(), PutMode::Update(current), None)
-            .await
+        s.put(
+            "cas",
+            b"3".to_vec(),
+            PutOptions::new(PutMode::Update(current)),
+        )
+        .await
     });
     until_queued(&store, 4).await;
     let s = Arc::clone(&store);

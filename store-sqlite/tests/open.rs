@@ -3,7 +3,7 @@
 
 use std::{path::Path, time::Duration};
 
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Backend, Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_sqlite::{Durability, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 use rusqlite::Connection;
 
@@ -21,7 +21,7 @@ fn snapshot(db: &Path) -> Vec<(String, Vec<u8>)> {
 async fn store_with_a_record(db: &Path) {
     let store = SqliteStore::open(db).await.expect("open");
     store
-        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store.close().await.expect("close");
@@ -113,7 +113,11 @@ async fn new_database_files_are_private() {
     let db = folder.join("store.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .put("secret", b"token".to_vec(), PutMode::Create, None)
+        .put(
+            "secret",
+            b"token".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
@@ -144,7 +148,7 @@ async fn database_is_in_wal_mode_with_our_schema() {
     // Reopening an up-to-date database migrates nothing and keeps working.
     let store = SqliteStore::open(&db).await.expect("reopen");
     store
-        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put after reopen");
 }
@@ -155,11 +159,11 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
     let db = dir.path().join("rows.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .put("bad", b"x".to_vec(), PutMode::Create, None)
+        .put("bad", b"x".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store
-        .put("good", b"y".to_vec(), PutMode::Create, None)
+        .put("good", b"y".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store
@@ -198,7 +202,11 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
         b"y"
     );
     store
-        .put("bad", b"fixed".to_vec(), PutMode::Overwrite, None)
+        .put(
+            "bad",
+            b"fixed".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect("overwrite the damaged record");
     assert_eq!(
@@ -224,11 +232,15 @@ async fn sweep_reclaims_expired_rows() {
     let store = SqliteStore::open_with(&db, options).await.expect("open");
     let short = Some(Duration::from_millis(1));
     store
-        .put("gone", b"x".to_vec(), PutMode::Create, short)
+        .put(
+            "gone",
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Create).with_ttl(short),
+        )
         .await
         .expect("put");
     store
-        .put("kept", b"y".to_vec(), PutMode::Create, None)
+        .put("kept", b"y".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store
@@ -242,8 +254,8 @@ async fn sweep_reclaims_expired_rows() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(store.get("gone").await.expect("get"), None);
     assert_eq!(row_count(&db, "kv"), 2, "expired rows stay until swept");
-    assert_eq!(KvStore::sweep_expired(&store).await.expect("sweep"), 1);
-    assert_eq!(LogStore::sweep_expired(&store).await.expect("sweep"), 1);
+    // One sweep for both: the expired record and the expired log.
+    assert_eq!(store.sweep_expired().await.expect("sweep"), 2);
     assert_eq!(row_count(&db, "kv"), 1);
     assert_eq!(row_count(&db, "logs"), 1);
     assert_eq!(row_count(&db, "log_records"), 1);
@@ -263,8 +275,7 @@ async fn idle_writer_sweeps_on_its_own() {
         .put(
             "gone",
             b"x".to_vec(),
-            PutMode::Create,
-            Some(Duration::from_millis(1)),
+            PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_millis(1))),
         )
         .await
         .expect("put");
@@ -289,7 +300,7 @@ async fn normal_durability_and_in_memory_stores_work() {
     let options = SqliteOptions::default().durability(Durability::Normal);
     let store = SqliteStore::open_with(&db, options).await.expect("open");
     store
-        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store.close().await.expect("close");
@@ -303,7 +314,7 @@ async fn normal_durability_and_in_memory_stores_work() {
     let memory = SqliteStore::open_in_memory().await.expect("in memory");
     assert_eq!(memory.path(), None);
     memory
-        .put("k", b"v".to_vec(), PutMode::Create, None)
+        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     assert_eq!(

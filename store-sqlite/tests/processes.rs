@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode};
+use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_sqlite::SqliteStore;
 
 /// Which child loop to run (`crash` or `increment`).
@@ -99,7 +99,11 @@ async fn crash_child(db: String) {
                     None => (0, PutMode::Create),
                 };
                 store
-                    .put(COUNTER, (n + 1).to_string().into_bytes(), mode, None)
+                    .put(
+                        COUNTER,
+                        (n + 1).to_string().into_bytes(),
+                        PutOptions::new(mode),
+                    )
                     .await
                     .expect("only this task writes the counter");
                 println!("ACK kv {}", n + 1);
@@ -349,7 +353,11 @@ async fn increment(store: &SqliteStore) -> bool {
         None => (0, PutMode::Create),
     };
     match store
-        .put(SHARED_COUNTER, (n + 1).to_string().into_bytes(), mode, None)
+        .put(
+            SHARED_COUNTER,
+            (n + 1).to_string().into_bytes(),
+            PutOptions::new(mode),
+        )
         .await
     {
         Ok(_) => true,

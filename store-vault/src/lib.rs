@@ -60,7 +60,7 @@
 //!   keep increasing even after the sweep removed a secret for good (as
 //!   long as clocks do not run backwards past that).
 //! * **TTL** is kept in the version stamp and honoured on every read; an
-//!   expired record is absent. [`KvStore::sweep_expired`] removes the
+//!   expired record is absent. [`Backend::sweep_expired`](mcp_persist_core::Backend::sweep_expired) removes the
 //!   secrets of expired and deleted records from the service, with a
 //!   recovery window or without one ([`Deletion`]).
 //! * **Rate**: Secrets Manager allows about 50 write calls per second per

@@ -9,7 +9,7 @@ use aws_sdk_secretsmanager::{
     types::{Filter, FilterNameStringType},
 };
 use mcp_persist_core::{
-    Error, KvEntry, KvStore, PutMode, Result, Version,
+    Backend, Error, KvEntry, KvStore, PutMode, PutOptions, Result, Version,
     backend::{validate_key, validate_value},
 };
 use tracing::Instrument;
@@ -513,11 +513,23 @@ impl Inner {
 }
 
 #[async_trait]
-impl KvStore for SecretsManagerStore {
+impl Backend for SecretsManagerStore {
     fn backend_name(&self) -> &'static str {
         BACKEND
     }
 
+    /// Removes the secrets of expired and deleted records from the service,
+    /// with or without a recovery window (see [`Deletion`]).
+    async fn sweep_expired(&self) -> Result<u64> {
+        self.inner
+            .sweep()
+            .instrument(tracing::debug_span!("secrets_manager.sweep"))
+            .await
+    }
+}
+
+#[async_trait]
+impl KvStore for SecretsManagerStore {
     /// 64 KiB, the service's limit for one secret value. The version stamp
     /// lives in the version id, so the whole limit is the caller's.
     fn max_value_bytes(&self) -> usize {
@@ -529,13 +541,8 @@ impl KvStore for SecretsManagerStore {
         self.inner.get(key).instrument(span).await
     }
 
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> Result<Version> {
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+        let PutOptions { mode, ttl, .. } = options;
         validate_key(key)?;
         validate_value(&value, MAX_VALUE_BYTES)?;
         let span = tracing::debug_span!("secrets_manager.put", key, ?mode, bytes = value.len());
@@ -584,15 +591,6 @@ impl KvStore for SecretsManagerStore {
         self.inner
             .list(prefix)
             .instrument(tracing::debug_span!("secrets_manager.list", prefix))
-            .await
-    }
-
-    /// Removes the secrets of expired and deleted records from the service,
-    /// with or without a recovery window (see [`Deletion`]).
-    async fn sweep_expired(&self) -> Result<u64> {
-        self.inner
-            .sweep()
-            .instrument(tracing::debug_span!("secrets_manager.sweep"))
             .await
     }
 }

@@ -15,8 +15,8 @@ use std::{
 
 use common::{Proxy, builder, client, moto_url, store, unique_prefix};
 use mcp_persist_core::{
-    ClientRegistration, CredentialKey, Credentials, Error, EventStoreConfig, KvStore, PutMode,
-    RefreshOutcome, Secret, Stores, Timestamp,
+    Backend, ClientRegistration, CredentialKey, Credentials, Error, EventStoreConfig, KvStore,
+    PutMode, PutOptions, RefreshOutcome, Secret, Stores, Timestamp,
 };
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_store_vault::{
@@ -55,14 +55,18 @@ async fn values_up_to_64_kib_fit_and_one_byte_more_is_too_large() {
     assert_eq!(store.max_value_bytes(), 64 * 1024);
     let full: Vec<u8> = (0..MAX_VALUE_BYTES).map(|i| (i % 251) as u8).collect();
     let v = store
-        .put("full", full.clone(), PutMode::Create, None)
+        .put("full", full.clone(), PutOptions::new(PutMode::Create))
         .await
         .expect("a 64 KiB value fits");
     let entry = store.get("full").await.expect("get").expect("present");
     assert!(entry.value == full && entry.version == v);
 
     let err = store
-        .put("over", vec![7; MAX_VALUE_BYTES + 1], PutMode::Create, None)
+        .put(
+            "over",
+            vec![7; MAX_VALUE_BYTES + 1],
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect_err("64 KiB + 1 must be refused");
     assert!(
@@ -85,7 +89,7 @@ async fn throttling_is_retried_with_backoff_then_a_typed_error() {
         .await
         .expect("store");
     let v1 = store
-        .put("k", b"one".to_vec(), PutMode::Create, None)
+        .put("k", b"one".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
 
@@ -107,7 +111,7 @@ async fn throttling_is_retried_with_backoff_then_a_typed_error() {
     // A throttled write changes nothing.
     proxy.throttle("PutSecretValue", 100);
     let err = store
-        .put("k", b"two".to_vec(), PutMode::Update(v1), None)
+        .put("k", b"two".to_vec(), PutOptions::new(PutMode::Update(v1)))
         .await
         .expect_err("throttled write");
     assert_eq!(
@@ -194,7 +198,7 @@ async fn no_token_text_in_logs_or_errors() {
         .into_bytes();
     errors.push(
         vault
-            .put("huge", huge, PutMode::Overwrite, None)
+            .put("huge", huge, PutOptions::new(PutMode::Overwrite))
             .await
             .expect_err("too large"),
     );
@@ -429,7 +433,7 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
     );
     assert_eq!(store.list("").await.expect("list"), vec!["foreign"]);
     let err = store
-        .put("foreign", b"x".to_vec(), PutMode::Create, None)
+        .put("foreign", b"x".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect_err("create over a foreign secret");
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err:?}");
@@ -437,8 +441,7 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
         .put(
             "foreign",
             b"x".to_vec(),
-            PutMode::Update(mcp_persist_core::Version::new(1)),
-            None,
+            PutOptions::new(PutMode::Update(mcp_persist_core::Version::new(1))),
         )
         .await
         .expect_err("update of a foreign secret");
@@ -453,7 +456,11 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
     assert_eq!(value.secret_string(), Some("hand-made"));
     // An explicit overwrite replaces it.
     store
-        .put("foreign", b"mine".to_vec(), PutMode::Overwrite, None)
+        .put(
+            "foreign",
+            b"mine".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect("overwrite");
     assert_eq!(
@@ -480,7 +487,7 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
         "{err:?}"
     );
     let err = store
-        .put("newer", b"x".to_vec(), PutMode::Overwrite, None)
+        .put("newer", b"x".to_vec(), PutOptions::new(PutMode::Overwrite))
         .await
         .expect_err("overwrite of a newer record");
     assert!(matches!(err, Error::NewerSchema { .. }), "{err:?}");
@@ -504,7 +511,7 @@ async fn long_keys_fit_secret_names_and_list_back() {
     ];
     for (i, key) in keys.iter().enumerate() {
         store
-            .put(key, vec![i as u8], PutMode::Create, None)
+            .put(key, vec![i as u8], PutOptions::new(PutMode::Create))
             .await
             .expect("put");
     }
@@ -559,13 +566,12 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
         .put(
             "expiring",
             b"x".to_vec(),
-            PutMode::Create,
-            Some(Duration::from_millis(100)),
+            PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_millis(100))),
         )
         .await
         .expect("put");
     let deleted = store
-        .put("deleted", b"y".to_vec(), PutMode::Create, None)
+        .put("deleted", b"y".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     assert!(
@@ -575,7 +581,7 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
             .expect("delete")
     );
     store
-        .put("kept", b"z".to_vec(), PutMode::Create, None)
+        .put("kept", b"z".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     while store.get("expiring").await.expect("get").is_some() {
@@ -598,12 +604,20 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
     }
     // The keys can be written again, at greater versions than ever before.
     let again = store
-        .put("deleted", b"back".to_vec(), PutMode::Create, None)
+        .put(
+            "deleted",
+            b"back".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("create after the sweep");
     assert!(again > deleted);
     let again = store
-        .put("expiring", b"back".to_vec(), PutMode::Create, None)
+        .put(
+            "expiring",
+            b"back".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("create after the sweep");
     assert!(again > expiring);
@@ -646,7 +660,7 @@ async fn overwrites_during_a_write_are_coalesced() {
         .await
         .expect("store");
     store
-        .put("token", b"0".to_vec(), PutMode::Create, None)
+        .put("token", b"0".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     let puts_before = proxy.count("PutSecretValue");
@@ -656,7 +670,7 @@ async fn overwrites_during_a_write_are_coalesced() {
         let store = store.clone();
         async move {
             store
-                .put("token", b"1".to_vec(), PutMode::Overwrite, None)
+                .put("token", b"1".to_vec(), PutOptions::new(PutMode::Overwrite))
                 .await
         }
     });
@@ -669,8 +683,7 @@ async fn overwrites_during_a_write_are_coalesced() {
                 .put(
                     "token",
                     i.to_string().into_bytes(),
-                    PutMode::Overwrite,
-                    None,
+                    PutOptions::new(PutMode::Overwrite),
                 )
                 .await
         }));
@@ -711,7 +724,7 @@ async fn retried_writes_are_idempotent() {
         .await
         .expect("store");
     let v1 = store
-        .put("k", b"one".to_vec(), PutMode::Create, None)
+        .put("k", b"one".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
 
@@ -719,7 +732,7 @@ async fn retried_writes_are_idempotent() {
     proxy.lose_answers("PutSecretValue", 1);
     let puts = proxy.count("PutSecretValue");
     let v2 = store
-        .put("k", b"two".to_vec(), PutMode::Update(v1), None)
+        .put("k", b"two".to_vec(), PutOptions::new(PutMode::Update(v1)))
         .await
         .expect("put through a lost answer");
     assert_eq!(proxy.count("PutSecretValue") - puts, 2, "sent twice");
@@ -727,7 +740,7 @@ async fn retried_writes_are_idempotent() {
     // label already moved, and the store recognises its own version.
     proxy.lose_answers("UpdateSecretVersionStage", 1);
     let v3 = store
-        .put("k", b"three".to_vec(), PutMode::Update(v2), None)
+        .put("k", b"three".to_vec(), PutOptions::new(PutMode::Update(v2)))
         .await
         .expect("put through a lost answer");
     assert!(v1 < v2 && v2 < v3);
@@ -762,7 +775,7 @@ async fn a_landed_write_overwritten_before_its_retry_still_succeeds() {
         .expect("store");
     let b = store(&url, &prefix).await;
     let v1 = a
-        .put("n", b"1".to_vec(), PutMode::Create, None)
+        .put("n", b"1".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
 
@@ -770,15 +783,22 @@ async fn a_landed_write_overwritten_before_its_retry_still_succeeds() {
     proxy.hold_after("UpdateSecretVersionStage", 1);
     let write = tokio::spawn({
         let a = a.clone();
-        async move { a.put("n", b"2".to_vec(), PutMode::Update(v1), None).await }
+        async move {
+            a.put("n", b"2".to_vec(), PutOptions::new(PutMode::Update(v1)))
+                .await
+        }
     });
     // The move landed, its answer was lost, and the retry is held.
     proxy.until_held().await;
     let seen = b.get("n").await.expect("get").expect("present");
     assert_eq!(seen.value, b"2");
-    b.put("n", b"3".to_vec(), PutMode::Update(seen.version), None)
-        .await
-        .expect("another process writes over it");
+    b.put(
+        "n",
+        b"3".to_vec(),
+        PutOptions::new(PutMode::Update(seen.version)),
+    )
+    .await
+    .expect("another process writes over it");
     proxy.release();
     let v2 = write
         .await
@@ -801,7 +821,7 @@ async fn configuration_from_the_standard_aws_environment() {
                 .await
                 .expect("from env");
             store
-                .put("k", b"v".to_vec(), PutMode::Create, None)
+                .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
                 .await
                 .expect("put");
             assert_eq!(

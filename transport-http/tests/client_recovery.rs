@@ -14,8 +14,8 @@ use std::{
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    ClientStateStore, Error, InFlightRequest, KvEntry, KvStore, MemoryStore, PutMode, RequestId,
-    Result as StoreResult, ServerKey, Timestamp, Version,
+    Backend, ClientStateStore, Error, InFlightRequest, KvEntry, KvStore, MemoryStore, PutMode,
+    PutOptions, RequestId, Result as StoreResult, ServerKey, Timestamp, Version,
 };
 use mcp_persist_transport_http::client::{ClientNotice, DurableClientBuilder, Recovery, StartKind};
 use rmcp::{ServiceExt, model::CallToolRequestParams};
@@ -188,7 +188,11 @@ async fn bad_state_case(
         .expect("sid")
         .to_owned();
     store
-        .put(&keys[0], damage(envelope), PutMode::Overwrite, None)
+        .put(
+            &keys[0],
+            damage(envelope),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect("damage");
 
@@ -295,23 +299,21 @@ impl FailingStore {
 }
 
 #[async_trait]
-impl KvStore for FailingStore {
+impl Backend for FailingStore {
     fn backend_name(&self) -> &'static str {
         "failing"
     }
+}
+
+#[async_trait]
+impl KvStore for FailingStore {
     async fn get(&self, key: &str) -> StoreResult<Option<KvEntry>> {
         self.check()?;
         self.inner.get(key).await
     }
-    async fn put(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        mode: PutMode,
-        ttl: Option<Duration>,
-    ) -> StoreResult<Version> {
+    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> StoreResult<Version> {
         self.check()?;
-        self.inner.put(key, value, mode, ttl).await
+        self.inner.put(key, value, options).await
     }
     async fn delete(&self, key: &str, if_version: Option<Version>) -> StoreResult<bool> {
         self.check()?;

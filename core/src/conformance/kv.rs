@@ -3,11 +3,11 @@
 use std::{sync::Arc, time::Duration};
 
 use super::KvFixture;
-use crate::{Error, KvStore, PutMode, Version};
+use crate::{Error, KvStore, PutMode, PutOptions, Version};
 
 async fn put(store: &dyn KvStore, key: &str, value: &[u8], mode: PutMode) -> Version {
     store
-        .put(key, value.to_vec(), mode, None)
+        .put(key, value.to_vec(), PutOptions::new(mode))
         .await
         .unwrap_or_else(|e| panic!("put {key:?} with {mode:?} failed: {e}"))
 }
@@ -59,7 +59,7 @@ pub async fn create_on_existing_is_already_exists(f: &dyn KvFixture) {
     let store = f.open_kv().await;
     put(&*store, "k", b"first", PutMode::Create).await;
     let err = store
-        .put("k", b"second".to_vec(), PutMode::Create, None)
+        .put("k", b"second".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect_err("create on an existing key must fail");
     assert!(
@@ -76,7 +76,7 @@ pub async fn update_with_stale_version_is_conflict(f: &dyn KvFixture) {
     let v1 = put(&*store, "k", b"1", PutMode::Create).await;
     put(&*store, "k", b"2", PutMode::Update(v1)).await;
     let err = store
-        .put("k", b"3".to_vec(), PutMode::Update(v1), None)
+        .put("k", b"3".to_vec(), PutOptions::new(PutMode::Update(v1)))
         .await
         .expect_err("a stale update must fail");
     assert!(
@@ -93,8 +93,7 @@ pub async fn update_on_missing_is_conflict(f: &dyn KvFixture) {
         .put(
             "absent",
             b"x".to_vec(),
-            PutMode::Update(Version::new(1)),
-            None,
+            PutOptions::new(PutMode::Update(Version::new(1))),
         )
         .await
         .expect_err("update of an absent key must fail");
@@ -139,7 +138,7 @@ pub async fn versions_never_repeat_after_delete(f: &dyn KvFixture) {
     let v2 = put(&*store, "k", b"2", PutMode::Create).await;
     assert!(v2 > v1, "version {v2} after delete is not above {v1}");
     let err = store
-        .put("k", b"3".to_vec(), PutMode::Update(v1), None)
+        .put("k", b"3".to_vec(), PutOptions::new(PutMode::Update(v1)))
         .await
         .expect_err("the pre-delete version must not match");
     assert!(matches!(err, Error::Conflict { .. }), "got {err:?}");
@@ -172,8 +171,7 @@ pub async fn cas_race_ends_exact(f: &dyn KvFixture) {
                         .put(
                             "counter",
                             (n + 1).to_string().into_bytes(),
-                            PutMode::Update(entry.version),
-                            None,
+                            PutOptions::new(PutMode::Update(entry.version)),
                         )
                         .await
                     {
@@ -203,7 +201,9 @@ pub async fn create_race_has_one_winner(f: &dyn KvFixture) {
     for i in 0..8u8 {
         let store = Arc::clone(&store);
         handles.push(tokio::spawn(async move {
-            store.put("lock", vec![i], PutMode::Create, None).await
+            store
+                .put("lock", vec![i], PutOptions::new(PutMode::Create))
+                .await
         }));
     }
     let mut winners = 0;
@@ -225,15 +225,18 @@ pub async fn expired_record_is_never_returned(f: &dyn KvFixture) {
     let store = f.open_kv().await;
     let written = tokio::time::Instant::now();
     store
-        .put("ttl/short", b"x".to_vec(), PutMode::Create, Some(SHORT_TTL))
+        .put(
+            "ttl/short",
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Create).with_ttl(Some(SHORT_TTL)),
+        )
         .await
         .expect("put with ttl");
     store
         .put(
             "ttl/long",
             b"y".to_vec(),
-            PutMode::Create,
-            Some(Duration::from_secs(600)),
+            PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_secs(600))),
         )
         .await
         .expect("put with ttl");
@@ -268,17 +271,21 @@ pub async fn expired_record_is_never_returned(f: &dyn KvFixture) {
 pub async fn expired_record_counts_as_absent(f: &dyn KvFixture) {
     let store = f.open_kv().await;
     let v1 = store
-        .put("lease", b"a".to_vec(), PutMode::Create, Some(SHORT_TTL))
+        .put(
+            "lease",
+            b"a".to_vec(),
+            PutOptions::new(PutMode::Create).with_ttl(Some(SHORT_TTL)),
+        )
         .await
         .expect("put");
     tokio::time::sleep(PAST_TTL).await;
     let err = store
-        .put("lease", b"b".to_vec(), PutMode::Update(v1), None)
+        .put("lease", b"b".to_vec(), PutOptions::new(PutMode::Update(v1)))
         .await
         .expect_err("update of an expired record");
     assert!(matches!(err, Error::Conflict { .. }), "got {err:?}");
     let v2 = store
-        .put("lease", b"c".to_vec(), PutMode::Create, None)
+        .put("lease", b"c".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("create over an expired record");
     assert!(v2 > v1);
@@ -291,7 +298,11 @@ pub async fn put_without_ttl_clears_ttl(f: &dyn KvFixture) {
     // sane backend; it is still well short of the wait below.
     let ttl = Duration::from_millis(500);
     let v = store
-        .put("k", b"1".to_vec(), PutMode::Create, Some(ttl))
+        .put(
+            "k",
+            b"1".to_vec(),
+            PutOptions::new(PutMode::Create).with_ttl(Some(ttl)),
+        )
         .await
         .expect("put");
     put(&*store, "k", b"2", PutMode::Overwrite).await;
@@ -373,7 +384,11 @@ pub async fn oversized_value_is_too_large(f: &dyn KvFixture) {
     let store = f.open_kv().await;
     let limit = store.max_value_bytes();
     let err = store
-        .put("huge", vec![0u8; limit + 1], PutMode::Overwrite, None)
+        .put(
+            "huge",
+            vec![0u8; limit + 1],
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect_err("an oversized value must be refused");
     assert!(
@@ -388,14 +403,14 @@ pub async fn invalid_keys_are_rejected(f: &dyn KvFixture) {
     let store = f.open_kv().await;
     for key in ["", "nul\0key"] {
         let err = store
-            .put(key, b"x".to_vec(), PutMode::Overwrite, None)
+            .put(key, b"x".to_vec(), PutOptions::new(PutMode::Overwrite))
             .await
             .expect_err("invalid key accepted");
         assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
     }
     let long = "k".repeat(crate::backend::MAX_KEY_BYTES + 1);
     let err = store
-        .put(&long, b"x".to_vec(), PutMode::Overwrite, None)
+        .put(&long, b"x".to_vec(), PutOptions::new(PutMode::Overwrite))
         .await
         .expect_err("over-long key accepted");
     assert!(matches!(err, Error::TooLarge { .. }), "got {err:?}");

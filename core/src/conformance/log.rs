@@ -189,8 +189,8 @@ pub async fn delete_log(f: &dyn LogFixture) {
     let store = f.open_log().await;
     append(&*store, "gone", &[b"a"]).await;
     append(&*store, "kept", &[b"b"]).await;
-    store.delete("gone").await.expect("delete");
-    store.delete("never").await.expect("delete absent");
+    store.delete_log("gone").await.expect("delete");
+    store.delete_log("never").await.expect("delete absent");
     assert!(data_after(&*store, "gone", 0).await.is_empty());
     assert_eq!(data_after(&*store, "kept", 0).await, vec![b"b".to_vec()]);
 }

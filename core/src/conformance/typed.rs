@@ -18,8 +18,8 @@ use super::{KvFixture, LogFixture};
 use crate::{
     ClientRegistration, ClientStateStore, CredentialKey, CredentialStore, Credentials, Error,
     EventStore, EventStoreConfig, InFlightRequest, LegacySession, PendingAuthorization, PutMode,
-    RefreshOutcome, Secret, ServerKey, ServerProfile, ServerSession, SessionId, SessionStore,
-    Timestamp,
+    PutOptions, RefreshOutcome, Secret, ServerKey, ServerProfile, ServerSession, SessionId,
+    SessionStore, Timestamp,
     records::{DiscoverCache, encode},
     types::{ProtocolEra, ProtocolVersion, RequestId},
 };
@@ -595,9 +595,13 @@ pub async fn newer_schema_is_typed_error(f: &dyn KvFixture) {
     envelope["schema"] = serde_json::json!(2);
     envelope["record"]["field_from_the_future"] = serde_json::json!(true);
     let future = serde_json::to_vec(&envelope).expect("json");
-    kv.put(&raw_key, future.clone(), PutMode::Overwrite, None)
-        .await
-        .expect("put");
+    kv.put(
+        &raw_key,
+        future.clone(),
+        PutOptions::new(PutMode::Overwrite),
+    )
+    .await
+    .expect("put");
 
     let err = store
         .session(&key)
@@ -643,7 +647,7 @@ pub async fn corrupt_record_is_typed_error(f: &dyn KvFixture) {
         bytes[..bytes.len() / 2].to_vec(),
         b"\xff\xfe garbage".to_vec(),
     ] {
-        kv.put(&raw_key, broken, PutMode::Overwrite, None)
+        kv.put(&raw_key, broken, PutOptions::new(PutMode::Overwrite))
             .await
             .expect("put");
         let err = store

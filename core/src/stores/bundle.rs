@@ -23,26 +23,12 @@ use crate::{Error, KvStore, LogStore, Result};
 /// bundle without a log store for an [`EventStore`] is
 /// [`Error::Unsupported`], and a backend that is no [`LogStore`] cannot be
 /// passed where logs go at all.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Stores {
     client_state: Arc<dyn KvStore>,
     credentials: Arc<dyn KvStore>,
     sessions: Arc<dyn KvStore>,
     events: Option<(Arc<dyn KvStore>, Arc<dyn LogStore>)>,
-}
-
-impl std::fmt::Debug for Stores {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stores")
-            .field("client_state", &self.client_state.backend_name())
-            .field("credentials", &self.credentials.backend_name())
-            .field("sessions", &self.sessions.backend_name())
-            .field(
-                "events",
-                &self.events.as_ref().map(|(_, l)| l.backend_name()),
-            )
-            .finish()
-    }
 }
 
 impl Stores {

@@ -18,17 +18,9 @@ const CAS_ATTEMPTS: usize = 64;
 ///
 /// All state is keyed by [`ServerKey`] (endpoint URL and profile), so state
 /// recorded for one server is never used for another.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ClientStateStore {
     kv: Arc<dyn KvStore>,
-}
-
-impl std::fmt::Debug for ClientStateStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientStateStore")
-            .field("backend", &self.kv.backend_name())
-            .finish()
-    }
 }
 
 fn server_part(server: &ServerKey) -> String {

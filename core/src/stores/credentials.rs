@@ -25,17 +25,9 @@ use crate::{
 ///   a lease (a `Create` with a short TTL) before spending the refresh token;
 ///   a process that finds the lease taken waits for the winner's new
 ///   credential instead of spending the same refresh token again.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct CredentialStore {
     kv: Arc<dyn KvStore>,
-}
-
-impl std::fmt::Debug for CredentialStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CredentialStore")
-            .field("backend", &self.kv.backend_name())
-            .finish()
-    }
 }
 
 /// A held right to refresh one credential, until it is released or its TTL

@@ -409,7 +409,7 @@ impl EventStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(stream);
-        self.log.delete(&log_name(stream)).await?;
+        self.log.delete_log(&log_name(stream)).await?;
         self.kv.delete(&meta_key(stream), None).await?;
         Ok(())
     }

@@ -73,17 +73,9 @@ impl Record for KeyRing {
 /// | key | record |
 /// |---|---|
 /// | `server/key/<name>` | [`KeyRing`] |
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SharedKeyStore {
     kv: Arc<dyn KvStore>,
-}
-
-impl std::fmt::Debug for SharedKeyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedKeyStore")
-            .field("backend", &self.kv.backend_name())
-            .finish()
-    }
 }
 
 fn key_of(name: &str) -> Result<String> {
@@ -165,7 +157,7 @@ impl SharedKeyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryStore;
+    use crate::{MemoryStore, PutOptions};
 
     fn store() -> (SharedKeyStore, Arc<MemoryStore>) {
         let kv = Arc::new(MemoryStore::new());
@@ -245,8 +237,7 @@ mod tests {
         kv.put(
             "server/key/broken",
             b"not json".to_vec(),
-            PutMode::Create,
-            None,
+            PutOptions::new(PutMode::Create),
         )
         .await
         .expect("plant");

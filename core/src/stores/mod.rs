@@ -36,7 +36,7 @@ pub use session::SessionStore;
 use std::time::Duration;
 
 use crate::{
-    KvStore, PutMode, Result, Version,
+    KvStore, PutMode, PutOptions, Result, Version,
     records::{Record, decode, encode},
 };
 
@@ -79,5 +79,6 @@ pub(crate) async fn write<T: Record>(
     mode: PutMode,
     ttl: Option<Duration>,
 ) -> Result<Version> {
-    kv.put(key, encode(record)?, mode, ttl).await
+    kv.put(key, encode(record)?, PutOptions::new(mode).with_ttl(ttl))
+        .await
 }
