@@ -398,15 +398,14 @@ pub trait LogStore: Backend {
         timeout: Duration,
     ) -> Result<Vec<LogRecord>> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = Duration::from_millis(5);
+        let mut backoff =
+            crate::retry::Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
         loop {
             let records = self.read_after(log, after, limit).await?;
-            let now = tokio::time::Instant::now();
-            if !records.is_empty() || now >= deadline {
+            if !records.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(records);
             }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_millis(100));
+            backoff.sleep_before(deadline).await;
         }
     }
 

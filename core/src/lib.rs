@@ -103,6 +103,7 @@ pub mod conformance;
 mod error;
 pub mod memory;
 pub mod records;
+pub mod retry;
 mod secret;
 pub mod stores;
 mod types;

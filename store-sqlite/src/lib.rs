@@ -85,6 +85,7 @@ use async_trait::async_trait;
 use mcp_persist_core::{
     Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
     backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
+    retry::Backoff,
 };
 use rusqlite::Connection;
 use tokio::sync::Notify;
@@ -451,7 +452,8 @@ impl LogStore for SqliteStore {
         timeout: Duration,
     ) -> Result<Vec<LogRecord>> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = Duration::from_millis(5);
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
+        let mut pause = backoff.next_pause();
         loop {
             // Register before reading, so an append between the read and the
             // wait still wakes us.
@@ -467,7 +469,7 @@ impl LogStore for SqliteStore {
                 .await
                 .is_err()
             {
-                pause = (pause * 2).min(Duration::from_millis(100));
+                pause = backoff.next_pause();
             }
         }
     }

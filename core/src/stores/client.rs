@@ -3,6 +3,7 @@ use std::{ops::Range, sync::Arc};
 use tracing::debug;
 
 use super::{Stored, component, read, write};
+use crate::retry::retry_cas;
 use crate::{
     Error, KvStore, PutMode, Result, ServerKey, Version,
     records::{InFlightRequest, LegacySession, ServerProfile},
@@ -110,10 +111,12 @@ impl ClientStateStore {
     pub async fn update_session(
         &self,
         server: &ServerKey,
-        mut change: impl FnMut(&mut LegacySession) + Send,
+        change: impl FnMut(&mut LegacySession) + Send,
     ) -> Result<Option<LegacySession>> {
         let key = Self::session_key(server);
-        for _ in 0..CAS_ATTEMPTS {
+        let key = key.as_str();
+        let change = &std::sync::Mutex::new(change);
+        retry_cas(key, CAS_ATTEMPTS, move || async move {
             let Some(Stored {
                 mut record,
                 version,
@@ -121,15 +124,12 @@ impl ClientStateStore {
             else {
                 return Ok(None);
             };
-            change(&mut record);
+            (change.lock().unwrap_or_else(|p| p.into_inner()))(&mut record);
             record.updated_at = Timestamp::now();
-            match write(&*self.kv, &key, &record, PutMode::Update(version), None).await {
-                Ok(_) => return Ok(Some(record)),
-                Err(Error::Conflict { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Conflict { key })
+            write(&*self.kv, key, &record, PutMode::Update(version), None).await?;
+            Ok(Some(record))
+        })
+        .await
     }
 
     /// Reserves `count` request ids in the session with `server` and returns

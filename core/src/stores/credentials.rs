@@ -5,6 +5,7 @@ use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
 use super::{Stored, component, read, write};
+use crate::retry::Backoff;
 use crate::{
     BoxError, Error, KvStore, PutMode, Result, Version,
     records::{CredentialKey, Credentials, PendingAuthorization, Record},
@@ -204,7 +205,7 @@ impl CredentialStore {
         Fut: Future<Output = std::result::Result<Credentials, BoxError>> + Send,
     {
         let deadline = tokio::time::Instant::now() + lease_ttl;
-        let mut pause = Duration::from_millis(10);
+        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
         loop {
             let current = self.load(key).await?.ok_or_else(|| Error::NotFound {
                 what: "credentials",
@@ -259,8 +260,7 @@ impl CredentialStore {
                     after: lease_ttl,
                 });
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
+            backoff.sleep_before(deadline).await;
         }
     }
 

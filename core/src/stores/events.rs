@@ -7,6 +7,7 @@ use std::{
 use tracing::{debug, warn};
 
 use super::{Stored, component, read, write};
+use crate::retry::retry_cas;
 use crate::{
     Error, KvStore, LogStore, PutMode, Result,
     records::{EventRecord, StreamMeta, decode, encode},
@@ -145,14 +146,16 @@ impl EventStore {
             return Ok(c.token);
         }
         let key = meta_key(stream);
-        for _ in 0..8 {
-            match read::<StreamMeta>(&*self.kv, &key).await? {
+        let key = key.as_str();
+        retry_cas(key, 8, move || async move {
+            match read::<StreamMeta>(&*self.kv, key).await? {
                 Some(Stored { record, version }) => {
-                    let token = parse_token(&key, &record.token)?;
-                    // Refresh the metadata's TTL along with the log's.
+                    let token = parse_token(key, &record.token)?;
+                    // Refresh the metadata's TTL along with the log's; if
+                    // another writer refreshed it meanwhile, theirs does.
                     match write(
                         &*self.kv,
-                        &key,
+                        key,
                         &record,
                         PutMode::Update(version),
                         Some(self.meta_ttl()),
@@ -171,7 +174,7 @@ impl EventStore {
                             appends_since_trim: appends,
                         },
                     );
-                    return Ok(token);
+                    Ok(token)
                 }
                 None => {
                     let token = random_token()?;
@@ -181,34 +184,30 @@ impl EventStore {
                         created_at: Timestamp::now(),
                         dropped_through: 0,
                     };
-                    match write(
+                    // Losing the race to create it: the next attempt reads
+                    // the winner's token.
+                    write(
                         &*self.kv,
-                        &key,
+                        key,
                         &meta,
                         PutMode::Create,
                         Some(self.meta_ttl()),
                     )
-                    .await
-                    {
-                        Ok(_) => {
-                            debug!(stream, "new event stream");
-                            self.cache(
-                                stream,
-                                StreamCache {
-                                    token,
-                                    meta_refreshed: now,
-                                    appends_since_trim: 0,
-                                },
-                            );
-                            return Ok(token);
-                        }
-                        Err(Error::AlreadyExists { .. }) => continue,
-                        Err(e) => return Err(e),
-                    }
+                    .await?;
+                    debug!(stream, "new event stream");
+                    self.cache(
+                        stream,
+                        StreamCache {
+                            token,
+                            meta_refreshed: now,
+                            appends_since_trim: 0,
+                        },
+                    );
+                    Ok(token)
                 }
             }
-        }
-        Err(Error::Conflict { key })
+        })
+        .await
     }
 
     /// Stores one event of `stream` (owned by `session`, when the server has
@@ -268,28 +267,30 @@ impl EventStore {
         let last_dropped = records[records.len() - max - 1].seq;
         // Record the bound before dropping, so a replay never silently skips.
         let key = meta_key(stream);
-        for _ in 0..8 {
+        let key = key.as_str();
+        let recorded = retry_cas(key, 8, move || async move {
             let Some(Stored {
                 mut record,
                 version,
-            }) = read::<StreamMeta>(&*self.kv, &key).await?
+            }) = read::<StreamMeta>(&*self.kv, key).await?
             else {
-                return Ok(());
+                return Ok(false);
             };
             record.dropped_through = record.dropped_through.max(last_dropped);
-            match write(
+            write(
                 &*self.kv,
-                &key,
+                key,
                 &record,
                 PutMode::Update(version),
                 Some(self.meta_ttl()),
             )
-            .await
-            {
-                Ok(_) => break,
-                Err(Error::Conflict { .. }) => continue,
-                Err(e) => return Err(e),
-            }
+            .await?;
+            Ok(true)
+        })
+        .await?;
+        if !recorded {
+            // The stream has expired meanwhile: nothing to trim.
+            return Ok(());
         }
         let dropped = self.log.trim(&name, first_kept).await?;
         debug!(stream, dropped, "trimmed event stream");

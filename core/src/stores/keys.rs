@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use super::{Stored, component, read, write};
+use crate::retry::retry_cas;
 use crate::{
     Error, KvStore, PutMode, Result, Secret,
     records::Record,
@@ -105,25 +106,22 @@ impl SharedKeyStore {
     /// it to start over.
     pub async fn get_or_create(&self, name: &str) -> Result<KeyRing> {
         let key = key_of(name)?;
-        for _ in 0..ATTEMPTS {
-            if let Some(Stored { record, .. }) = read::<KeyRing>(&*self.kv, &key).await? {
+        let key = key.as_str();
+        // Losing the race to create it means another instance did: the next
+        // attempt reads theirs.
+        retry_cas(key, ATTEMPTS, move || async move {
+            if let Some(Stored { record, .. }) = read::<KeyRing>(&*self.kv, key).await? {
                 return Ok(record);
             }
             let ring = KeyRing {
                 active: new_key()?,
                 previous: None,
             };
-            match write(&*self.kv, &key, &ring, PutMode::Create, None).await {
-                Ok(_) => {
-                    info!(name, id = %ring.active.id, "created a shared key");
-                    return Ok(ring);
-                }
-                // Another instance created it first: use theirs.
-                Err(Error::AlreadyExists { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Conflict { key })
+            write(&*self.kv, key, &ring, PutMode::Create, None).await?;
+            info!(name, id = %ring.active.id, "created a shared key");
+            Ok(ring)
+        })
+        .await
     }
 
     /// Makes a new key the active one and keeps the active one as previous
@@ -132,8 +130,9 @@ impl SharedKeyStore {
     /// ring again; both keys are accepted meanwhile.
     pub async fn rotate(&self, name: &str) -> Result<KeyRing> {
         let key = key_of(name)?;
-        for _ in 0..ATTEMPTS {
-            let (mode, previous) = match read::<KeyRing>(&*self.kv, &key).await? {
+        let key = key.as_str();
+        retry_cas(key, ATTEMPTS, move || async move {
+            let (mode, previous) = match read::<KeyRing>(&*self.kv, key).await? {
                 Some(Stored { record, version }) => (PutMode::Update(version), Some(record.active)),
                 None => (PutMode::Create, None),
             };
@@ -141,16 +140,11 @@ impl SharedKeyStore {
                 active: new_key()?,
                 previous,
             };
-            match write(&*self.kv, &key, &ring, mode, None).await {
-                Ok(_) => {
-                    info!(name, id = %ring.active.id, "rotated a shared key");
-                    return Ok(ring);
-                }
-                Err(Error::Conflict { .. } | Error::AlreadyExists { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Conflict { key })
+            write(&*self.kv, key, &ring, mode, None).await?;
+            info!(name, id = %ring.active.id, "rotated a shared key");
+            Ok(ring)
+        })
+        .await
     }
 }
 

@@ -7,6 +7,7 @@ use std::{
 use tracing::debug;
 
 use super::{read, write};
+use crate::retry::retry_cas;
 use crate::{
     Error, KvStore, PutMode, Result,
     records::ServerSession,
@@ -139,28 +140,31 @@ impl SessionStore {
         }
 
         let key = Self::key(id);
-        for _ in 0..8 {
-            let Some(stored) = read::<ServerSession>(&*self.kv, &key).await? else {
+
+        let key = key.as_str();
+        let touched = retry_cas(key, 8, move || async move {
+            let Some(stored) = read::<ServerSession>(&*self.kv, key).await? else {
                 self.forget_touch(id);
                 return Ok(false);
             };
             let mut session = stored.record;
             session.last_seen = Timestamp::now();
-            match write(
+            write(
                 &*self.kv,
-                &key,
+                key,
                 &session,
                 PutMode::Update(stored.version),
                 Some(self.idle_ttl),
             )
-            .await
-            {
-                Ok(_) => return Ok(true),
-                Err(Error::Conflict { .. }) => continue,
-                Err(e) => return Err(e),
-            }
+            .await?;
+            Ok(true)
+        })
+        .await;
+        match touched {
+            // Others kept touching it meanwhile: it is alive.
+            Err(Error::Conflict { .. }) => Ok(true),
+            other => other,
         }
-        Ok(true)
     }
 
     fn forget_touch(&self, id: &SessionId) {
