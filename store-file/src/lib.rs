@@ -102,6 +102,7 @@ mod fsio;
 mod kv;
 mod log;
 mod store;
+mod tail;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 

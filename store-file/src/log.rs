@@ -43,6 +43,7 @@ use crate::{
         remove_stale_temps, sync_dir, u32_at, u64_at, unix_micros, unix_ms, write_atomic,
     },
     store::Inner,
+    tail::Tail,
 };
 
 const MAGIC: &[u8; 4] = b"MPLG";
@@ -51,24 +52,6 @@ pub(crate) const LOG_FORMAT: u8 = 1;
 const SEGMENT_FIXED: usize = 24;
 const FRAME: usize = 24;
 const TRIM_FILE: &str = "trim.json";
-
-/// Where a log ends, as last seen by this handle. Checked against the file
-/// before every use, so another process's appends are picked up.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tail {
-    /// First sequence number of the last segment (its name).
-    seg_first: u64,
-    /// Inode of the last segment, so a recreated log is never mistaken for it.
-    ino: u64,
-    /// Offset of the last good frame.
-    last_off: u64,
-    last_seq: u64,
-    last_crc: u32,
-    /// Offset just past the last good frame.
-    end: u64,
-    /// The log's expiry, from the last good frame (0: none).
-    expires_ms: u64,
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Trim {
@@ -565,7 +548,7 @@ impl Inner {
                     }
                     Step::Frame { seq, data, .. } => {
                         if let Some(data) = data {
-                            out.push(LogRecord { seq, data });
+                            out.push(LogRecord::new(seq, data));
                             if out.len() >= limit {
                                 return Ok(out);
                             }

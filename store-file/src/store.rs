@@ -21,7 +21,7 @@ use crate::{
         DIR_MODE, LockGuard, ensure_private_dir, io, io_error, lock_file, warn_if_open_to_others,
         write_atomic,
     },
-    log::Tail,
+    tail::Tail,
 };
 
 /// The on-disk layout version this build writes and the newest it reads.

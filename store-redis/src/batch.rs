@@ -32,7 +32,7 @@ use crate::{
     conn::Conn,
     error::{self, BACKEND},
     scripts::APPEND,
-    store::{bytes_of, millis, parse_id, unexpected},
+    wire::{bytes_of, millis, parse_id, unexpected},
 };
 
 /// Batches in flight at once; more appends queue up meanwhile.

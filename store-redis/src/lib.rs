@@ -28,7 +28,7 @@
 //! ```no_run
 //! # async fn run() -> Result<(), mcp_persist_core::Error> {
 //! use std::time::Duration;
-//! use mcp_persist_core::{EventStoreConfig, KvStore, PutOptions, PutMode, Stores};
+//! use mcp_persist_core::{EventLogConfig, KvStore, PutOptions, PutMode, Stores};
 //! use mcp_persist_store_redis::RedisStore;
 //!
 //! let redis = RedisStore::standalone("redis://127.0.0.1:6379/")
@@ -44,7 +44,7 @@
 //! // ...or behind the typed stores of mcp-persist-core: sessions and SSE
 //! // event logs shared by every instance that connects to the same Redis.
 //! let stores = Stores::new(redis.clone());
-//! let events = stores.events(EventStoreConfig::default())?;
+//! let events = stores.events(EventLogConfig::default())?;
 //! let id = events.append("stream-1", None, &serde_json::json!({"n": 1})).await?;
 //! # let _ = id;
 //!
@@ -66,6 +66,7 @@ mod error;
 mod keys;
 mod scripts;
 mod store;
+mod wire;
 
 pub use store::{RedisStore, RedisStoreBuilder, VERSION_MEMORY};
 
