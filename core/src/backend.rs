@@ -54,7 +54,7 @@
 //!     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
 //!         validate_key(key)?;
 //!         let map = self.map.lock().expect("not poisoned");
-//!         Ok(map.get(key).map(|(v, n)| KvEntry { value: v.clone(), version: Version::new(*n) }))
+//!         Ok(map.get(key).map(|(v, n)| KvEntry::new(v.clone(), Version::new(*n))))
 //!     }
 //!     async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
 //!         validate_key(key)?;
@@ -247,11 +247,19 @@ impl From<PutMode> for PutOptions {
 
 /// A record read from a [`KvStore`].
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvEntry {
     /// The bytes written.
     pub value: Vec<u8>,
     /// The version the write returned.
     pub version: Version,
+}
+
+impl KvEntry {
+    /// A record holding `value` at `version`.
+    pub fn new(value: Vec<u8>, version: Version) -> Self {
+        KvEntry { value, version }
+    }
 }
 
 impl fmt::Debug for KvEntry {
@@ -333,11 +341,19 @@ pub trait Backend: Send + Sync + 'static {
 
 /// One record of a log, as read back.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LogRecord {
     /// Its sequence number in the log.
     pub seq: u64,
     /// The bytes appended.
     pub data: Vec<u8>,
+}
+
+impl LogRecord {
+    /// The record `data` at sequence number `seq`.
+    pub fn new(seq: u64, data: Vec<u8>) -> Self {
+        LogRecord { seq, data }
+    }
 }
 
 impl fmt::Debug for LogRecord {

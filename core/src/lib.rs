@@ -19,15 +19,15 @@
 //!   running again.
 //!
 //! **Credentials**, per authorization-server issuer and resource
-//! ([`CredentialKey`]), in a [`CredentialStore`]: [`Credentials`] (access
+//! ([`CredentialKey`]), in a [`AuthStore`]: [`Credentials`] (access
 //! token with an absolute expiry, refresh token, scopes, the
 //! [`ClientRegistration`]) and, for a short TTL, [`PendingAuthorization`]s.
 //! Refreshes are guarded so that processes sharing a store spend a refresh
 //! token once, and the rotated token is never lost.
 //!
-//! **Server side**: [`ServerSession`]s in a [`SessionStore`] (the client's
+//! **Server side**: [`ServerSession`]s in a [`ServerSessionStore`] (the client's
 //! `initialize` params and the principal the session is bound to, expiring
-//! after an idle TTL), the SSE event log in an [`EventStore`], whose
+//! after an idle TTL), the SSE event log in an [`EventLog`], whose
 //! [`EventId`]s carry an unguessable per-stream token, and the secret keys a
 //! fleet must share (such as the one sealing SEP-2322 `requestState`) in a
 //! [`SharedKeyStore`], created once and rotated with the previous key kept.
@@ -82,7 +82,7 @@
 //! assert_eq!(client.reserve_request_ids(&server, 100).await?, 100..200);
 //!
 //! // Server side: events are replayed after a Last-Event-ID, with their ids.
-//! let events = stores.events(EventStoreConfig::default())?;
+//! let events = stores.events(EventLogConfig::default())?;
 //! let first = events.append("stream-1", None, &serde_json::json!({"n": 1})).await?;
 //! let second = events.append("stream-1", None, &serde_json::json!({"n": 2})).await?;
 //! let replayed = events.replay_after(&first.to_string(), None).await?;
@@ -117,10 +117,15 @@ pub use records::{
 };
 pub use secret::Secret;
 pub use stores::{
-    ClientStateStore, CredentialStore, EventStore, EventStoreConfig, KeyRing, RefreshLease,
-    RefreshOutcome, SessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores,
+    AuthStore, ClientStateStore, EventLog, EventLogConfig, KeyRing, RefreshLease, RefreshOutcome,
+    ServerSessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores,
 };
 pub use types::{
     EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,
     ProtocolVersion, RequestId, ServerKey, SessionId, Timestamp, canonical_url,
 };
+
+// TRANSITION: names before the 0.1 reshape, kept only until the rmcp
+// integration moves to the new ones.
+#[doc(hidden)]
+pub type CredentialStore = AuthStore;

@@ -133,10 +133,9 @@ impl KvStore for MemoryStore {
     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         validate_key(key)?;
         let mut state = self.state();
-        Ok(state.live_kv(key, Instant::now()).map(|slot| KvEntry {
-            value: slot.value.clone(),
-            version: Version::new(slot.version),
-        }))
+        Ok(state
+            .live_kv(key, Instant::now())
+            .map(|slot| KvEntry::new(slot.value.clone(), Version::new(slot.version))))
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
@@ -230,10 +229,7 @@ impl LogStore for MemoryStore {
                 l.records
                     .range(after.saturating_add(1)..)
                     .take(limit)
-                    .map(|(seq, data)| LogRecord {
-                        seq: *seq,
-                        data: data.clone(),
-                    })
+                    .map(|(seq, data)| LogRecord::new(*seq, data.clone()))
                     .collect()
             })
             .unwrap_or_default())

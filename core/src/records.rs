@@ -97,6 +97,7 @@ pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T> {
 /// Kept per [`ServerKey`](crate::ServerKey) so a restarted client neither
 /// probes the era again nor fetches `server/discover` while its cache holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ServerProfile {
     /// Which era the server was found to speak.
     pub era: ProtocolEra,
@@ -108,6 +109,25 @@ pub struct ServerProfile {
     pub discover: Option<DiscoverCache>,
 }
 
+impl ServerProfile {
+    /// A verdict reached now: the server speaks `era`, at `protocol_version`,
+    /// with no `server/discover` result cached yet.
+    pub fn new(era: ProtocolEra, protocol_version: ProtocolVersion) -> Self {
+        ServerProfile {
+            era,
+            protocol_version,
+            verdict_at: Timestamp::now(),
+            discover: None,
+        }
+    }
+
+    /// The same verdict with `discover` as its cached `server/discover` result.
+    pub fn with_discover(mut self, discover: impl Into<Option<DiscoverCache>>) -> Self {
+        self.discover = discover.into();
+        self
+    }
+}
+
 impl Record for ServerProfile {
     const KIND: &'static str = "server_profile";
     const SCHEMA: u32 = 1;
@@ -115,6 +135,7 @@ impl Record for ServerProfile {
 
 /// A cached `server/discover` result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DiscoverCache {
     /// The result as the server sent it (`supportedVersions`, `capabilities`, ...).
     pub result: serde_json::Value,
@@ -127,6 +148,22 @@ pub struct DiscoverCache {
 }
 
 impl DiscoverCache {
+    /// A `server/discover` result fetched now, reusable for `ttl_ms`.
+    pub fn new(result: serde_json::Value, ttl_ms: u64) -> Self {
+        DiscoverCache {
+            result,
+            fetched_at: Timestamp::now(),
+            ttl_ms,
+            cache_scope: None,
+        }
+    }
+
+    /// The same result with the server's `cacheScope`.
+    pub fn with_cache_scope(mut self, scope: impl Into<Option<String>>) -> Self {
+        self.cache_scope = scope.into();
+        self
+    }
+
     /// Whether the result may still be used at `now`.
     pub fn is_fresh_at(&self, now: Timestamp) -> bool {
         now < self.fetched_at.plus(Duration::from_millis(self.ttl_ms))
@@ -135,6 +172,7 @@ impl DiscoverCache {
 
 /// A legacy (2025-11-25 and earlier) session a client holds with a server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LegacySession {
     /// The `Mcp-Session-Id` the server assigned.
     pub session_id: SessionId,
@@ -155,6 +193,33 @@ pub struct LegacySession {
     pub updated_at: Timestamp,
 }
 
+impl LegacySession {
+    /// A session just initialized: request numbering starts at 0 and no
+    /// stream is open.
+    pub fn new(
+        session_id: SessionId,
+        protocol_version: ProtocolVersion,
+        initialize_result: serde_json::Value,
+    ) -> Self {
+        let now = Timestamp::now();
+        LegacySession {
+            session_id,
+            protocol_version,
+            initialize_result,
+            request_id_high_water: 0,
+            last_event_ids: BTreeMap::new(),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// The same session with request numbering continuing at `high_water`.
+    pub fn with_request_id_high_water(mut self, high_water: i64) -> Self {
+        self.request_id_high_water = high_water;
+        self
+    }
+}
+
 impl Record for LegacySession {
     const KIND: &'static str = "legacy_session";
     const SCHEMA: u32 = 1;
@@ -163,6 +228,7 @@ impl Record for LegacySession {
 /// A request sent and not yet answered, journaled so that after a restart
 /// the application can collect its answer instead of running the work again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct InFlightRequest {
     /// The JSON-RPC id it went out with.
     pub id: RequestId,
@@ -177,6 +243,24 @@ pub struct InFlightRequest {
     pub task_id: Option<String>,
     /// When it was sent.
     pub sent_at: Timestamp,
+}
+
+impl InFlightRequest {
+    /// A request sent now, with no stream cursor and no task yet.
+    pub fn new(
+        id: RequestId,
+        method: impl Into<String>,
+        params: Option<serde_json::Value>,
+    ) -> Self {
+        InFlightRequest {
+            id,
+            method: method.into(),
+            params,
+            last_event_id: None,
+            task_id: None,
+            sent_at: Timestamp::now(),
+        }
+    }
 }
 
 impl Record for InFlightRequest {
@@ -216,6 +300,7 @@ impl CredentialKey {
 ///
 /// `Debug` shows no token text: every secret is a [`Secret`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Credentials {
     /// Whose credentials these are.
     pub key: CredentialKey,
@@ -239,6 +324,59 @@ pub struct Credentials {
 }
 
 impl Credentials {
+    /// Credentials obtained now: a `Bearer` access token for `key`, of the
+    /// client `client`, with no expiry, refresh token, scopes or metadata
+    /// (set those fields as the token response says).
+    pub fn new(key: CredentialKey, access_token: Secret, client: ClientRegistration) -> Self {
+        Credentials {
+            key,
+            access_token,
+            token_type: "Bearer".to_owned(),
+            expires_at: None,
+            refresh_token: None,
+            scopes: Vec::new(),
+            client,
+            server_metadata: None,
+            obtained_at: Timestamp::now(),
+        }
+    }
+
+    /// The same credentials with the token type as issued (`Bearer`, `DPoP`...).
+    pub fn with_token_type(mut self, token_type: impl Into<String>) -> Self {
+        self.token_type = token_type.into();
+        self
+    }
+
+    /// The same credentials expiring at `at` (`None`: no known expiry).
+    pub fn with_expires_at(mut self, at: impl Into<Option<Timestamp>>) -> Self {
+        self.expires_at = at.into();
+        self
+    }
+
+    /// The same credentials with a refresh token.
+    pub fn with_refresh_token(mut self, token: impl Into<Option<Secret>>) -> Self {
+        self.refresh_token = token.into();
+        self
+    }
+
+    /// The same credentials with the scopes granted.
+    pub fn with_scopes(mut self, scopes: Vec<String>) -> Self {
+        self.scopes = scopes;
+        self
+    }
+
+    /// The same credentials with the authorization server's metadata kept.
+    pub fn with_server_metadata(mut self, metadata: impl Into<Option<serde_json::Value>>) -> Self {
+        self.server_metadata = metadata.into();
+        self
+    }
+
+    /// The same credentials, obtained at `at` rather than now.
+    pub fn with_obtained_at(mut self, at: Timestamp) -> Self {
+        self.obtained_at = at;
+        self
+    }
+
     /// Whether the access token is expired, or will be within `margin`.
     pub fn expires_within(&self, margin: Duration) -> bool {
         self.expires_at
@@ -253,6 +391,7 @@ impl Record for Credentials {
 
 /// A client's registration with an authorization server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ClientRegistration {
     /// The client id (for a metadata-document client, the document's URL).
     pub client_id: String,
@@ -265,9 +404,41 @@ pub struct ClientRegistration {
     pub token_endpoint_auth_method: Option<String>,
 }
 
+impl ClientRegistration {
+    /// A public client known by `client_id` (set `client_secret`,
+    /// `metadata_url` or `token_endpoint_auth_method` as registered).
+    pub fn new(client_id: impl Into<String>) -> Self {
+        ClientRegistration {
+            client_id: client_id.into(),
+            client_secret: None,
+            metadata_url: None,
+            token_endpoint_auth_method: None,
+        }
+    }
+
+    /// The same registration with a client secret (a confidential client).
+    pub fn with_client_secret(mut self, secret: impl Into<Option<Secret>>) -> Self {
+        self.client_secret = secret.into();
+        self
+    }
+
+    /// The same registration, made through a client metadata document at `url`.
+    pub fn with_metadata_url(mut self, url: impl Into<Option<String>>) -> Self {
+        self.metadata_url = url.into();
+        self
+    }
+
+    /// The same registration authenticating at the token endpoint with `method`.
+    pub fn with_token_endpoint_auth_method(mut self, method: impl Into<Option<String>>) -> Self {
+        self.token_endpoint_auth_method = method.into();
+        self
+    }
+}
+
 /// An authorization the user has not completed yet, kept for a short TTL and
 /// removed once used.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PendingAuthorization {
     /// The PKCE code verifier.
     pub pkce_verifier: Secret,
@@ -285,6 +456,40 @@ pub struct PendingAuthorization {
     pub created_at: Timestamp,
 }
 
+impl PendingAuthorization {
+    /// An authorization started now for `resource`, expecting the redirect
+    /// from `expected_issuer`.
+    pub fn new(
+        pkce_verifier: Secret,
+        state: Secret,
+        expected_issuer: impl Into<String>,
+        resource: impl Into<String>,
+    ) -> Self {
+        PendingAuthorization {
+            pkce_verifier,
+            state,
+            expected_issuer: expected_issuer.into(),
+            resource: resource.into(),
+            redirect_uri: None,
+            extra: None,
+            created_at: Timestamp::now(),
+        }
+    }
+
+    /// The same authorization with the redirect URI it used.
+    pub fn with_redirect_uri(mut self, uri: impl Into<Option<String>>) -> Self {
+        self.redirect_uri = uri.into();
+        self
+    }
+
+    /// The same authorization with what the caller's OAuth library needs to
+    /// finish it.
+    pub fn with_extra(mut self, extra: impl Into<Option<serde_json::Value>>) -> Self {
+        self.extra = extra.into();
+        self
+    }
+}
+
 impl Record for PendingAuthorization {
     const KIND: &'static str = "pending_authorization";
     const SCHEMA: u32 = 1;
@@ -295,6 +500,7 @@ impl Record for PendingAuthorization {
 /// A server's record of one legacy session, enough to restore it on any
 /// instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ServerSession {
     /// The session id handed to the client.
     pub session_id: SessionId,
@@ -307,8 +513,27 @@ pub struct ServerSession {
     /// When the session was created.
     pub created_at: Timestamp,
     /// When the session was last used (updated coalesced, see
-    /// [`SessionStore`](crate::SessionStore)).
+    /// [`ServerSessionStore`](crate::ServerSessionStore)).
     pub last_seen: Timestamp,
+}
+
+impl ServerSession {
+    /// A session created now from the client's `initialize` params, bound to
+    /// `principal` (`None`: the anonymous principal).
+    pub fn new(
+        session_id: SessionId,
+        initialize_params: serde_json::Value,
+        principal: Option<String>,
+    ) -> Self {
+        let now = Timestamp::now();
+        ServerSession {
+            session_id,
+            initialize_params,
+            principal,
+            created_at: now,
+            last_seen: now,
+        }
+    }
 }
 
 impl Record for ServerSession {

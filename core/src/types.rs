@@ -149,6 +149,7 @@ impl fmt::Display for RequestId {
 /// Which shape of Streamable HTTP a server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ProtocolEra {
     /// 2025-03-26 to 2025-11-25: `initialize`, `Mcp-Session-Id`, resumable SSE.
     Legacy,

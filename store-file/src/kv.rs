@@ -281,10 +281,9 @@ impl Inner {
                 version,
                 expires_ms,
                 value,
-            }) if is_live(expires_ms, unix_ms()) => Some(KvEntry {
-                value,
-                version: Version::new(version),
-            }),
+            }) if is_live(expires_ms, unix_ms()) => {
+                Some(KvEntry::new(value, Version::new(version)))
+            }
             _ => None,
         })
     }

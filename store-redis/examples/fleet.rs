@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use mcp_persist_core::{EventStoreConfig, Stores};
+use mcp_persist_core::{EventLogConfig, Stores};
 use mcp_persist_store_redis::RedisStore;
 use serde_json::json;
 
@@ -24,7 +24,7 @@ use serde_json::json;
 async fn main() -> Result<()> {
     let url = std::env::var("MCP_PERSIST_REDIS_URL")
         .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
-    let config = EventStoreConfig::new(Duration::from_secs(600), 1_000);
+    let config = EventLogConfig::new(Duration::from_secs(600), 1_000);
 
     // Two instances, two connections, one Redis, one key prefix.
     let instance_a = Stores::new(

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use mcp_persist_core::{EventStoreConfig, Stores};
+use mcp_persist_core::{EventLogConfig, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 
 #[tokio::main]
@@ -23,7 +23,7 @@ async fn main() -> Result<()> {
 
     // One backend for every kind of state.
     let stores = Stores::new(store.clone());
-    let events = stores.events(EventStoreConfig::default())?;
+    let events = stores.events(EventLogConfig::default())?;
 
     let mut first = None;
     for n in 0..3 {

@@ -73,7 +73,7 @@ pub(crate) fn kv_get(conn: &Connection, ctx: Ctx<'_>, key: &str) -> Result<Optio
         .get(0)
         .map_err(|e| bad_row(key, "a value that is not a blob", Some(e)))?;
     let version = version_of(row, 1, key)?;
-    Ok(Some(KvEntry { value, version }))
+    Ok(Some(KvEntry::new(value, version)))
 }
 
 pub(crate) fn kv_put(
@@ -250,7 +250,7 @@ pub(crate) fn log_read_after(
             .map_err(|e| bad_row(log, &format!("record {seq} that is not a blob"), Some(e)))?;
         let seq = u64::try_from(seq)
             .map_err(|_| bad_row(log, &format!("the invalid sequence number {seq}"), None))?;
-        records.push(LogRecord { seq, data });
+        records.push(LogRecord::new(seq, data));
     }
     Ok(records)
 }

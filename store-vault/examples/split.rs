@@ -13,7 +13,7 @@
 use std::{path::Path, time::Duration};
 
 use mcp_persist_core::{
-    ClientRegistration, CredentialKey, Credentials, EventStoreConfig, KvStore, ProtocolEra,
+    ClientRegistration, CredentialKey, Credentials, EventLogConfig, KvStore, ProtocolEra,
     ProtocolVersion, Secret, ServerKey, ServerProfile, Stores, Timestamp,
 };
 use mcp_persist_store_sqlite::SqliteStore;
@@ -52,38 +52,27 @@ pub(crate) async fn run(moto_url: Option<&str>, prefix: &str, db: &Path) -> anyh
         let stores = open().await?;
         stores
             .credentials()
-            .save(&Credentials {
-                key: key.clone(),
-                access_token: Secret::new("example-access-token"),
-                token_type: "Bearer".into(),
-                expires_at: Some(Timestamp::now().plus(Duration::from_secs(3600))),
-                refresh_token: Some(Secret::new("example-refresh-token")),
-                scopes: vec!["mcp:tools".into()],
-                client: ClientRegistration {
-                    client_id: "example-agent".into(),
-                    client_secret: None,
-                    metadata_url: None,
-                    token_endpoint_auth_method: None,
-                },
-                server_metadata: None,
-                obtained_at: Timestamp::now(),
-            })
+            .save(
+                &Credentials::new(
+                    key.clone(),
+                    Secret::new("example-access-token"),
+                    ClientRegistration::new("example-agent"),
+                )
+                .with_expires_at(Timestamp::now().plus(Duration::from_secs(3600)))
+                .with_refresh_token(Secret::new("example-refresh-token"))
+                .with_scopes(vec!["mcp:tools".into()]),
+            )
             .await?;
         stores
             .client_state()
             .save_profile(
                 &server,
-                &ServerProfile {
-                    era: ProtocolEra::Legacy,
-                    protocol_version: ProtocolVersion::new("2025-11-25")?,
-                    verdict_at: Timestamp::now(),
-                    discover: None,
-                },
+                &ServerProfile::new(ProtocolEra::Legacy, ProtocolVersion::new("2025-11-25")?),
             )
             .await?;
         // Event logs go to SQLite: Secrets Manager holds none.
         stores
-            .events(EventStoreConfig::default())?
+            .events(EventLogConfig::default())?
             .append("stream-1", None, &serde_json::json!({"hello": "world"}))
             .await?;
     }

@@ -182,10 +182,7 @@ impl Inner {
                 "the value does not match its version stamp (changed outside mcp-persist, or not this key's)",
             ));
         }
-        Ok(Some(KvEntry {
-            value,
-            version: Version::new(stamp.counter),
-        }))
+        Ok(Some(KvEntry::new(value, Version::new(stamp.counter))))
     }
 
     /// The compare-and-swap loop of every write: read the current version,

@@ -15,7 +15,7 @@ use std::{
 
 use common::{Proxy, builder, client, moto_url, store, unique_prefix};
 use mcp_persist_core::{
-    Backend, ClientRegistration, CredentialKey, Credentials, Error, EventStoreConfig, KvStore,
+    Backend, ClientRegistration, CredentialKey, Credentials, Error, EventLogConfig, KvStore,
     PutMode, PutOptions, RefreshOutcome, Secret, Stores, Timestamp,
 };
 use mcp_persist_store_sqlite::SqliteStore;
@@ -29,23 +29,17 @@ const REFRESH: &str = "rt-9a51-SECRET-REFRESH-TOKEN-3c8f";
 const ROTATED: &str = "rt-0b2d-SECRET-ROTATED-TOKEN-7e44";
 
 fn credentials(access: &str, refresh: &str) -> Credentials {
-    Credentials {
-        key: CredentialKey::new("https://auth.example.com", "https://mcp.example.com/mcp")
+    Credentials::new(
+        CredentialKey::new("https://auth.example.com", "https://mcp.example.com/mcp")
             .expect("valid key"),
-        access_token: Secret::new(access),
-        token_type: "Bearer".into(),
-        expires_at: Some(Timestamp::now().plus(Duration::from_secs(3600))),
-        refresh_token: Some(Secret::new(refresh)),
-        scopes: vec!["mcp:tools".into()],
-        client: ClientRegistration {
-            client_id: "agent".into(),
-            client_secret: Some(Secret::new("cs-SECRET-CLIENT-SECRET")),
-            metadata_url: None,
-            token_endpoint_auth_method: Some("client_secret_basic".into()),
-        },
-        server_metadata: None,
-        obtained_at: Timestamp::now(),
-    }
+        Secret::new(access),
+        ClientRegistration::new("agent")
+            .with_client_secret(Secret::new("cs-SECRET-CLIENT-SECRET"))
+            .with_token_endpoint_auth_method("client_secret_basic".to_owned()),
+    )
+    .with_expires_at(Timestamp::now().plus(Duration::from_secs(3600)))
+    .with_refresh_token(Secret::new(refresh))
+    .with_scopes(vec!["mcp:tools".into()])
 }
 
 #[tokio::test]
@@ -282,7 +276,7 @@ async fn a_bundle_without_a_log_store_refuses_event_logs() {
     assert!(!vault.holds_logs() && !SecretsManagerStore::HOLDS_LOGS);
     let stores = Stores::from_parts(Arc::new(vault), None);
     let err = stores
-        .events(EventStoreConfig::default())
+        .events(EventLogConfig::default())
         .expect_err("no log store");
     assert!(
         matches!(
@@ -315,7 +309,7 @@ async fn split_keeps_credentials_in_secrets_manager_and_the_rest_in_sqlite() {
             .await
             .expect("save");
         let events = stores
-            .events(EventStoreConfig::default())
+            .events(EventLogConfig::default())
             .expect("sqlite holds logs");
         let mut ids = Vec::new();
         for n in 0..2 {
@@ -397,7 +391,7 @@ async fn split_keeps_credentials_in_secrets_manager_and_the_rest_in_sqlite() {
         Some(ROTATED)
     );
     // SQLite kept the rest.
-    let events = stores.events(EventStoreConfig::default()).expect("events");
+    let events = stores.events(EventLogConfig::default()).expect("events");
     let replayed = events
         .replay_after(&event_ids[0], None)
         .await

@@ -32,7 +32,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use mcp_persist_core::{EventStoreConfig, Stores};
+use mcp_persist_core::{EventLogConfig, Stores};
 use mcp_persist_transport_http::server::{DurableServer, StreamableHttpServerConfig};
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
@@ -352,7 +352,7 @@ pub fn durable_router(
         .idle_ttl(options.idle_ttl)
         .strict_sessions(options.strict_sessions)
         .tail_idle(options.tail_idle)
-        .event_retention(EventStoreConfig::new(
+        .event_retention(EventLogConfig::new(
             options.event_retention,
             options.event_max,
         ))

@@ -11,7 +11,7 @@ mod auth_support;
 use std::sync::atomic::Ordering;
 
 use auth_support::{World, backend::Backend, expire, headless, start};
-use mcp_persist_core::{CredentialKey, CredentialStore, Stores, canonical_url};
+use mcp_persist_core::{AuthStore, CredentialKey, Stores, canonical_url};
 use mcp_persist_transport_http::{
     auth::{DurableAuth, DurableAuthBuild},
     client::DurableClientBuilder,
@@ -41,11 +41,7 @@ async fn run_once(world: &World, stores: &Stores) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn stored(
-    store: &CredentialStore,
-    issuer: &str,
-    resource: &str,
-) -> mcp_persist_core::Credentials {
+async fn stored(store: &AuthStore, issuer: &str, resource: &str) -> mcp_persist_core::Credentials {
     let key = CredentialKey::new(issuer, resource).expect("valid key");
     store
         .load(&key)

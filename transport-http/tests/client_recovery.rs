@@ -15,7 +15,7 @@ use std::{
 use async_trait::async_trait;
 use mcp_persist_core::{
     Backend, ClientStateStore, Error, InFlightRequest, KvEntry, KvStore, MemoryStore, PutMode,
-    PutOptions, RequestId, Result as StoreResult, ServerKey, Timestamp, Version,
+    PutOptions, RequestId, Result as StoreResult, ServerKey, Version,
 };
 use mcp_persist_transport_http::client::{ClientNotice, DurableClientBuilder, Recovery, StartKind};
 use rmcp::{ServiceExt, model::CallToolRequestParams};
@@ -395,19 +395,14 @@ async fn interrupted_requests_without_cursor_or_with_task_are_reported_not_resen
         .expect("stored")
         .record
         .session_id;
-    let lost = InFlightRequest {
-        id: RequestId::Number(900),
-        method: "tools/call".into(),
-        params: Some(json!({"name": "echo", "arguments": {"n": 42}})),
-        last_event_id: None,
-        task_id: None,
-        sent_at: Timestamp::now(),
-    };
-    let task = InFlightRequest {
-        id: RequestId::Number(901),
-        task_id: Some("task-17".into()),
-        ..lost.clone()
-    };
+    let lost = InFlightRequest::new(
+        RequestId::Number(900),
+        "tools/call",
+        Some(json!({"name": "echo", "arguments": {"n": 42}})),
+    );
+    let mut task = lost.clone();
+    task.id = RequestId::Number(901);
+    task.task_id = Some("task-17".into());
     state
         .record_inflight(&key, &session, &lost)
         .await

@@ -16,10 +16,10 @@ use std::{
 
 use super::{KvFixture, LogFixture};
 use crate::{
-    ClientRegistration, ClientStateStore, CredentialKey, CredentialStore, Credentials, Error,
-    EventStore, EventStoreConfig, InFlightRequest, LegacySession, PendingAuthorization, PutMode,
-    PutOptions, RefreshOutcome, Secret, ServerKey, ServerProfile, ServerSession, SessionId,
-    SessionStore, Timestamp,
+    AuthStore, ClientRegistration, ClientStateStore, CredentialKey, Credentials, Error, EventLog,
+    EventLogConfig, InFlightRequest, LegacySession, PendingAuthorization, PutMode, PutOptions,
+    RefreshOutcome, Secret, ServerKey, ServerProfile, ServerSession, ServerSessionStore, SessionId,
+    Timestamp,
     records::{DiscoverCache, encode},
     types::{ProtocolEra, ProtocolVersion, RequestId},
 };
@@ -282,10 +282,10 @@ pub async fn inflight_journal_roundtrip(f: &dyn KvFixture) {
 /// Credentials round-trip with their secrets, and one issuer never sees
 /// another issuer's credentials for the same resource.
 pub async fn credentials_roundtrip_and_issuer_isolation(f: &dyn KvFixture) {
-    let store = CredentialStore::new(f.open_kv().await);
+    let store = AuthStore::new(f.open_kv().await);
     let creds = credentials("https://as-one.example", "access-1", "refresh-1");
     store.save(&creds).await.expect("save");
-    let store = CredentialStore::new(f.open_kv().await);
+    let store = AuthStore::new(f.open_kv().await);
     let loaded = store
         .load(&creds.key)
         .await
@@ -323,12 +323,12 @@ pub async fn credentials_roundtrip_and_issuer_isolation(f: &dyn KvFixture) {
 /// rotated tokens: exactly one wins, the loser gets `Conflict`, and the
 /// winner's token is what stays.
 pub async fn refresh_rotation_race_newer_token_wins(f: &dyn KvFixture) {
-    let store = CredentialStore::new(f.open_kv().await);
+    let store = AuthStore::new(f.open_kv().await);
     let creds = credentials("https://as.example", "access-0", "refresh-0");
     let v0 = store.save(&creds).await.expect("save");
     let mut handles = Vec::new();
     for i in 1..=2 {
-        let store = CredentialStore::new(f.open_kv().await);
+        let store = AuthStore::new(f.open_kv().await);
         let mut fresh = creds.clone();
         fresh.access_token = Secret::new(format!("access-{i}"));
         fresh.refresh_token = Some(Secret::new(format!("refresh-{i}")));
@@ -363,16 +363,16 @@ pub async fn refresh_rotation_race_newer_token_wins(f: &dyn KvFixture) {
 }
 
 /// Four holders refreshing the same credential at once through
-/// [`CredentialStore::refresh`]: the refresh function runs exactly once, and
+/// [`AuthStore::refresh`]: the refresh function runs exactly once, and
 /// every holder ends with the new token.
 pub async fn refresh_lease_has_one_holder(f: &dyn KvFixture) {
-    let store = CredentialStore::new(f.open_kv().await);
+    let store = AuthStore::new(f.open_kv().await);
     let creds = credentials("https://as.example", "old-access", "old-refresh");
     let seen = store.save(&creds).await.expect("save");
     let calls = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for _ in 0..4 {
-        let store = CredentialStore::new(f.open_kv().await);
+        let store = AuthStore::new(f.open_kv().await);
         let calls = Arc::clone(&calls);
         let key = creds.key.clone();
         handles.push(tokio::spawn(async move {
@@ -445,7 +445,7 @@ pub async fn refresh_lease_has_one_holder(f: &dyn KvFixture) {
 
 /// A pending authorization is taken exactly once, and expires.
 pub async fn pending_authorization_taken_once(f: &dyn KvFixture) {
-    let store = CredentialStore::new(f.open_kv().await);
+    let store = AuthStore::new(f.open_kv().await);
     let pending = PendingAuthorization {
         pkce_verifier: Secret::new("verifier-abc"),
         state: Secret::new("state-123"),
@@ -469,7 +469,7 @@ pub async fn pending_authorization_taken_once(f: &dyn KvFixture) {
     }
     let mut handles = Vec::new();
     for _ in 0..4 {
-        let store = CredentialStore::new(f.open_kv().await);
+        let store = AuthStore::new(f.open_kv().await);
         handles.push(tokio::spawn(async move {
             store.take_pending("state-123").await.expect("take")
         }));
@@ -509,7 +509,7 @@ pub async fn pending_authorization_taken_once(f: &dyn KvFixture) {
 /// Server sessions round-trip, cannot be created twice, expire when idle and
 /// stay alive while touched.
 pub async fn server_session_roundtrip(f: &dyn KvFixture) {
-    let store = SessionStore::new(f.open_kv().await, Duration::from_secs(600));
+    let store = ServerSessionStore::new(f.open_kv().await, Duration::from_secs(600));
     let session = ServerSession {
         session_id: SessionId::new("srv-1").expect("id"),
         initialize_params: serde_json::json!({
@@ -524,7 +524,7 @@ pub async fn server_session_roundtrip(f: &dyn KvFixture) {
     store.create(&session).await.expect("create");
     let err = store.create(&session).await.expect_err("duplicate");
     assert!(matches!(err, Error::AlreadyExists { .. }), "got {err:?}");
-    let other_instance = SessionStore::new(f.open_kv().await, Duration::from_secs(600));
+    let other_instance = ServerSessionStore::new(f.open_kv().await, Duration::from_secs(600));
     assert_eq!(
         other_instance
             .load(&session.session_id)
@@ -556,7 +556,7 @@ pub async fn server_session_roundtrip(f: &dyn KvFixture) {
             .expect("touch")
     );
 
-    let idle = SessionStore::new(f.open_kv().await, Duration::from_millis(300));
+    let idle = ServerSessionStore::new(f.open_kv().await, Duration::from_millis(300));
     let mut short = session.clone();
     short.session_id = SessionId::new("srv-idle").expect("id");
     idle.create(&short).await.expect("create");
@@ -668,12 +668,8 @@ pub async fn corrupt_record_is_typed_error(f: &dyn KvFixture) {
     }
 }
 
-fn event_store(kv: Arc<dyn crate::KvStore>, log: Arc<dyn crate::LogStore>) -> EventStore {
-    EventStore::new(
-        kv,
-        log,
-        EventStoreConfig::new(Duration::from_secs(600), 1000),
-    )
+fn event_store(kv: Arc<dyn crate::KvStore>, log: Arc<dyn crate::LogStore>) -> EventLog {
+    EventLog::new(kv, log, EventLogConfig::new(Duration::from_secs(600), 1000))
 }
 
 /// Events replay after an id with their original ids, in order.

@@ -1,7 +1,7 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    ClientStateStore, CredentialStore, EventStore, EventStoreConfig, SessionStore, SharedKeyStore,
+    AuthStore, ClientStateStore, EventLog, EventLogConfig, ServerSessionStore, SharedKeyStore,
 };
 use crate::{Error, KvStore, LogStore, Result};
 
@@ -20,7 +20,7 @@ use crate::{Error, KvStore, LogStore, Result};
 /// ```
 ///
 /// A key-value-only backend can hold every kind but the event log; asking a
-/// bundle without a log store for an [`EventStore`] is
+/// bundle without a log store for an [`EventLog`] is
 /// [`Error::Unsupported`], and a backend that is no [`LogStore`] cannot be
 /// passed where logs go at all.
 #[derive(Clone, Debug)]
@@ -80,8 +80,8 @@ impl Stores {
     }
 
     /// The credential store.
-    pub fn credentials(&self) -> CredentialStore {
-        CredentialStore::new(self.credentials.clone())
+    pub fn credentials(&self) -> AuthStore {
+        AuthStore::new(self.credentials.clone())
     }
 
     /// Secret keys shared by a server fleet, kept where credentials are.
@@ -90,14 +90,14 @@ impl Stores {
     }
 
     /// The server session store, with sessions expiring after `idle_ttl`.
-    pub fn sessions(&self, idle_ttl: Duration) -> SessionStore {
-        SessionStore::new(self.sessions.clone(), idle_ttl)
+    pub fn sessions(&self, idle_ttl: Duration) -> ServerSessionStore {
+        ServerSessionStore::new(self.sessions.clone(), idle_ttl)
     }
 
     /// The event store, or [`Error::Unsupported`] when no log store is routed.
-    pub fn events(&self, config: EventStoreConfig) -> Result<EventStore> {
+    pub fn events(&self, config: EventLogConfig) -> Result<EventLog> {
         match &self.events {
-            Some((kv, log)) => Ok(EventStore::new(kv.clone(), log.clone(), config)),
+            Some((kv, log)) => Ok(EventLog::new(kv.clone(), log.clone(), config)),
             None => Err(Error::Unsupported {
                 operation: "event logs",
                 backend: self.client_state.backend_name(),

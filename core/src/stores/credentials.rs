@@ -19,15 +19,15 @@ use crate::{
 ///
 /// * **No lost rotation.** A refreshed credential is saved with
 ///   compare-and-swap against the version it was refreshed from
-///   ([`replace`](CredentialStore::replace)), so when two processes refresh
+///   ([`replace`](AuthStore::replace)), so when two processes refresh
 ///   at once the second write fails with `Conflict` instead of putting back a
 ///   refresh token the authorization server already rotated away.
-/// * **One refresher at a time.** [`refresh`](CredentialStore::refresh) takes
+/// * **One refresher at a time.** [`refresh`](AuthStore::refresh) takes
 ///   a lease (a `Create` with a short TTL) before spending the refresh token;
 ///   a process that finds the lease taken waits for the winner's new
 ///   credential instead of spending the same refresh token again.
 #[derive(Clone, Debug)]
-pub struct CredentialStore {
+pub struct AuthStore {
     kv: Arc<dyn KvStore>,
 }
 
@@ -41,8 +41,9 @@ pub struct RefreshLease {
     pub expires_at: Timestamp,
 }
 
-/// How [`CredentialStore::refresh`] got the credential it returns.
+/// How [`AuthStore::refresh`] got the credential it returns.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum RefreshOutcome {
     /// This process refreshed it.
     Refreshed(Stored<Credentials>),
@@ -86,10 +87,10 @@ fn key_part(key: &CredentialKey) -> String {
     format!("{}/{}", component(&key.issuer), component(&key.resource))
 }
 
-impl CredentialStore {
+impl AuthStore {
     /// A store over `kv`.
     pub fn new(kv: Arc<dyn KvStore>) -> Self {
-        CredentialStore { kv }
+        AuthStore { kv }
     }
 
     fn token_key(key: &CredentialKey) -> String {
@@ -342,7 +343,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_issuer_in_force_is_per_resource_and_replaced() {
-        let store = CredentialStore::new(Arc::new(MemoryStore::new()));
+        let store = AuthStore::new(Arc::new(MemoryStore::new()));
         let resource = "https://mcp.example/mcp";
         assert_eq!(store.current_issuer(resource).await.unwrap(), None);
         store

@@ -17,10 +17,10 @@ use crate::{
 /// How many streams an instance caches the token of before pruning.
 const STREAM_CACHE_LIMIT: usize = 10_000;
 
-/// How long and how much of each SSE stream an [`EventStore`] keeps.
+/// How long and how much of each SSE stream an [`EventLog`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct EventStoreConfig {
+pub struct EventLogConfig {
     /// A stream is dropped once this long has passed since its last event.
     pub retention: Duration,
     /// At most about this many events are kept per stream; older ones are
@@ -28,19 +28,19 @@ pub struct EventStoreConfig {
     pub max_events_per_stream: u64,
 }
 
-impl Default for EventStoreConfig {
+impl Default for EventLogConfig {
     fn default() -> Self {
-        EventStoreConfig {
+        EventLogConfig {
             retention: Duration::from_secs(60 * 60),
             max_events_per_stream: 10_000,
         }
     }
 }
 
-impl EventStoreConfig {
+impl EventLogConfig {
     /// A config with the given retention age and length.
     pub fn new(retention: Duration, max_events_per_stream: u64) -> Self {
-        EventStoreConfig {
+        EventLogConfig {
             retention,
             max_events_per_stream: max_events_per_stream.max(1),
         }
@@ -49,6 +49,7 @@ impl EventStoreConfig {
 
 /// An SSE event as stored, with its original id.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct StoredEvent {
     /// The id it was sent with.
     pub id: EventId,
@@ -64,10 +65,10 @@ pub struct StoredEvent {
 /// returns exactly the later events of that one stream, in order, with their
 /// original ids.
 #[derive(Clone)]
-pub struct EventStore {
+pub struct EventLog {
     kv: Arc<dyn KvStore>,
     log: Arc<dyn LogStore>,
-    config: EventStoreConfig,
+    config: EventLogConfig,
     streams: Arc<Mutex<HashMap<String, StreamCache>>>,
 }
 
@@ -78,9 +79,9 @@ struct StreamCache {
     appends_since_trim: u64,
 }
 
-impl std::fmt::Debug for EventStore {
+impl std::fmt::Debug for EventLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventStore")
+        f.debug_struct("EventLog")
             .field("kv", &self.kv.backend_name())
             .field("log", &self.log.backend_name())
             .field("config", &self.config)
@@ -96,10 +97,10 @@ fn log_name(stream: &str) -> String {
     format!("server/events/{}", component(stream))
 }
 
-impl EventStore {
+impl EventLog {
     /// An event store keeping stream metadata in `kv` and events in `log`.
-    pub fn new(kv: Arc<dyn KvStore>, log: Arc<dyn LogStore>, config: EventStoreConfig) -> Self {
-        EventStore {
+    pub fn new(kv: Arc<dyn KvStore>, log: Arc<dyn LogStore>, config: EventLogConfig) -> Self {
+        EventLog {
             kv,
             log,
             config,
@@ -108,7 +109,7 @@ impl EventStore {
     }
 
     /// The retention settings.
-    pub fn config(&self) -> EventStoreConfig {
+    pub fn config(&self) -> EventLogConfig {
         self.config
     }
 
@@ -350,7 +351,7 @@ impl EventStore {
     }
 
     /// Every stored event of the id's stream after `last_event_id`, in order,
-    /// with original ids, after the same checks as [`check`](EventStore::check).
+    /// with original ids, after the same checks as [`check`](EventLog::check).
     pub async fn replay_after(
         &self,
         last_event_id: &str,
@@ -392,7 +393,7 @@ impl EventStore {
     }
 
     /// Waits up to `timeout` for events of the stream after `after` (an id
-    /// returned by [`check`](EventStore::check), a replay, or an earlier
+    /// returned by [`check`](EventLog::check), a replay, or an earlier
     /// tail), including events another instance appends meanwhile. Empty if
     /// none came.
     pub async fn tail(&self, after: &EventId, timeout: Duration) -> Result<Vec<StoredEvent>> {

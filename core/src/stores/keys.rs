@@ -18,6 +18,7 @@ const MAX_NAME_BYTES: usize = 128;
 
 /// One secret key of a [`KeyRing`], with its id.
 #[derive(Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SharedKey {
     /// A short random id, to name the key in what it signs (16 hex digits).
     pub id: String,
@@ -41,6 +42,7 @@ impl std::fmt::Debug for SharedKey {
 /// rotation) is still accepted, so that what it signed stays valid while it
 /// drains.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct KeyRing {
     /// The key that signs.
     pub active: SharedKey,

@@ -10,12 +10,12 @@
 //! | [`ClientStateStore`] | `client/profile/<profile>/<endpoint>` | [`ServerProfile`](crate::ServerProfile) |
 //! | | `client/session/<profile>/<endpoint>` | [`LegacySession`](crate::LegacySession) |
 //! | | `client/inflight/<profile>/<endpoint>/<session>/<id>` | [`InFlightRequest`](crate::InFlightRequest) |
-//! | [`CredentialStore`] | `cred/token/<issuer>/<resource>` | [`Credentials`](crate::Credentials) |
+//! | [`AuthStore`] | `cred/token/<issuer>/<resource>` | [`Credentials`](crate::Credentials) |
 //! | | `cred/lease/<issuer>/<resource>` | refresh lease (holder, short TTL) |
 //! | | `cred/issuer/<resource>` | the issuer in force for the resource |
 //! | | `cred/pending/<sha256 of state>` | [`PendingAuthorization`](crate::PendingAuthorization) |
-//! | [`SessionStore`] | `server/session/<session id>` | [`ServerSession`](crate::ServerSession) |
-//! | [`EventStore`] | `server/stream/<stream id>` (KV) | stream owner and token |
+//! | [`ServerSessionStore`] | `server/session/<session id>` | [`ServerSession`](crate::ServerSession) |
+//! | [`EventLog`] | `server/stream/<stream id>` (KV) | stream owner and token |
 //! | | `server/events/<stream id>` (log) | one record per SSE event |
 //! | [`SharedKeyStore`] | `server/key/<name>` | [`KeyRing`] (active and previous key) |
 
@@ -28,10 +28,10 @@ mod session;
 
 pub use bundle::Stores;
 pub use client::ClientStateStore;
-pub use credentials::{CredentialStore, RefreshLease, RefreshOutcome};
-pub use events::{EventStore, EventStoreConfig, StoredEvent};
+pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
+pub use events::{EventLog, EventLogConfig, StoredEvent};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
-pub use session::SessionStore;
+pub use session::ServerSessionStore;
 
 use std::time::Duration;
 

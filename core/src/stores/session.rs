@@ -21,11 +21,11 @@ const TOUCH_CACHE_LIMIT: usize = 10_000;
 /// Server-side sessions, restorable on any instance, expiring after an idle
 /// TTL.
 ///
-/// Every write refreshes the TTL. [`touch`](SessionStore::touch) is
+/// Every write refreshes the TTL. [`touch`](ServerSessionStore::touch) is
 /// coalesced: it writes at most once per `touch_interval` per session and
 /// instance, so a busy session costs no write per request.
 #[derive(Clone)]
-pub struct SessionStore {
+pub struct ServerSessionStore {
     kv: Arc<dyn KvStore>,
     idle_ttl: Duration,
     touch_interval: Duration,
@@ -34,20 +34,20 @@ pub struct SessionStore {
     last_touch: Arc<Mutex<HashMap<SessionId, tokio::time::Instant>>>,
 }
 
-impl std::fmt::Debug for SessionStore {
+impl std::fmt::Debug for ServerSessionStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionStore")
+        f.debug_struct("ServerSessionStore")
             .field("backend", &self.kv.backend_name())
             .field("idle_ttl", &self.idle_ttl)
             .finish()
     }
 }
 
-impl SessionStore {
+impl ServerSessionStore {
     /// A store over `kv` whose sessions expire after `idle_ttl` without use.
     /// Touches are coalesced to one write per tenth of the TTL.
     pub fn new(kv: Arc<dyn KvStore>, idle_ttl: Duration) -> Self {
-        SessionStore {
+        ServerSessionStore {
             kv,
             idle_ttl,
             touch_interval: idle_ttl / 10,
@@ -56,7 +56,7 @@ impl SessionStore {
         }
     }
 
-    /// With `strict`, every [`touch`](SessionStore::touch) reads the session
+    /// With `strict`, every [`touch`](ServerSessionStore::touch) reads the session
     /// (one store read per use), so a session deleted by another instance is
     /// gone here at once; the write that extends the TTL stays coalesced.
     /// Without it (the default), an instance that holds a session notices a

@@ -604,12 +604,10 @@ impl<C> DurableAuthClient<C> {
                 algorithm,
                 ..
             } => {
-                self.shared.set_registration(ClientRegistration {
-                    client_id: client_id.clone(),
-                    client_secret: None,
-                    metadata_url: None,
-                    token_endpoint_auth_method: Some("private_key_jwt".to_owned()),
-                });
+                self.shared.set_registration(
+                    ClientRegistration::new(client_id.clone())
+                        .with_token_endpoint_auth_method("private_key_jwt".to_owned()),
+                );
                 ClientCredentialsConfig::PrivateKeyJwt {
                     client_id: client_id.clone(),
                     signing_key: signing_key.expose_secret().as_bytes().to_vec(),
@@ -623,12 +621,10 @@ impl<C> DurableAuthClient<C> {
                 client_secret: Some(client_secret),
                 ..
             } => {
-                self.shared.set_registration(ClientRegistration {
-                    client_id: client_id.clone(),
-                    client_secret: Some(client_secret.clone()),
-                    metadata_url: None,
-                    token_endpoint_auth_method: None,
-                });
+                self.shared.set_registration(
+                    ClientRegistration::new(client_id.clone())
+                        .with_client_secret(client_secret.clone()),
+                );
                 ClientCredentialsConfig::ClientSecret {
                     client_id: client_id.clone(),
                     client_secret: client_secret.expose_secret().to_owned(),
@@ -724,12 +720,9 @@ impl<C> DurableAuthClient<C> {
                     ..
                 },
                 _,
-            ) => ClientRegistration {
-                client_id: client_id.clone(),
-                client_secret: client_secret.clone(),
-                metadata_url: None,
-                token_endpoint_auth_method: None,
-            },
+            ) => {
+                ClientRegistration::new(client_id.clone()).with_client_secret(client_secret.clone())
+            }
             (_, Some(stored)) => {
                 debug!(issuer, "reusing the stored registration with this issuer");
                 stored
@@ -741,12 +734,9 @@ impl<C> DurableAuthClient<C> {
                     .and_then(serde_json::Value::as_bool)
                     == Some(true) =>
             {
-                ClientRegistration {
-                    client_id: url.clone(),
-                    client_secret: None,
-                    metadata_url: Some(url.clone()),
-                    token_endpoint_auth_method: Some("none".to_owned()),
-                }
+                ClientRegistration::new(url.clone())
+                    .with_metadata_url(url.clone())
+                    .with_token_endpoint_auth_method("none".to_owned())
             }
             (
                 Registration::Dynamic { client_name }
@@ -762,12 +752,8 @@ impl<C> DurableAuthClient<C> {
                     .register_client(client_name, redirect, &scopes)
                     .await
                     .map_err(oauth("client registration"))?;
-                return Ok(ClientRegistration {
-                    client_id: config.client_id,
-                    client_secret: config.client_secret.map(Secret::new),
-                    metadata_url: None,
-                    token_endpoint_auth_method: None,
-                });
+                return Ok(ClientRegistration::new(config.client_id)
+                    .with_client_secret(config.client_secret.map(Secret::new)));
             }
         };
         configure(manager, &reg, redirect)?;
@@ -830,6 +816,7 @@ impl<C> DurableAuthClient<C> {
             Ok(RefreshOutcome::RefreshedByOther(_)) => {
                 info!(issuer = %issuer, "refresh lost or waited: using the token another process stored");
             }
+            Ok(_) => {}
             Err(e) => {
                 warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own")
             }
@@ -1093,26 +1080,16 @@ mod tests {
 
     #[test]
     fn absolute_expiry_round_trips_through_rmcp_shape() {
-        let creds = mcp_persist_core::Credentials {
-            key: mcp_persist_core::CredentialKey::new(
-                "https://as.example",
-                "https://mcp.example/mcp",
-            )
-            .expect("valid key"),
-            access_token: Secret::new("AT-secret-1"),
-            token_type: "Bearer".into(),
-            expires_at: Some(Timestamp::from_unix_millis(1_000_000_000 + 3_600_000)),
-            refresh_token: Some(Secret::new("RT-secret-1")),
-            scopes: vec!["mcp:basic".into()],
-            client: ClientRegistration {
-                client_id: "client-1".into(),
-                client_secret: Some(Secret::new("CS-secret-1")),
-                metadata_url: None,
-                token_endpoint_auth_method: None,
-            },
-            server_metadata: None,
-            obtained_at: Timestamp::from_unix_millis(1_000_000_000),
-        };
+        let creds = mcp_persist_core::Credentials::new(
+            mcp_persist_core::CredentialKey::new("https://as.example", "https://mcp.example/mcp")
+                .expect("valid key"),
+            Secret::new("AT-secret-1"),
+            ClientRegistration::new("client-1").with_client_secret(Secret::new("CS-secret-1")),
+        )
+        .with_expires_at(Timestamp::from_unix_millis(1_000_000_000 + 3_600_000))
+        .with_refresh_token(Secret::new("RT-secret-1"))
+        .with_scopes(vec!["mcp:basic".into()])
+        .with_obtained_at(Timestamp::from_unix_millis(1_000_000_000));
         let rmcp = to_rmcp(&creds).expect("converts");
         assert_eq!(rmcp.token_received_at, Some(1_000_000));
         assert_eq!(rmcp.issuer.as_deref(), Some("https://as.example"));

@@ -171,12 +171,8 @@ impl Shared {
         let client = match (&state.registration, previous) {
             (Some(reg), _) if reg.client_id == rmcp.client_id => reg.clone(),
             (_, Some(prev)) if prev.client.client_id == rmcp.client_id => prev.client.clone(),
-            _ => ClientRegistration {
-                client_id: rmcp.client_id.clone(),
-                client_secret: None,
-                metadata_url: is_https(&rmcp.client_id).then(|| rmcp.client_id.clone()),
-                token_endpoint_auth_method: None,
-            },
+            _ => ClientRegistration::new(rmcp.client_id.clone())
+                .with_metadata_url(is_https(&rmcp.client_id).then(|| rmcp.client_id.clone())),
         };
         let server_metadata = if state.issuer.as_deref() == Some(issuer.as_str()) {
             state.metadata.clone()
@@ -184,20 +180,19 @@ impl Shared {
             None
         }
         .or_else(|| previous.and_then(|p| p.server_metadata.clone()));
-        Ok(Some(Credentials {
-            key,
-            access_token: Secret::new(access_token),
-            token_type: match text("token_type") {
-                Some(t) if !t.eq_ignore_ascii_case("bearer") => t,
-                _ => "Bearer".to_owned(),
-            },
-            expires_at,
-            refresh_token: text("refresh_token").map(Secret::new),
-            scopes: rmcp.granted_scopes.clone(),
-            client,
-            server_metadata,
-            obtained_at: Timestamp::from_unix_millis(received * 1000),
-        }))
+        let token_type = match text("token_type") {
+            Some(t) if !t.eq_ignore_ascii_case("bearer") => t,
+            _ => "Bearer".to_owned(),
+        };
+        Ok(Some(
+            Credentials::new(key, Secret::new(access_token), client)
+                .with_token_type(token_type)
+                .with_expires_at(expires_at)
+                .with_refresh_token(text("refresh_token").map(Secret::new))
+                .with_scopes(rmcp.granted_scopes.clone())
+                .with_server_metadata(server_metadata)
+                .with_obtained_at(Timestamp::from_unix_millis(received * 1000)),
+        ))
     }
 }
 
@@ -506,19 +501,17 @@ impl RmcpStateStore for DurableStateStore {
         csrf_token: &str,
         state: StoredAuthorizationState,
     ) -> Result<(), AuthError> {
-        let pending = PendingAuthorization {
-            pkce_verifier: Secret::new(state.pkce_verifier.clone()),
-            state: Secret::new(csrf_token),
-            expected_issuer: state.expected_issuer.clone().unwrap_or_default(),
-            resource: self.shared.resource.clone(),
-            redirect_uri: None,
-            extra: Some(json!({
-                "require_issuer": state.require_issuer,
-                "requested_scopes": state.requested_scopes,
-                "created_at": state.created_at,
-            })),
-            created_at: Timestamp::now(),
-        };
+        let pending = PendingAuthorization::new(
+            Secret::new(state.pkce_verifier.clone()),
+            Secret::new(csrf_token),
+            state.expected_issuer.clone().unwrap_or_default(),
+            self.shared.resource.clone(),
+        )
+        .with_extra(json!({
+            "require_issuer": state.require_issuer,
+            "requested_scopes": state.requested_scopes,
+            "created_at": state.created_at,
+        }));
         self.shared
             .store
             .save_pending(&pending, self.shared.pending_ttl)

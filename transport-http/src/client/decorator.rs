@@ -4,9 +4,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use futures::{StreamExt, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{
-    InFlightRequest, ProtocolEra, RequestId, ServerProfile, SessionId, Timestamp,
-};
+use mcp_persist_core::{InFlightRequest, ProtocolEra, RequestId, ServerProfile, SessionId};
 use rmcp::{
     model::{
         ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, NumberOrString,
@@ -212,14 +210,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             let (method, params) = method_and_params(&message);
             self.shared.record(
                 session,
-                InFlightRequest {
-                    id: RequestId::Number(wire),
-                    method,
-                    params,
-                    last_event_id: None,
-                    task_id: None,
-                    sent_at: Timestamp::now(),
-                },
+                InFlightRequest::new(RequestId::Number(wire), method, params),
             );
         }
         let response = self
@@ -533,6 +524,7 @@ fn verdict_text(profile: &ServerProfile) -> String {
     let era = match profile.era {
         ProtocolEra::Modern => "modern",
         ProtocolEra::Legacy => "legacy",
+        _ => "unknown",
     };
     format!("{era} {}", profile.protocol_version)
 }

@@ -62,6 +62,8 @@ pub(crate) fn cached_discover(
                 Some(id.clone()),
             ))
         }
+        // A verdict this build does not know: ask the server.
+        _ => None,
     }
 }
 
@@ -93,20 +95,14 @@ pub(crate) fn after_discover(
                 return;
             };
             info!(server = %shared.key, %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
-            shared.set_profile(ServerProfile {
-                era: version.era(),
-                protocol_version: version,
-                verdict_at: Timestamp::now(),
-                discover: Some(DiscoverCache {
-                    ttl_ms: result.ttl_ms,
-                    cache_scope: json
-                        .get("cacheScope")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    result: json,
-                    fetched_at: Timestamp::now(),
-                }),
-            });
+            let scope = json
+                .get("cacheScope")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            shared
+                .set_profile(ServerProfile::new(version.era(), version).with_discover(
+                    DiscoverCache::new(json, result.ttl_ms).with_cache_scope(scope),
+                ));
         }
         ServerJsonRpcMessage::Error(error)
             if PRE_RELEASE_UNSUPPORTED.contains(&error.error.code.0) =>
@@ -247,12 +243,7 @@ pub(crate) fn after_reprobe(
                 return Reprobe::Failed;
             };
             info!(server = %shared.key, %version, "re-probe: the server is legacy now; verdict stored");
-            shared.set_profile(ServerProfile {
-                era: ProtocolEra::Legacy,
-                protocol_version: version,
-                verdict_at: Timestamp::now(),
-                discover: None,
-            });
+            shared.set_profile(ServerProfile::new(ProtocolEra::Legacy, version));
             Reprobe::NewVerdict
         }
         _ => Reprobe::Failed,

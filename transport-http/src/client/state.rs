@@ -11,7 +11,7 @@ use std::{
 
 use mcp_persist_core::{
     ClientStateStore, InFlightRequest, LegacySession, ProtocolVersion, RequestId, ServerKey,
-    ServerProfile, SessionId, Timestamp,
+    ServerProfile, SessionId,
 };
 use rmcp::model::{InitializeResult, NumberOrString};
 use tokio::sync::broadcast;
@@ -269,16 +269,10 @@ impl Shared {
         let version = ProtocolVersion::new(result.protocol_version.as_str().to_owned());
         match (serde_json::to_value(&result), version) {
             (Ok(json), Ok(protocol_version)) => {
-                let now = Timestamp::now();
-                self.journal.send(Op::SaveSession(Box::new(LegacySession {
-                    session_id: session_id.clone(),
-                    protocol_version,
-                    initialize_result: json,
-                    request_id_high_water: ids.end,
-                    last_event_ids: Default::default(),
-                    created_at: now,
-                    updated_at: now,
-                })));
+                self.journal.send(Op::SaveSession(Box::new(
+                    LegacySession::new(session_id.clone(), protocol_version, json)
+                        .with_request_id_high_water(ids.end),
+                )));
             }
             (json, version) => {
                 warn!(server = %self.key, json_ok = json.is_ok(), version_ok = version.is_ok(),
@@ -286,12 +280,7 @@ impl Shared {
             }
         }
         if let Ok(version) = ProtocolVersion::new(result.protocol_version.as_str().to_owned()) {
-            self.set_profile(ServerProfile {
-                era: version.era(),
-                protocol_version: version,
-                verdict_at: Timestamp::now(),
-                discover: None,
-            });
+            self.set_profile(ServerProfile::new(version.era(), version));
         }
         info!(server = %self.key, session = %session_id, "new session initialized");
         self.health.notify(ClientNotice::NewSession {

@@ -50,8 +50,8 @@ impl Principal {
 pub(super) type PrincipalFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 struct Shared {
-    sessions: mcp_persist_core::SessionStore,
-    events: Option<mcp_persist_core::EventStore>,
+    sessions: mcp_persist_core::ServerSessionStore,
+    events: Option<mcp_persist_core::EventLog>,
     principal: Arc<PrincipalFn>,
     /// Session id to the principal it is bound to. Bindings never change,
     /// so a cached one stays right for the life of the session.
@@ -116,15 +116,15 @@ impl SessionBindingLayer {
     /// A layer checking sessions in `sessions` and, when given, event ids
     /// in `events`, reading the principal from the [`Principal`] extension.
     pub fn new(
-        sessions: mcp_persist_core::SessionStore,
-        events: Option<mcp_persist_core::EventStore>,
+        sessions: mcp_persist_core::ServerSessionStore,
+        events: Option<mcp_persist_core::EventLog>,
     ) -> Self {
         Self::with_principal_fn(sessions, events, Arc::new(principal_from_extension))
     }
 
     pub(super) fn with_principal_fn(
-        sessions: mcp_persist_core::SessionStore,
-        events: Option<mcp_persist_core::EventStore>,
+        sessions: mcp_persist_core::ServerSessionStore,
+        events: Option<mcp_persist_core::EventLog>,
         principal: Arc<PrincipalFn>,
     ) -> Self {
         SessionBindingLayer {
@@ -327,7 +327,7 @@ impl Shared {
 }
 
 async fn check_last_event_id(
-    events: &mcp_persist_core::EventStore,
+    events: &mcp_persist_core::EventLog,
     last: &str,
     session: Option<&SessionId>,
 ) -> Result<(), Refusal> {

@@ -1,4 +1,4 @@
-//! rmcp's `EventStore` over core's [`EventStore`](mcp_persist_core::EventStore),
+//! rmcp's `EventStore` over core's [`EventLog`](mcp_persist_core::EventLog),
 //! with replay that keeps tailing a stream another instance is still writing.
 
 use std::{
@@ -43,7 +43,7 @@ const TAIL_SLICE: Duration = Duration::from_secs(5);
 ///   a `Last-Event-ID` of another session's stream is refused.
 #[derive(Clone)]
 pub struct DurableEventStore {
-    events: mcp_persist_core::EventStore,
+    events: mcp_persist_core::EventLog,
     session: Arc<OnceLock<SessionId>>,
     tail_idle: Duration,
 }
@@ -62,7 +62,7 @@ impl DurableEventStore {
     /// A store over core's event store, not owned by any session (the server
     /// has no sessions, or the caller checks ownership itself). A replay
     /// tails for at most `tail_idle` without a new event.
-    pub fn new(events: mcp_persist_core::EventStore, tail_idle: Duration) -> Self {
+    pub fn new(events: mcp_persist_core::EventLog, tail_idle: Duration) -> Self {
         DurableEventStore {
             events,
             session: Arc::new(OnceLock::new()),
@@ -86,7 +86,7 @@ impl DurableEventStore {
     }
 
     /// The underlying typed store.
-    pub fn inner(&self) -> &mcp_persist_core::EventStore {
+    pub fn inner(&self) -> &mcp_persist_core::EventLog {
         &self.events
     }
 }
@@ -132,7 +132,7 @@ impl RmcpEventStore for DurableEventStore {
 /// Replays, then tails, one stream into `tx` until its final response is
 /// sent, the client goes away, or nothing new comes for `idle`.
 async fn pump(
-    events: mcp_persist_core::EventStore,
+    events: mcp_persist_core::EventLog,
     mut after: EventId,
     tx: mpsc::Sender<ServerSseMessage>,
     idle: Duration,
@@ -213,7 +213,7 @@ async fn pump(
 
 /// Whether the event `id` itself was its request stream's final response,
 /// so a resume after it has nothing to wait for.
-async fn already_complete(events: &mcp_persist_core::EventStore, id: &EventId) -> bool {
+async fn already_complete(events: &mcp_persist_core::EventLog, id: &EventId) -> bool {
     let Some(before) = id.seq().checked_sub(1) else {
         return false;
     };

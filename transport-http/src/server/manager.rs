@@ -52,7 +52,7 @@ pub enum SessionManagerError {
 pub struct DurableSessionManager {
     sessions: RwLock<HashMap<SessionId, Arc<LocalSessionManager>>>,
     session_config: SessionConfig,
-    store: mcp_persist_core::SessionStore,
+    store: mcp_persist_core::ServerSessionStore,
     events: Option<DurableEventStore>,
 }
 
@@ -79,7 +79,7 @@ impl DurableSessionManager {
     /// `keep_alive` is how long an idle worker stays in memory here; the
     /// session itself lives as long as the store keeps it).
     pub fn new(
-        store: mcp_persist_core::SessionStore,
+        store: mcp_persist_core::ServerSessionStore,
         events: Option<DurableEventStore>,
         session_config: SessionConfig,
     ) -> Self {

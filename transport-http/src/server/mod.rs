@@ -40,7 +40,7 @@ use std::{sync::Arc, time::Duration};
 pub use binding::{Principal, SessionBinding, SessionBindingLayer};
 pub use event_store::DurableEventStore;
 pub use manager::{DurableSessionManager, SessionManagerError};
-use mcp_persist_core::{EventStoreConfig, Result, Stores};
+use mcp_persist_core::{EventLogConfig, Result, Stores};
 pub use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::SessionConfig,
 };
@@ -52,7 +52,7 @@ pub struct DurableServerBuilder {
     stores: Stores,
     idle_ttl: Duration,
     strict_sessions: bool,
-    events: Option<EventStoreConfig>,
+    events: Option<EventLogConfig>,
     tail_idle: Duration,
     config: StreamableHttpServerConfig,
     session_config: SessionConfig,
@@ -101,8 +101,8 @@ impl DurableServerBuilder {
     }
 
     /// How long and how much of each event stream is kept (default: core's
-    /// [`EventStoreConfig::default`], one hour and 10 000 events).
-    pub fn event_retention(mut self, config: EventStoreConfig) -> Self {
+    /// [`EventLogConfig::default`], one hour and 10 000 events).
+    pub fn event_retention(mut self, config: EventLogConfig) -> Self {
         self.events = Some(config);
         self
     }
@@ -195,7 +195,7 @@ impl DurableServer {
             stores,
             idle_ttl: Duration::from_secs(30 * 60),
             strict_sessions: false,
-            events: Some(EventStoreConfig::default()),
+            events: Some(EventLogConfig::default()),
             tail_idle: Duration::from_secs(60),
             config: StreamableHttpServerConfig::default(),
             session_config: SessionConfig::default(),

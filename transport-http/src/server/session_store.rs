@@ -1,6 +1,6 @@
-//! rmcp's `SessionStore` over core's [`SessionStore`](mcp_persist_core::SessionStore).
+//! rmcp's `SessionStore` over core's [`ServerSessionStore`](mcp_persist_core::ServerSessionStore).
 
-use mcp_persist_core::{Error, ServerSession, SessionId, Timestamp};
+use mcp_persist_core::{Error, ServerSession, SessionId};
 use rmcp::{
     model::InitializeRequestParams,
     transport::streamable_http_server::session::{
@@ -28,17 +28,17 @@ tokio::task_local! {
 /// the session is gone on every instance.
 #[derive(Debug, Clone)]
 pub struct DurableSessionStore {
-    sessions: mcp_persist_core::SessionStore,
+    sessions: mcp_persist_core::ServerSessionStore,
 }
 
 impl DurableSessionStore {
     /// A store over core's session store (which carries the idle TTL).
-    pub fn new(sessions: mcp_persist_core::SessionStore) -> Self {
+    pub fn new(sessions: mcp_persist_core::ServerSessionStore) -> Self {
         DurableSessionStore { sessions }
     }
 
     /// The underlying typed store.
-    pub fn inner(&self) -> &mcp_persist_core::SessionStore {
+    pub fn inner(&self) -> &mcp_persist_core::ServerSessionStore {
         &self.sessions
     }
 }
@@ -66,14 +66,11 @@ impl RmcpSessionStore for DurableSessionStore {
     async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
         let id = SessionId::new(session_id)?;
         let principal = REQUEST_PRINCIPAL.try_with(Clone::clone).ok().flatten();
-        let now = Timestamp::now();
-        let session = ServerSession {
-            session_id: id.clone(),
-            initialize_params: serde_json::to_value(&state.initialize_params)?,
+        let session = ServerSession::new(
+            id.clone(),
+            serde_json::to_value(&state.initialize_params)?,
             principal,
-            created_at: now,
-            last_seen: now,
-        };
+        );
         match self.sessions.create(&session).await {
             Ok(()) => Ok(()),
             Err(Error::AlreadyExists { .. }) => {

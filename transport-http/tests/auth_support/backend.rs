@@ -15,7 +15,7 @@ use std::{
     },
 };
 
-use mcp_persist_core::{CredentialKey, CredentialStore, Stores};
+use mcp_persist_core::{AuthStore, CredentialKey, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_store_vault::{
     SecretsManagerStore,
@@ -106,7 +106,7 @@ impl Backend {
     /// credentials, and nowhere else.
     pub async fn assert_credentials_placed(&self, db: &Path, key: &CredentialKey) {
         let sqlite = SqliteStore::open(db).await.expect("open sqlite");
-        let in_sqlite = CredentialStore::new(Arc::new(sqlite))
+        let in_sqlite = AuthStore::new(Arc::new(sqlite))
             .load(key)
             .await
             .expect("sqlite readable")
@@ -116,7 +116,7 @@ impl Backend {
             Backend::VaultSplit { moto, prefix } => {
                 assert!(!in_sqlite, "no credentials in SQLite");
                 let store = vault(moto, prefix).build().await.expect("vault store");
-                let in_vault = CredentialStore::new(Arc::new(store))
+                let in_vault = AuthStore::new(Arc::new(store))
                     .load(key)
                     .await
                     .expect("Secrets Manager readable")

@@ -25,7 +25,7 @@ use axum::{
     response::Response,
     routing::{get, post},
 };
-use mcp_persist_core::{BoxError, CredentialKey, CredentialStore, Timestamp};
+use mcp_persist_core::{AuthStore, BoxError, CredentialKey, Timestamp};
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
@@ -535,7 +535,7 @@ pub async fn headless(url: String) -> Result<String, BoxError> {
 }
 
 /// Moves the stored access token's expiry into the past, as time would.
-pub async fn expire(store: &CredentialStore, issuer: &str, resource: &str) {
+pub async fn expire(store: &AuthStore, issuer: &str, resource: &str) {
     let key = CredentialKey::new(issuer, resource).unwrap();
     let mut stored = store.load(&key).await.unwrap().expect("credentials stored");
     stored.record.expires_at = Some(Timestamp::from_unix_millis(

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use mcp_persist_core::{EventStoreConfig, MemoryStore, Stores};
+use mcp_persist_core::{EventLogConfig, MemoryStore, Stores};
 use mcp_persist_transport_http::server::DurableEventStore;
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
@@ -303,7 +303,7 @@ pub async fn start_server_on(
     let stats = Arc::new(Stats::default());
     let stores = Stores::new(MemoryStore::new());
     let events = DurableEventStore::new(
-        stores.events(EventStoreConfig::default()).unwrap(),
+        stores.events(EventLogConfig::default()).unwrap(),
         Duration::from_millis(300),
     );
     let sessions = Arc::new(LocalSessionManager::default().with_event_store(Arc::new(events)));
