@@ -50,7 +50,6 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-//! use std::collections::BTreeMap;
 //! use mcp_persist_core::*;
 //!
 //! let stores = Stores::new(MemoryStore::new());
@@ -58,19 +57,15 @@
 //! let server = ServerKey::new("https://mcp.example.com/mcp", "default")?;
 //!
 //! // After a real `initialize`, keep the session...
-//! let session = LegacySession {
-//!     session_id: SessionId::new("5f0c8a61-1d3e-4b0e-9a51-3c8f0b2d7e44")?,
-//!     protocol_version: ProtocolVersion::new("2025-11-25")?,
-//!     initialize_result: serde_json::json!({
+//! let session = LegacySession::new(
+//!     SessionId::new("5f0c8a61-1d3e-4b0e-9a51-3c8f0b2d7e44")?,
+//!     ProtocolVersion::new("2025-11-25")?,
+//!     serde_json::json!({
 //!         "protocolVersion": "2025-11-25",
 //!         "capabilities": {"tools": {}},
 //!         "serverInfo": {"name": "example", "version": "1.0"},
 //!     }),
-//!     request_id_high_water: 0,
-//!     last_event_ids: BTreeMap::new(),
-//!     created_at: Timestamp::now(),
-//!     updated_at: Timestamp::now(),
-//! };
+//! );
 //! client.save_session(&server, &session, PutMode::Create).await?;
 //! let ids = client.reserve_request_ids(&server, 100).await?;
 //! assert_eq!(ids, 0..100);
