@@ -101,13 +101,14 @@ use mcp_persist_core::{
 use rmcp::{
     model::ClientJsonRpcMessage,
     transport::{
-        AuthClient, AuthError, AuthorizationManager, JwtSigningAlgorithm,
+        AuthClient, AuthError, AuthorizationManager, JwtSigningAlgorithm, WWWAuthenticateParams,
         auth::{
             AuthorizationCallback, AuthorizationMetadata, ClientCredentialsConfig,
             OAuthClientConfig,
         },
         streamable_http_client::{
             StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+            StreamableHttpResponseLimits,
         },
     },
 };
@@ -121,9 +122,26 @@ use crate::client::{ClientError, ClientHandle, DurableClientBuilder, DurableTran
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// How long a pending authorization is kept (10 minutes by default).
 pub const DEFAULT_PENDING_TTL: Duration = Duration::from_secs(600);
-/// How long before its expiry an access token is refreshed (60 s, more than
-/// rmcp's own 30 s, so the shared refresh runs before rmcp's).
+/// How long before its expiry an access token is refreshed at most (60 s,
+/// more than rmcp's own 30 s, so the shared refresh runs before rmcp's). A
+/// short-lived token is refreshed once half its lifetime is left, as rmcp
+/// does, so a token that lives less than the margin is not refreshed on
+/// every call.
 pub const REFRESH_MARGIN: Duration = Duration::from_secs(60);
+
+/// The margin before expiry at which `credentials` are refreshed:
+/// [`REFRESH_MARGIN`], or half the token's lifetime when that is shorter.
+/// Never below rmcp's own (`min(30 s, lifetime / 2)`), so the shared
+/// refresh still runs first.
+fn refresh_margin(credentials: &mcp_persist_core::Credentials) -> Duration {
+    let Some(expires_at) = credentials.expires_at else {
+        return REFRESH_MARGIN;
+    };
+    let lifetime = expires_at
+        .as_unix_millis()
+        .saturating_sub(credentials.obtained_at.as_unix_millis());
+    REFRESH_MARGIN.min(Duration::from_millis(lifetime) / 2)
+}
 
 /// How the client is registered with an authorization server.
 #[derive(Debug, Clone)]
@@ -793,7 +811,10 @@ impl<C> DurableAuthClient<C> {
                 return;
             }
         };
-        if current.record.refresh_token.is_none() || !current.record.expires_within(REFRESH_MARGIN)
+        if current.record.refresh_token.is_none()
+            || !current
+                .record
+                .expires_within(refresh_margin(&current.record))
         {
             return;
         }
@@ -844,9 +865,10 @@ impl<C> DurableAuthClient<C> {
 /// Pass it to [`DurableAuthClient::authorize`] and try again: the client
 /// then requests the scope the challenge names (step-up authorization) and
 /// discovers the authorization server through the challenge's
-/// `resource_metadata`. Walks the error's sources, including the transport
-/// errors that rmcp's `ServiceError` and `ClientInitializeError` hold
-/// without exposing them as sources.
+/// `resource_metadata`. Walks the error's sources, so an rmcp
+/// `ServiceError` or `ClientInitializeError` is found inside an
+/// application's own error too; rmcp's `auth_challenge` of each reads the
+/// challenge out of the transport error it holds.
 ///
 /// ```no_run
 /// # async fn run(
@@ -872,28 +894,31 @@ pub fn auth_challenge(error: &(dyn std::error::Error + 'static)) -> Option<Strin
     };
     let mut next = Some(error);
     while let Some(e) = next {
-        if let Some(e) = e.downcast_ref::<AuthRequiredError>() {
-            return Some(e.www_authenticate_header.clone());
-        }
-        if let Some(e) = e.downcast_ref::<InsufficientScopeError>() {
-            return Some(e.www_authenticate_header.clone());
-        }
-        next = match e.downcast_ref::<ServiceError>() {
-            Some(ServiceError::TransportSend(transport)) => Some(transport),
-            _ => match e.downcast_ref::<ClientInitializeError>() {
-                Some(ClientInitializeError::TransportError { error, .. }) => Some(error),
-                _ => e.source(),
-            },
+        let challenge = if let Some(e) = e.downcast_ref::<ServiceError>() {
+            e.auth_challenge()
+        } else if let Some(e) = e.downcast_ref::<ClientInitializeError>() {
+            e.auth_challenge()
+        } else if let Some(e) = e.downcast_ref::<AuthRequiredError>() {
+            Some(e.www_authenticate_header.as_str())
+        } else if let Some(e) = e.downcast_ref::<InsufficientScopeError>() {
+            Some(e.www_authenticate_header.as_str())
+        } else {
+            None
         };
+        if let Some(challenge) = challenge {
+            return Some(challenge.to_owned());
+        }
+        next = e.source();
     }
     None
 }
 
-/// The `scope` parameter of a `WWW-Authenticate: Bearer` challenge.
+/// The `scope` parameter of a `WWW-Authenticate: Bearer` challenge, read
+/// with rmcp's own parser (quoted or bare values).
 fn scope_of_challenge(header: &str) -> Option<String> {
-    let start = header.find("scope=\"")? + "scope=\"".len();
-    let rest = &header[start..];
-    Some(rest[..rest.find('"')?].to_owned())
+    // The base only resolves a relative `resource_metadata`, unused here.
+    let base = reqwest::Url::parse("http://localhost/").ok()?;
+    WWWAuthenticateParams::parse(header, &base).scope
 }
 
 impl<C> StreamableHttpClient for DurableAuthClient<C>
@@ -934,6 +959,28 @@ where
                 auth_header,
                 custom_headers,
                 max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.ensure_fresh().await;
+        self.inner
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                limits,
             )
             .await
     }
@@ -1089,6 +1136,33 @@ mod tests {
         )));
         assert_eq!(auth_challenge(&other), None);
         assert_eq!(auth_challenge(&ServiceError::TransportClosed), None);
+    }
+
+    #[test]
+    fn short_lived_tokens_refresh_at_half_their_lifetime() {
+        let creds = |lifetime_ms: u64| mcp_persist_core::Credentials {
+            key: mcp_persist_core::CredentialKey::new("https://as.example", "https://mcp.example")
+                .expect("valid key"),
+            access_token: Secret::new("AT"),
+            token_type: "Bearer".into(),
+            expires_at: Some(Timestamp::from_unix_millis(1_000_000 + lifetime_ms)),
+            refresh_token: Some(Secret::new("RT")),
+            scopes: Vec::new(),
+            client: ClientRegistration {
+                client_id: "client-1".into(),
+                client_secret: None,
+                metadata_url: None,
+                token_endpoint_auth_method: None,
+            },
+            server_metadata: None,
+            obtained_at: Timestamp::from_unix_millis(1_000_000),
+        };
+        assert_eq!(refresh_margin(&creds(3_600_000)), REFRESH_MARGIN);
+        assert_eq!(refresh_margin(&creds(20_000)), Duration::from_secs(10));
+        assert_eq!(refresh_margin(&creds(0)), Duration::ZERO);
+        let mut no_expiry = creds(0);
+        no_expiry.expires_at = None;
+        assert_eq!(refresh_margin(&no_expiry), REFRESH_MARGIN);
     }
 
     #[test]

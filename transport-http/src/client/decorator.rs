@@ -14,6 +14,7 @@ use rmcp::{
     },
     transport::streamable_http_client::{
         SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+        StreamableHttpResponseLimits,
     },
 };
 use serde_json::Value;
@@ -44,6 +45,18 @@ impl<C> std::fmt::Debug for DurableHttpClient<C> {
     }
 }
 
+/// Which of the inner client's POST methods rmcp called, so that the same
+/// one (with the same response limits) carries the message on.
+#[derive(Clone, Copy)]
+enum Limits {
+    /// `post_message`: the inner client's defaults.
+    Default,
+    /// `post_message_with_max_sse_event_size`.
+    SseEvent(usize),
+    /// `post_message_with_response_limits`.
+    Response(StreamableHttpResponseLimits),
+}
+
 /// Where the events of a stream belong.
 #[derive(Clone)]
 enum StreamOwner {
@@ -64,7 +77,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         session_id: Option<Arc<str>>,
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: Option<usize>,
+        limits: Limits,
     ) -> PostResult<C::Error> {
         let session = session_id
             .as_deref()
@@ -84,14 +97,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 let requested = modern::requested_version(&message);
                 // Never a session or cursor towards a server probed as modern.
                 let response = self
-                    .send(
-                        uri,
-                        message,
-                        None,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
+                    .send(uri, message, None, auth_header, custom_headers, limits)
                     .await?;
                 let (mut answer, sid) = first_answer::<C::Error>(response).await?;
                 modern::after_discover(&self.shared, &mut answer, requested);
@@ -111,7 +117,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                         None,
                         auth_header.clone(),
                         custom_headers.clone(),
-                        max_sse_event_size,
+                        limits,
                     )
                     .await;
                 return self
@@ -121,21 +127,14 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                         uri,
                         auth_header,
                         custom_headers,
-                        max_sse_event_size,
+                        limits,
                     )
                     .await;
             }
             _ if modern && session_id.is_some() => {
                 warn!(server = %self.shared.key, "not sending a session id to a server judged modern");
                 return self
-                    .send(
-                        uri,
-                        message,
-                        None,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
+                    .send(uri, message, None, auth_header, custom_headers, limits)
                     .await;
             }
             ClientJsonRpcMessage::Request(request)
@@ -163,7 +162,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                         session_id,
                         auth_header,
                         custom_headers,
-                        max_sse_event_size,
+                        limits,
                     )
                     .await?;
                 let (answer, new_session) = first_answer::<C::Error>(response).await?;
@@ -200,7 +199,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     session_id,
                     auth_header,
                     custom_headers,
-                    max_sse_event_size,
+                    limits,
                 )
                 .await;
         };
@@ -229,7 +228,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 session_id,
                 auth_header,
                 custom_headers,
-                max_sse_event_size,
+                limits,
             )
             .await;
         match response {
@@ -269,7 +268,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         uri: Arc<str>,
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: Option<usize>,
+        limits: Limits,
     ) -> PostResult<C::Error> {
         let reason = match &mut response {
             Ok(StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Error(e), _))
@@ -313,7 +312,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                         None,
                         auth_header.clone(),
                         headers,
-                        max_sse_event_size,
+                        limits,
                     )
                     .await
                 {
@@ -340,14 +339,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             modern::Reprobe::Retry => {
                 info!(server = %self.shared.key, "re-probe: the version is supported; sending the request once more");
                 let mut retried = self
-                    .send(
-                        uri,
-                        original,
-                        None,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
+                    .send(uri, original, None, auth_header, custom_headers, limits)
                     .await;
                 if let Ok(StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Error(e), _)) =
                     &mut retried
@@ -408,10 +400,22 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         session_id: Option<Arc<str>>,
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: Option<usize>,
+        limits: Limits,
     ) -> PostResult<C::Error> {
-        match max_sse_event_size {
-            Some(max) => {
+        match limits {
+            Limits::Response(limits) => {
+                self.inner
+                    .post_message_with_response_limits(
+                        uri,
+                        message,
+                        session_id,
+                        auth_header,
+                        custom_headers,
+                        limits,
+                    )
+                    .await
+            }
+            Limits::SseEvent(max) => {
                 self.inner
                     .post_message_with_max_sse_event_size(
                         uri,
@@ -423,7 +427,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     )
                     .await
             }
-            None => {
+            Limits::Default => {
                 self.inner
                     .post_message(uri, message, session_id, auth_header, custom_headers)
                     .await
@@ -583,8 +587,15 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult<Self::Error> {
-        self.post(uri, message, session_id, auth_header, custom_headers, None)
-            .await
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            Limits::Default,
+        )
+        .await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -602,7 +613,27 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
             session_id,
             auth_header,
             custom_headers,
-            Some(max_sse_event_size),
+            Limits::SseEvent(max_sse_event_size),
+        )
+        .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> PostResult<Self::Error> {
+        self.post(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            Limits::Response(limits),
         )
         .await
     }
