@@ -35,23 +35,23 @@ pub(crate) fn cached_discover(
     shared: &Shared,
     id: &NumberOrString,
 ) -> Option<ServerJsonRpcMessage> {
-    let profile = shared.profile()?;
+    let profile = shared.verdict().profile()?;
     match profile.era {
         ProtocolEra::Modern => {
             let cache = profile.discover.as_ref()?;
             if !cache.is_fresh_at(Timestamp::now()) {
-                debug!(server = %shared.key, "cached server/discover expired; asking the server");
+                debug!(server = %shared.key(), "cached server/discover expired; asking the server");
                 return None;
             }
             let result: DiscoverResult = serde_json::from_value(cache.result.clone()).ok()?;
-            info!(server = %shared.key, "server/discover answered from the cache");
+            info!(server = %shared.key(), "server/discover answered from the cache");
             Some(ServerJsonRpcMessage::response(
                 ServerResult::DiscoverResult(result),
                 id.clone(),
             ))
         }
         ProtocolEra::Legacy => {
-            info!(server = %shared.key, version = %profile.protocol_version,
+            info!(server = %shared.key(), version = %profile.protocol_version,
                 "stored verdict: legacy server; skipping the server/discover probe");
             Some(ServerJsonRpcMessage::error(
                 ErrorData::new(
@@ -92,8 +92,8 @@ pub(crate) fn after_discover(
             let Ok(json) = serde_json::to_value(result) else {
                 return;
             };
-            info!(server = %shared.key, %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
-            shared.set_profile(ServerProfile {
+            info!(server = %shared.key(), %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
+            shared.verdict().set(ServerProfile {
                 era: version.era(),
                 protocol_version: version,
                 verdict_at: Timestamp::now(),
@@ -134,7 +134,7 @@ pub(crate) fn after_discover(
             } else {
                 // Only handshake versions: a legacy server. rmcp falls back
                 // to `initialize`, whose session then stores the verdict.
-                info!(server = %shared.key, ?supported, "server supports legacy versions only; falling back to initialize");
+                info!(server = %shared.key(), ?supported, "server supports legacy versions only; falling back to initialize");
                 error.error.code = ErrorCode::METHOD_NOT_FOUND;
             }
         }
@@ -246,8 +246,8 @@ pub(crate) fn after_reprobe(
             let Some(version) = version else {
                 return Reprobe::Failed;
             };
-            info!(server = %shared.key, %version, "re-probe: the server is legacy now; verdict stored");
-            shared.set_profile(ServerProfile {
+            info!(server = %shared.key(), %version, "re-probe: the server is legacy now; verdict stored");
+            shared.verdict().set(ServerProfile {
                 era: ProtocolEra::Legacy,
                 protocol_version: version,
                 verdict_at: Timestamp::now(),

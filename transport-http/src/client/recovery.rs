@@ -9,13 +9,27 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::handle::{ClientHandle, SseResume, WireError};
+use super::{
+    headers::version_headers,
+    state::Shared,
+    wire::{SseResume, Wire, WireError},
+};
 
 /// How long and how often a resumed request is polled.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecoveryConfig {
     pub(crate) timeout: Duration,
     pub(crate) poll_interval: Duration,
+}
+
+/// What collecting an interrupted request needs of the client: its state
+/// (for the journal and the session's version), the wire to resume through,
+/// and the timing.
+#[derive(Clone)]
+pub(crate) struct Recoverer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) wire: Arc<dyn Wire>,
+    pub(crate) config: RecoveryConfig,
 }
 
 /// How the answer to one interrupted request can be had.
@@ -27,7 +41,7 @@ pub enum Recovery {
     /// `Last-Event-ID` (see [`ResumedRequest::next`]).
     Resumable(ResumedRequest),
     /// The request was task-augmented: poll `tasks/get` with this id.
-    /// Call [`ClientHandle::dismiss`] once the task's result is in.
+    /// Call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss) once the task's result is in.
     Task {
         /// The request as journaled.
         request: InFlightRequest,
@@ -36,7 +50,7 @@ pub enum Recovery {
     },
     /// Nothing to resume it from: the server may or may not have run it.
     /// Its method and params are here for the application to decide
-    /// whether to send it again; then call [`ClientHandle::dismiss`].
+    /// whether to send it again; then call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss).
     Lost {
         /// The request as journaled.
         request: InFlightRequest,
@@ -44,13 +58,13 @@ pub enum Recovery {
 }
 
 impl Recovery {
-    pub(crate) fn new(handle: ClientHandle, session: SessionId, request: InFlightRequest) -> Self {
+    pub(crate) fn new(context: Recoverer, session: SessionId, request: InFlightRequest) -> Self {
         if let Some(task_id) = request.task_id.clone() {
             return Recovery::Task { request, task_id };
         }
         match request.last_event_id.clone() {
             Some(cursor) => Recovery::Resumable(ResumedRequest {
-                handle,
+                context,
                 session,
                 request,
                 cursor,
@@ -112,7 +126,7 @@ pub enum RecoveryError {
 /// A request whose response stream is resumed with `GET` and
 /// `Last-Event-ID`.
 pub struct ResumedRequest {
-    handle: ClientHandle,
+    context: Recoverer,
     session: SessionId,
     request: InFlightRequest,
     cursor: String,
@@ -144,7 +158,7 @@ impl ResumedRequest {
     /// answer arrives or the recovery timeout passes. Once the answer is
     /// read, the request leaves the journal.
     pub async fn next(&mut self) -> Option<Result<RecoveredMessage, RecoveryError>> {
-        let config = self.handle.recovery;
+        let config = self.context.config;
         let deadline = *self
             .deadline
             .get_or_insert_with(|| Instant::now() + config.timeout);
@@ -162,7 +176,7 @@ impl ResumedRequest {
             let Some(stream) = self.stream.as_mut() else {
                 let opened = tokio::time::timeout_at(
                     deadline,
-                    self.handle.wire.resume(
+                    self.context.wire.resume(
                         Arc::from(self.session.as_str()),
                         self.cursor.clone(),
                         self.headers(),
@@ -200,9 +214,10 @@ impl ResumedRequest {
                 retry = Duration::from_millis(ms).max(Duration::from_millis(10));
             }
             if let Some(id) = event.id {
-                if let RequestId::Number(wire) = self.request.id {
-                    self.handle.shared.cursor(&self.session, wire, &id);
-                }
+                self.context
+                    .shared
+                    .journal()
+                    .cursor(&self.session, self.request.id.clone(), &id);
                 self.cursor = id;
             }
             let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else {
@@ -226,7 +241,10 @@ impl ResumedRequest {
             }
             self.done = true;
             self.stream = None;
-            self.handle.forget_request(&self.session, &self.request.id);
+            self.context
+                .shared
+                .journal()
+                .complete(&self.session, self.request.id.clone());
             info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
             let answer = match value.as_object_mut() {
                 Some(object) => match (object.remove("result"), object.remove("error")) {
@@ -251,18 +269,15 @@ impl ResumedRequest {
             }
         }
         Err(RecoveryError::Timeout {
-            after: self.handle.recovery.timeout,
+            after: self.context.config.timeout,
         })
     }
 
     fn headers(&self) -> HashMap<HeaderName, HeaderValue> {
-        let mut headers = HashMap::new();
-        if let Some((_, result)) = self.handle.shared.current()
-            && let Ok(v) = HeaderValue::from_str(result.protocol_version.as_str())
-        {
-            headers.insert(HeaderName::from_static("mcp-protocol-version"), v);
+        match self.context.shared.session().current() {
+            Some((_, result)) => version_headers(&result),
+            None => HashMap::new(),
         }
-        headers
     }
 }
 
