@@ -7,7 +7,7 @@ use rmcp::transport::WWWAuthenticateParams;
 /// failed because the server answered 401 (no or a refused token) or 403
 /// (`insufficient_scope`).
 ///
-/// Pass it to [`DurableAuthClient::authorize`] and try again: the client
+/// Pass it to [`DurableAuthClient::authorize`](crate::auth::DurableAuthClient::authorize) and try again: the client
 /// then requests the scope the challenge names (step-up authorization) and
 /// discovers the authorization server through the challenge's
 /// `resource_metadata`. Walks the error's sources, so an rmcp

@@ -13,7 +13,7 @@ impl<C> DurableAuthClient<C> {
     /// Gets a token with the OAuth client-credentials grant (SEP-1046), for a
     /// client acting on its own behalf: no user agent, no redirect. The
     /// client is the one registered beforehand, with a secret
-    /// ([`DurableAuth::pre_registered`]) or a signing key
+    /// ([`DurableAuth::pre_registered`](crate::auth::DurableAuth::pre_registered)) or a signing key
     /// ([`Registration::PreRegisteredKey`], a `private_key_jwt` assertion);
     /// the scope is the challenge's, else the configured scopes. The token is
     /// stored like any other, so a restarted process uses it without asking
