@@ -131,7 +131,7 @@ impl DurableClientBuilder {
         self
     }
 
-    /// How long [`ResumedRequest::next`] waits for a final answer (5
+    /// How long [`ResumedRequest::next`](crate::client::ResumedRequest::next) waits for a final answer (5
     /// minutes by default), and how often it polls a replay that ended
     /// before the answer when the server gives no `retry` (500 ms).
     pub fn recovery_timing(mut self, timeout: Duration, poll_interval: Duration) -> Self {
@@ -314,7 +314,7 @@ async fn load(
     }
     (
         StartKind::Resumed {
-            session_id: session_id.to_string(),
+            session_id: session_id.clone(),
         },
         interrupted,
         Some(session_id),

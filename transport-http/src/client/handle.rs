@@ -65,8 +65,8 @@ impl ClientHandle {
     }
 
     /// The `Mcp-Session-Id` in use, if any.
-    pub fn session_id(&self) -> Option<String> {
-        self.shared.session().current().map(|(s, _)| s.to_string())
+    pub fn session_id(&self) -> Option<SessionId> {
+        self.shared.session().current().map(|(s, _)| s)
     }
 
     /// Whether the client still writes its store (false once the store

@@ -5,7 +5,7 @@
 //! [`DurableHttpClient`] decorates rmcp's HTTP client (reqwest, or anything
 //! implementing rmcp's `StreamableHttpClient`, such as rmcp's `AuthClient`)
 //! and keeps the session in a store from `mcp-persist-core`, keyed by
-//! endpoint URL and profile ([`ServerKey`]).
+//! endpoint URL and profile ([`ServerKey`](mcp_persist_core::ServerKey)).
 //!
 //! # What it guarantees
 //!
@@ -115,6 +115,6 @@ pub use self::{
     builder::{ClientStateSource, DEFAULT_ID_BLOCK, DurableClientBuilder, DurableTransport},
     decorator::DurableHttpClient,
     handle::ClientHandle,
-    recovery::{RecoveredMessage, Recovery, RecoveryError, ResumedRequest},
+    recovery::{RecoveredAnswer, RecoveredMessage, Recovery, RecoveryError, ResumedRequest},
     report::{ClientError, ClientNotice, StartKind},
 };

@@ -5,7 +5,10 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{BoxError, InFlightRequest, RequestId, SessionId};
-use serde_json::Value;
+use rmcp::model::{
+    ErrorData, NumberOrString, ServerJsonRpcMessage, ServerNotification, ServerRequest,
+    ServerResult,
+};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -85,20 +88,23 @@ impl Recovery {
     }
 }
 
-/// One message collected for a resumed request.
-#[derive(Debug, Clone, PartialEq)]
+/// The final answer to a resumed request, as rmcp's own client would have
+/// read it: the result (match on its variant, e.g.
+/// `ServerResult::CallToolResult`), or the JSON-RPC error.
+pub type RecoveredAnswer = Result<ServerResult, ErrorData>;
+
+/// One message collected for a resumed request, in rmcp's types.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RecoveredMessage {
-    /// A notification sent on the request's stream (progress, log, ...),
-    /// as JSON-RPC.
-    Notification(Value),
+    /// A notification sent on the request's stream (progress, log, ...).
+    Notification(ServerNotification),
     /// A request the server sent on the request's stream (sampling,
-    /// elicitation, ...), as JSON-RPC. It can no longer be answered on the
-    /// old stream's terms; it is here so nothing goes unseen.
-    ServerRequest(Value),
-    /// The final answer: `Ok` with the JSON-RPC `result`, or `Err` with the
-    /// JSON-RPC `error` object.
-    Answer(Result<Value, Value>),
+    /// elicitation, ...). It can no longer be answered on the old stream's
+    /// terms; it is here so nothing goes unseen.
+    ServerRequest(ServerRequest),
+    /// The final answer.
+    Answer(RecoveredAnswer),
 }
 
 /// Why collecting a resumed request failed.
@@ -223,22 +229,30 @@ impl ResumedRequest {
             let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else {
                 continue;
             };
-            let Ok(mut value) = serde_json::from_str::<Value>(&data) else {
+            // What rmcp's own client would read from the event; anything
+            // else is no message of this stream.
+            let Ok(message) = serde_json::from_str::<ServerJsonRpcMessage>(&data) else {
                 continue;
             };
-            let is_ours = value
-                .get("id")
-                .is_some_and(|id| same_id(id, &self.request.id));
-            if value.get("method").is_some() {
-                return Some(Ok(if value.get("id").is_some() {
-                    RecoveredMessage::ServerRequest(value)
-                } else {
-                    RecoveredMessage::Notification(value)
-                }));
-            }
-            if !is_ours {
-                continue;
-            }
+            let answer = match message {
+                ServerJsonRpcMessage::Notification(n) => {
+                    return Some(Ok(RecoveredMessage::Notification(n.notification)));
+                }
+                ServerJsonRpcMessage::Request(r) => {
+                    return Some(Ok(RecoveredMessage::ServerRequest(r.request)));
+                }
+                ServerJsonRpcMessage::Response(r) if same_id(&r.id, &self.request.id) => {
+                    Ok(r.result)
+                }
+                ServerJsonRpcMessage::Error(e)
+                    if e.id
+                        .as_ref()
+                        .is_some_and(|id| same_id(id, &self.request.id)) =>
+                {
+                    Err(e.error)
+                }
+                _ => continue,
+            };
             self.done = true;
             self.stream = None;
             self.context
@@ -246,13 +260,6 @@ impl ResumedRequest {
                 .journal()
                 .complete(&self.session, self.request.id.clone());
             info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
-            let answer = match value.as_object_mut() {
-                Some(object) => match (object.remove("result"), object.remove("error")) {
-                    (Some(result), _) => Ok(result),
-                    (None, error) => Err(error.unwrap_or(Value::Null)),
-                },
-                None => Err(Value::Null),
-            };
             return Some(Ok(RecoveredMessage::Answer(answer)));
         }
     }
@@ -260,7 +267,7 @@ impl ResumedRequest {
     /// Reads to the end: the notifications in order, and the final answer.
     pub async fn collect(
         mut self,
-    ) -> Result<(Vec<RecoveredMessage>, Result<Value, Value>), RecoveryError> {
+    ) -> Result<(Vec<RecoveredMessage>, RecoveredAnswer), RecoveryError> {
         let mut seen = Vec::new();
         while let Some(message) = self.next().await {
             match message? {
@@ -281,9 +288,10 @@ impl ResumedRequest {
     }
 }
 
-fn same_id(id: &Value, ours: &RequestId) -> bool {
-    match ours {
-        RequestId::Number(n) => id.as_i64() == Some(*n),
-        RequestId::String(s) => id.as_str() == Some(s.as_str()),
+fn same_id(id: &NumberOrString, ours: &RequestId) -> bool {
+    match (id, ours) {
+        (NumberOrString::Number(a), RequestId::Number(b)) => a == b,
+        (NumberOrString::String(a), RequestId::String(b)) => a.as_ref() == b.as_str(),
+        _ => false,
     }
 }

@@ -1,7 +1,7 @@
 //! What the client tells the application: how it started, what happened to
 //! its session, and its errors.
 
-use mcp_persist_core::{BoxError, Error as StoreError};
+use mcp_persist_core::{BoxError, Error as StoreError, SessionId};
 
 /// How a client process started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,7 +10,7 @@ pub enum StartKind {
     /// On the stored session: no `initialize` is sent.
     Resumed {
         /// The session continued.
-        session_id: String,
+        session_id: SessionId,
     },
     /// Nothing was stored for this server and profile.
     Fresh,
@@ -33,16 +33,16 @@ pub enum ClientNotice {
     /// A real `initialize` created a session (also after a 404).
     NewSession {
         /// The new session id.
-        session_id: String,
+        session_id: SessionId,
         /// The session it replaces, if any.
-        replaced: Option<String>,
+        replaced: Option<SessionId>,
     },
     /// The server answered 404 for the session: its server-side state
     /// (subscriptions, in-flight work, anything the server kept) is gone.
     /// rmcp re-initializes; a [`NewSession`](Self::NewSession) follows.
     SessionExpired {
         /// The session that is gone.
-        session_id: String,
+        session_id: SessionId,
     },
     /// Stored state was unusable and a fresh session is used instead.
     BadStoredState {

@@ -130,8 +130,8 @@ impl Shared {
         }
         info!(server = %self.key, session = %session_id, "new session initialized");
         self.health.notify(ClientNotice::NewSession {
-            session_id: session_id.to_string(),
-            replaced: replaced.map(|s| s.to_string()),
+            session_id,
+            replaced,
         });
     }
 
@@ -144,7 +144,7 @@ impl Shared {
             "server answered 404: the session and its server-side state are gone; re-initializing");
         self.journal.forget_session(session_id);
         self.health.notify(ClientNotice::SessionExpired {
-            session_id: session_id.to_string(),
+            session_id: session_id.clone(),
         });
     }
 
