@@ -49,6 +49,9 @@ impl DurableAuth {
             AuthorizationManager::new(self.resource.as_str()).await
         }
         .map_err(oauth("client setup"))?;
+        if !self.refresh_scopes.is_empty() {
+            manager.set_refresh_scopes(self.refresh_scopes.iter().cloned());
+        }
         manager.set_credential_store(DurableCredentialStore {
             shared: shared.clone(),
         });

@@ -257,6 +257,7 @@ pub struct DurableAuth {
     redirect_uri: String,
     registration: Registration,
     scopes: Vec<String>,
+    refresh_scopes: Vec<String>,
     lease_ttl: Duration,
     pending_ttl: Duration,
     allow_private_addresses: bool,
@@ -275,6 +276,7 @@ impl DurableAuth {
                 client_name: "mcp-persist-client".to_owned(),
             },
             scopes: Vec::new(),
+            refresh_scopes: Vec::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
             pending_ttl: DEFAULT_PENDING_TTL,
             allow_private_addresses: false,
@@ -320,6 +322,17 @@ impl DurableAuth {
     /// Scopes requested when the server's challenge and metadata name none.
     pub fn scopes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, scopes: I) -> Self {
         self.scopes = scopes.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Scopes sent with refresh-token requests. None by default: a refresh
+    /// then keeps the original grant (RFC 6749 section 6), and providers
+    /// that refuse a `scope` on refresh accept it. Providers that require
+    /// one (Azure AD v2, for one) need it set. Only scopes of the original
+    /// grant are sent; a list sharing none with it fails the refresh rather
+    /// than widen it. See rmcp's `AuthorizationManager::set_refresh_scopes`.
+    pub fn refresh_scopes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, scopes: I) -> Self {
+        self.refresh_scopes = scopes.into_iter().map(Into::into).collect();
         self
     }
 
