@@ -166,8 +166,10 @@ enum Route {
     /// A request in a session: renumbered, journaled, and its answer (JSON
     /// or SSE) followed back to rmcp's id.
     SessionRequest(SessionId),
-    /// Anything else (a response to a server request, a request outside any
-    /// session): sent as it is.
+    /// The client's answer to a request of the server: sent as it is (the
+    /// server numbered that request, not us).
+    Response,
+    /// A request outside any session: sent as it is.
     AsIs,
 }
 
@@ -198,7 +200,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             }
             Route::Notification => self.notification(message, post).await,
             Route::SessionRequest(session) => self.session_request(session, message, post).await,
-            Route::AsIs => post.send(&self.inner, message).await,
+            Route::Response | Route::AsIs => post.send(&self.inner, message).await,
         }
     }
 
@@ -235,7 +237,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 Some(session) => Route::SessionRequest(session),
                 None => Route::AsIs,
             },
-            _ => Route::AsIs,
+            ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_) => Route::Response,
         }
     }
 
