@@ -204,7 +204,7 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
         std::process::id()
     ));
     std::fs::create_dir_all(&temp).with_context(|| format!("creating {}", temp.display()))?;
-    let _cleanup = crate::client::RemoveOnDrop(temp.clone());
+    let _cleanup = crate::scratch::RemoveOnDrop(temp.clone());
     let db = std::env::var_os("MCP_PERSIST_AUTH_DB")
         .map(Into::into)
         .unwrap_or_else(|| temp.join("credentials.db"));

@@ -37,6 +37,8 @@ use rmcp::{
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::scratch::RemoveOnDrop;
+
 /// How long one scenario may take before the client gives up on its own,
 /// so the suite never has to kill it.
 pub const SCENARIO_DEADLINE: Duration = Duration::from_secs(25);
@@ -210,17 +212,6 @@ pub enum ClientTransport {
     Durable,
     /// rmcp's own reqwest transport, for comparison.
     Stock,
-}
-
-/// Removes a directory when dropped (best effort).
-pub(crate) struct RemoveOnDrop(pub(crate) std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::debug!(error = %e, dir = %self.0.display(), "could not remove the client state");
-        }
-    }
 }
 
 /// Arguments for a tool built from its input schema: every required

@@ -31,39 +31,14 @@ use rmcp::{
     },
     service::RequestContext,
 };
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+use crate::literal::{complete_result, decode};
 
 /// A 1x1 red PNG, base64: the image the image scenarios expect.
 const PNG_1X1: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
 /// A WAV header with no samples, base64: the audio the audio scenario expects.
 const WAV_SILENCE: &str = "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA=";
-
-/// Decodes a fixture literal into an rmcp type. A literal that does not
-/// decode is a bug in this file; the scenario sees an internal error naming
-/// the type instead of the server going down.
-pub(crate) fn decode<T: DeserializeOwned>(value: Value) -> Result<T, ErrorData> {
-    serde_json::from_value(value).map_err(|e| {
-        ErrorData::internal_error(
-            format!(
-                "fixture does not decode as {}: {e}",
-                std::any::type_name::<T>()
-            ),
-            None,
-        )
-    })
-}
-
-/// Decodes a result literal, marked complete (`resultType`, 2026-07-28) as
-/// rmcp's own constructors do; rmcp strips the mark for older peers.
-pub(crate) fn complete_result<T: DeserializeOwned>(mut value: Value) -> Result<T, ErrorData> {
-    if let Some(object) = value.as_object_mut() {
-        object
-            .entry("resultType")
-            .or_insert_with(|| Value::String("complete".into()));
-    }
-    decode(value)
-}
 
 fn text_result(text: &str) -> Result<CallToolResponse, ErrorData> {
     let result: CallToolResult = complete_result(json!({

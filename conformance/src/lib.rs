@@ -19,7 +19,9 @@
 pub mod auth;
 pub mod client;
 pub mod fixtures;
+mod literal;
 mod mrtr;
+mod scratch;
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default
 /// `info`). Stdout stays free for what the programs print on purpose.

@@ -20,7 +20,7 @@ use rmcp::{
 };
 use serde_json::{Value, json};
 
-use crate::fixtures::{complete_result, decode};
+use crate::literal::{complete_result, decode};
 
 /// How long a sealed `requestState` stays valid.
 const STATE_TTL: Duration = Duration::from_secs(600);

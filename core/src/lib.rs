@@ -119,8 +119,3 @@ pub use types::{
     EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,
     ProtocolVersion, RequestId, ServerKey, SessionId, Timestamp, canonical_url,
 };
-
-// TRANSITION: names before the 0.1 reshape, kept only until the rmcp
-// integration moves to the new ones.
-#[doc(hidden)]
-pub type CredentialStore = AuthStore;

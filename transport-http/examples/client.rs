@@ -149,11 +149,13 @@ async fn main() -> Result<()> {
                         let (seen, answer) = resumed.collect().await?;
                         for message in seen {
                             if let RecoveredMessage::Notification(n) = message {
-                                println!("request {id}: missed {n}");
+                                println!("request {id}: missed {}", serde_json::to_string(&n)?);
                             }
                         }
                         match answer {
-                            Ok(result) => println!("request {id}: answer {result}"),
+                            Ok(result) => {
+                                println!("request {id}: answer {}", serde_json::to_string(&result)?)
+                            }
                             Err(error) => println!("request {id}: error {error}"),
                         }
                     }

@@ -26,8 +26,12 @@ fn auth(world: &World, stores: &Stores) -> DurableAuth {
 
 /// One "process": build the transport, authorize if needed, call a tool.
 async fn run_once(world: &World, stores: &Stores) -> anyhow::Result<()> {
+    run_once_with(world, stores, auth(world, stores)).await
+}
+
+async fn run_once_with(world: &World, stores: &Stores, auth: DurableAuth) -> anyhow::Result<()> {
     let (transport, _handle, client) = DurableClientBuilder::new(world.mcp_url.clone(), stores)
-        .build_with_auth(&auth(world, stores))
+        .build_with_auth(&auth)
         .await?;
     if !client.is_authorized().await {
         client.authorize(None, headless).await?;
@@ -117,6 +121,11 @@ async fn restart_and_refresh(backend: Backend) {
     run_once(&world, &stores).await.unwrap();
     assert_eq!(world.auth(0).refreshes(), 1);
     assert_eq!(world.auth(0).rejected_refreshes.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        *world.auth(0).refresh_scopes.lock().unwrap(),
+        [None],
+        "a refresh keeps the original grant unless refresh scopes are set"
+    );
     assert_eq!(world.auth(0).registrations(), 1, "no second registration");
     let second = stored(&stores.credentials(), &issuer, &resource).await;
     assert_ne!(
@@ -331,4 +340,22 @@ async fn a_key_registered_client_is_kept_to_client_credentials() {
     let message = format!("{err:?} {err}");
     assert!(!message.contains("not-a-real-key"), "{message}");
     assert!(!client.is_authorized().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_scopes_are_sent_when_configured() {
+    let world = start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let stores = Backend::Sqlite.open(&dir.path().join("state.db")).await;
+    let resource = canonical_url("resource", &world.mcp_url).unwrap();
+    let issuer = world.auth(0).issuer.clone();
+    let with_scopes = || auth(&world, &stores).refresh_scopes(["mcp"]);
+    run_once_with(&world, &stores, with_scopes()).await.unwrap();
+    expire(&stores.credentials(), &issuer, &resource).await;
+    run_once_with(&world, &stores, with_scopes()).await.unwrap();
+    assert_eq!(world.auth(0).refreshes(), 1);
+    assert_eq!(
+        *world.auth(0).refresh_scopes.lock().unwrap(),
+        [Some("mcp".to_owned())]
+    );
 }

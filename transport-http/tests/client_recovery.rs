@@ -100,7 +100,7 @@ async fn deleted_session_is_reinitialized_once_and_reported() {
         .await
         .expect("read")
         .expect("stored");
-    assert_eq!(stored.record.session_id.as_str(), new);
+    assert_eq!(stored.record.session_id, new);
     client.cancel().await.expect("close");
 }
 

@@ -18,7 +18,7 @@ use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
     model::{
         CallToolRequestParams, NumberOrString, ProgressNotificationParam, ProgressToken,
-        RequestMetaObject, ResourceUpdatedNotificationParam,
+        RequestMetaObject, ResourceUpdatedNotificationParam, ServerNotification,
     },
     service::NotificationContext,
 };
@@ -168,9 +168,9 @@ async fn child(role: &str) {
                         let progress = seen
                             .iter()
                             .filter_map(|m| match m {
-                                RecoveredMessage::Notification(n) => {
-                                    n["params"]["progress"].as_f64()
-                                }
+                                RecoveredMessage::Notification(
+                                    ServerNotification::ProgressNotification(n),
+                                ) => Some(n.params.progress),
                                 _ => None,
                             })
                             .collect::<Vec<_>>();

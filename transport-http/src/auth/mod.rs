@@ -3,10 +3,10 @@
 //!
 //! [`DurableAuth`] describes how a client authorizes with the MCP server at
 //! one URL (the resource) and where its credentials live: a core
-//! [`CredentialStore`] on any backend. [`DurableAuth::connect`] gives a
+//! [`AuthStore`] on any backend. [`DurableAuth::connect`] gives a
 //! [`DurableAuthClient`], rmcp's `AuthClient` with durable stores inside, and
 //! [`DurableAuthBuild::build_with_auth`] turns a
-//! [`DurableClientBuilder`] into an authenticated, durable transport in one
+//! [`DurableClientBuilder`](crate::client::DurableClientBuilder) into an authenticated, durable transport in one
 //! call.
 //!
 //! # What it guarantees
@@ -49,7 +49,7 @@
 //! loads after taking the guard, so a process that waited would spend the
 //! winner's new refresh token a second time. [`DurableAuthClient`] therefore
 //! refreshes an expiring token itself, before rmcp looks at it, through
-//! core's [`CredentialStore::refresh`] (which returns the winner's token to
+//! core's [`AuthStore::refresh`] (which returns the winner's token to
 //! a process that waited), with rmcp's own token request inside. rmcp's
 //! guarded refresh remains as the fallback (a token the server refused
 //! before its expiry).
@@ -90,39 +90,40 @@
 //! # fn read_redirect_from_the_browser() -> String { String::new() }
 //! ```
 
+mod challenge;
+mod client_credentials;
+mod code_flow;
+mod connect;
+mod discovery;
+mod http;
+mod lease;
+mod refresh;
+mod shared;
 mod store;
 
-use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
-use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{
-    BoxError, ClientRegistration, CredentialStore, Error as StoreError, RefreshOutcome, Secret,
-};
-use rmcp::{
-    model::ClientJsonRpcMessage,
-    transport::{
-        AuthClient, AuthError, AuthorizationManager, JwtSigningAlgorithm,
-        auth::{
-            AuthorizationCallback, AuthorizationMetadata, ClientCredentialsConfig,
-            OAuthClientConfig,
-        },
-        streamable_http_client::{
-            StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
-        },
-    },
-};
-use tracing::{debug, info, warn};
+use mcp_persist_core::{AuthStore, BoxError, Error as StoreError, Secret};
+use rmcp::transport::{AuthClient, AuthError, JwtSigningAlgorithm};
+use tracing::warn;
 
-use self::store::Shared;
-pub use self::store::{DurableCredentialStore, DurableStateStore, UNNAMED_ISSUER};
-use crate::client::{ClientError, ClientHandle, DurableClientBuilder, DurableTransport};
+use self::shared::Shared;
+pub use self::{
+    challenge::auth_challenge,
+    shared::UNNAMED_ISSUER,
+    store::{DurableCredentialStore, DurableStateStore},
+};
+use crate::client::{ClientError, ClientHandle, DurableTransport};
 
 /// How long a refresh lease is held at most (30 s by default).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// How long a pending authorization is kept (10 minutes by default).
 pub const DEFAULT_PENDING_TTL: Duration = Duration::from_secs(600);
-/// How long before its expiry an access token is refreshed (60 s, more than
-/// rmcp's own 30 s, so the shared refresh runs before rmcp's).
+/// How long before its expiry an access token is refreshed at most (60 s,
+/// more than rmcp's own 30 s, so the shared refresh runs before rmcp's). A
+/// short-lived token is refreshed once half its lifetime is left, as rmcp
+/// does, so a token that lives less than the margin is not refreshed on
+/// every call.
 pub const REFRESH_MARGIN: Duration = Duration::from_secs(60);
 
 /// How the client is registered with an authorization server.
@@ -251,11 +252,12 @@ fn oauth(step: &'static str) -> impl FnOnce(AuthError) -> DurableAuthError {
 /// live. See the [module docs](self).
 #[derive(Debug, Clone)]
 pub struct DurableAuth {
-    store: CredentialStore,
+    store: AuthStore,
     resource: String,
     redirect_uri: String,
     registration: Registration,
     scopes: Vec<String>,
+    refresh_scopes: Vec<String>,
     lease_ttl: Duration,
     pending_ttl: Duration,
     allow_private_addresses: bool,
@@ -265,7 +267,7 @@ impl DurableAuth {
     /// Authorization for the MCP server at `resource`, with credentials in
     /// `store`; dynamic registration as `mcp-persist-client`, redirect to
     /// `http://127.0.0.1/callback` until configured.
-    pub fn new(resource: impl Into<String>, store: CredentialStore) -> Self {
+    pub fn new(resource: impl Into<String>, store: AuthStore) -> Self {
         DurableAuth {
             store,
             resource: resource.into(),
@@ -274,6 +276,7 @@ impl DurableAuth {
                 client_name: "mcp-persist-client".to_owned(),
             },
             scopes: Vec::new(),
+            refresh_scopes: Vec::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
             pending_ttl: DEFAULT_PENDING_TTL,
             allow_private_addresses: false,
@@ -322,6 +325,17 @@ impl DurableAuth {
         self
     }
 
+    /// Scopes sent with refresh-token requests. None by default: a refresh
+    /// then keeps the original grant (RFC 6749 section 6), and providers
+    /// that refuse a `scope` on refresh accept it. Providers that require
+    /// one (Azure AD v2, for one) need it set. Only scopes of the original
+    /// grant are sent; a list sharing none with it fails the refresh rather
+    /// than widen it. See rmcp's `AuthorizationManager::set_refresh_scopes`.
+    pub fn refresh_scopes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, scopes: I) -> Self {
+        self.refresh_scopes = scopes.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// How long one process may hold the refresh lease (30 s by default);
     /// others wait at most this long for its result.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
@@ -342,105 +356,6 @@ impl DurableAuth {
         self.allow_private_addresses = allow;
         self
     }
-
-    /// An authenticated HTTP client over `http` (a `reqwest::Client`, or any
-    /// rmcp HTTP client), loaded from the store.
-    ///
-    /// With stored credentials and metadata this makes no network request:
-    /// the stored metadata is installed instead of discovering it again, and
-    /// the stored registration (with its secret) configures the client.
-    pub async fn connect<C>(&self, http: C) -> Result<DurableAuthClient<C>, DurableAuthError>
-    where
-        C: StreamableHttpClient + Sync,
-    {
-        let resource = mcp_persist_core::canonical_url("resource URL", &self.resource)
-            .map_err(|source| DurableAuthError::InvalidResource { source })?;
-        let issuer = self
-            .store
-            .current_issuer(&resource)
-            .await
-            .map_err(|source| DurableAuthError::Store { source })?;
-        let shared = Arc::new(Shared::new(
-            self.store.clone(),
-            resource,
-            self.lease_ttl,
-            self.pending_ttl,
-            issuer.clone(),
-        ));
-        let mut manager = if self.allow_private_addresses {
-            AuthorizationManager::new_allowing_private_addresses(self.resource.as_str()).await
-        } else {
-            AuthorizationManager::new(self.resource.as_str()).await
-        }
-        .map_err(oauth("client setup"))?;
-        manager.set_credential_store(DurableCredentialStore {
-            shared: shared.clone(),
-        });
-        manager.set_state_store(DurableStateStore {
-            shared: shared.clone(),
-        });
-
-        if let Some(issuer) = &issuer {
-            let key = shared
-                .key(issuer)
-                .map_err(|source| DurableAuthError::Store { source })?;
-            let stored = self
-                .store
-                .load(&key)
-                .await
-                .map_err(|source| DurableAuthError::Store { source })?;
-            if let Some(stored) = stored {
-                let record = stored.record;
-                if let Some(metadata) = record.server_metadata.clone() {
-                    match serde_json::from_value::<AuthorizationMetadata>(metadata.clone()) {
-                        Ok(m) => {
-                            manager.set_metadata(m);
-                            shared.set_metadata(metadata);
-                        }
-                        Err(_) => warn!(
-                            issuer = %issuer,
-                            "stored authorization server metadata does not parse; discovering it again"
-                        ),
-                    }
-                }
-                shared.set_registration(record.client.clone());
-                if manager
-                    .initialize_from_store()
-                    .await
-                    .map_err(oauth("loading stored credentials"))?
-                {
-                    configure(&mut manager, &record.client, &self.redirect_uri)?;
-                    info!(
-                        issuer = %issuer,
-                        resource = %self.resource,
-                        expired = record.expires_within(Duration::ZERO),
-                        "credential loaded from the store"
-                    );
-                }
-            }
-        }
-
-        Ok(DurableAuthClient {
-            inner: AuthClient::new(http, manager),
-            shared,
-            config: Arc::new(self.clone()),
-            refreshing: Arc::new(tokio::sync::Mutex::new(())),
-        })
-    }
-}
-
-fn configure(
-    manager: &mut AuthorizationManager,
-    reg: &ClientRegistration,
-    redirect_uri: &str,
-) -> Result<(), DurableAuthError> {
-    let mut config = OAuthClientConfig::new(reg.client_id.clone(), redirect_uri);
-    if let Some(secret) = &reg.client_secret {
-        config = config.with_client_secret(secret.expose_secret());
-    }
-    manager
-        .configure_client(config)
-        .map_err(oauth("client configuration"))
 }
 
 /// rmcp's `AuthClient` with durable credential and state stores, and a
@@ -504,481 +419,6 @@ impl<C> DurableAuthClient<C> {
             }
         }
     }
-
-    /// Runs the authorization-code flow with the authorization server the
-    /// resource names now.
-    ///
-    /// Discovery runs afresh (from `challenge`, the `WWW-Authenticate` value
-    /// of a 401, when given). If the issuer differs from the one in force,
-    /// the client switches to it: the previous issuer's credentials stay
-    /// stored but are never used here, and the client registers with the new
-    /// server (unless a registration for that issuer is stored). `authorize`
-    /// gets the authorization URL and returns the redirect URL the user agent
-    /// was sent back to (`code`, `state`, `iss`).
-    pub async fn authorize<F, Fut>(
-        &self,
-        challenge: Option<&str>,
-        authorize: F,
-    ) -> Result<(), DurableAuthError>
-    where
-        F: FnOnce(String) -> Fut,
-        Fut: Future<Output = Result<String, BoxError>>,
-    {
-        let url = {
-            let mut manager = self.inner.auth_manager.lock().await;
-            let (issuer, metadata) = self.discover(&mut manager, challenge).await?;
-            let registration = self
-                .registration_for(&mut manager, &issuer, &metadata)
-                .await?;
-            self.shared.set_registration(registration);
-
-            let challenge_scope = challenge.and_then(scope_of_challenge);
-            let defaults: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
-            let scopes = manager.select_scopes(challenge_scope.as_deref(), &defaults);
-            let scopes: Vec<&str> = scopes.iter().map(String::as_str).collect();
-            manager
-                .get_authorization_url(&scopes)
-                .await
-                .map_err(oauth("authorization request"))?
-        };
-        debug!(resource = %self.shared.resource, "authorization URL ready; handing it to the user agent");
-        let redirect = authorize(url)
-            .await
-            .map_err(|source| DurableAuthError::Authorizer { source })?;
-        let callback = AuthorizationCallback::from_redirect_url(&redirect)
-            .map_err(oauth("authorization response"))?;
-        let manager = self.inner.auth_manager.lock().await;
-        manager
-            .exchange_code_for_token_with_issuer(
-                &callback.code,
-                &callback.csrf_token,
-                callback.issuer.as_deref(),
-            )
-            .await
-            .map_err(oauth("token exchange"))?;
-        info!(issuer = ?self.shared.issuer(), resource = %self.shared.resource, "authorized");
-        Ok(())
-    }
-
-    /// Gets a token with the OAuth client-credentials grant (SEP-1046), for a
-    /// client acting on its own behalf: no user agent, no redirect. The
-    /// client is the one registered beforehand, with a secret
-    /// ([`DurableAuth::pre_registered`]) or a signing key
-    /// ([`Registration::PreRegisteredKey`], a `private_key_jwt` assertion);
-    /// the scope is the challenge's, else the configured scopes. The token is
-    /// stored like any other, so a restarted process uses it without asking
-    /// again; the grant issues no refresh token, so once it expires (or a
-    /// call fails with a challenge) call this again.
-    pub async fn authorize_client_credentials(
-        &self,
-        challenge: Option<&str>,
-    ) -> Result<(), DurableAuthError> {
-        let (client_id, expected) = match &self.config.registration {
-            Registration::PreRegistered {
-                client_id,
-                client_secret: Some(_),
-                issuer,
-            }
-            | Registration::PreRegisteredKey {
-                client_id, issuer, ..
-            } => (client_id, issuer),
-            _ => return Err(DurableAuthError::NoClientSecret),
-        };
-        let mut manager = self.inner.auth_manager.lock().await;
-        let (issuer, _) = self.discover(&mut manager, challenge).await?;
-        if let Some(expected) = expected
-            && *expected != issuer
-        {
-            return Err(DurableAuthError::IssuerMismatch {
-                expected: expected.clone(),
-                found: issuer,
-            });
-        }
-        let challenge_scope = challenge.and_then(scope_of_challenge);
-        let defaults: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
-        let scopes = manager.select_scopes(challenge_scope.as_deref(), &defaults);
-        let resource = Some(self.shared.resource.clone());
-        let grant = match &self.config.registration {
-            Registration::PreRegisteredKey {
-                signing_key,
-                algorithm,
-                ..
-            } => {
-                self.shared.set_registration(
-                    ClientRegistration::new(client_id.clone())
-                        .with_token_endpoint_auth_method("private_key_jwt".to_owned()),
-                );
-                ClientCredentialsConfig::PrivateKeyJwt {
-                    client_id: client_id.clone(),
-                    signing_key: signing_key.expose_secret().as_bytes().to_vec(),
-                    signing_algorithm: *algorithm,
-                    token_endpoint_audience: None,
-                    scopes,
-                    resource,
-                }
-            }
-            Registration::PreRegistered {
-                client_secret: Some(client_secret),
-                ..
-            } => {
-                self.shared.set_registration(
-                    ClientRegistration::new(client_id.clone())
-                        .with_client_secret(client_secret.clone()),
-                );
-                ClientCredentialsConfig::ClientSecret {
-                    client_id: client_id.clone(),
-                    client_secret: client_secret.expose_secret().to_owned(),
-                    scopes,
-                    resource,
-                }
-            }
-            _ => return Err(DurableAuthError::NoClientSecret),
-        };
-        manager
-            .validate_client_credentials_metadata(&grant)
-            .map_err(oauth("client-credentials metadata check"))?;
-        manager
-            .configure_client_credentials(&grant)
-            .map_err(oauth("client configuration"))?;
-        // Stores the token through the durable credential store.
-        manager
-            .exchange_client_credentials(&grant)
-            .await
-            .map_err(oauth("client-credentials token request"))?;
-        info!(issuer = %issuer, resource = %self.shared.resource, "authorized with client credentials");
-        Ok(())
-    }
-
-    /// Discovers the authorization server (through the challenge when there
-    /// is one) and makes its issuer the one in force for this resource:
-    /// from here on, rmcp sees only that issuer's credentials.
-    async fn discover(
-        &self,
-        manager: &mut AuthorizationManager,
-        challenge: Option<&str>,
-    ) -> Result<(String, AuthorizationMetadata), DurableAuthError> {
-        let resolution = match challenge {
-            Some(_) => manager.resolve_metadata_from_challenge(challenge).await,
-            None => manager.resolve_metadata().await,
-        }
-        .map_err(oauth("discovery"))?;
-        let metadata = resolution.metadata;
-        let issuer = metadata
-            .issuer
-            .clone()
-            .unwrap_or_else(|| UNNAMED_ISSUER.to_owned());
-        let metadata_json = serde_json::to_value(&metadata).ok();
-        manager.set_metadata(metadata.clone());
-        self.shared
-            .switch_issuer(&issuer)
-            .await
-            .map_err(|source| DurableAuthError::Store { source })?;
-        if let Some(json) = metadata_json {
-            self.shared.set_metadata(json);
-        }
-        Ok((issuer, metadata))
-    }
-
-    async fn registration_for(
-        &self,
-        manager: &mut AuthorizationManager,
-        issuer: &str,
-        metadata: &AuthorizationMetadata,
-    ) -> Result<ClientRegistration, DurableAuthError> {
-        let key = self
-            .shared
-            .key(issuer)
-            .map_err(|source| DurableAuthError::Store { source })?;
-        let stored = self
-            .shared
-            .store
-            .load(&key)
-            .await
-            .map_err(|source| DurableAuthError::Store { source })?
-            .map(|s| s.record.client);
-        let redirect = self.config.redirect_uri.as_str();
-        let reg = match (&self.config.registration, stored) {
-            (Registration::PreRegisteredKey { .. }, _) => {
-                return Err(DurableAuthError::KeyClientNeedsClientCredentials);
-            }
-            (
-                Registration::PreRegistered {
-                    issuer: Some(expected),
-                    ..
-                },
-                _,
-            ) if expected != issuer => {
-                return Err(DurableAuthError::IssuerMismatch {
-                    expected: expected.clone(),
-                    found: issuer.to_owned(),
-                });
-            }
-            (
-                Registration::PreRegistered {
-                    client_id,
-                    client_secret,
-                    ..
-                },
-                _,
-            ) => {
-                ClientRegistration::new(client_id.clone()).with_client_secret(client_secret.clone())
-            }
-            (_, Some(stored)) => {
-                debug!(issuer, "reusing the stored registration with this issuer");
-                stored
-            }
-            (Registration::MetadataDocument { url, .. }, None)
-                if metadata
-                    .additional_fields
-                    .get("client_id_metadata_document_supported")
-                    .and_then(serde_json::Value::as_bool)
-                    == Some(true) =>
-            {
-                ClientRegistration::new(url.clone())
-                    .with_metadata_url(url.clone())
-                    .with_token_endpoint_auth_method("none".to_owned())
-            }
-            (
-                Registration::Dynamic { client_name }
-                | Registration::MetadataDocument { client_name, .. },
-                None,
-            ) => {
-                info!(
-                    issuer,
-                    "registering the client with this authorization server"
-                );
-                let scopes: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
-                let config = manager
-                    .register_client(client_name, redirect, &scopes)
-                    .await
-                    .map_err(oauth("client registration"))?;
-                return Ok(ClientRegistration::new(config.client_id)
-                    .with_client_secret(config.client_secret.map(Secret::new)));
-            }
-        };
-        configure(manager, &reg, redirect)?;
-        Ok(reg)
-    }
-
-    /// Refreshes an expiring stored token once across every process sharing
-    /// the store, before rmcp reads it. Failures are logged and left to
-    /// rmcp's own refresh.
-    async fn ensure_fresh(&self) {
-        let Some(issuer) = self.shared.issuer() else {
-            return;
-        };
-        let Ok(key) = self.shared.key(&issuer) else {
-            return;
-        };
-        let _one_task = self.refreshing.lock().await;
-        let current = match self.shared.store.load(&key).await {
-            Ok(Some(c)) => c,
-            Ok(None) => return,
-            Err(e) => {
-                warn!(error = %e, "reading stored credentials failed");
-                return;
-            }
-        };
-        if current.record.refresh_token.is_none() || !current.record.expires_within(REFRESH_MARGIN)
-        {
-            return;
-        }
-        let manager = self.inner.auth_manager.clone();
-        let shared = self.shared.clone();
-        let outcome = self
-            .shared
-            .store
-            .refresh(
-                &key,
-                current.version,
-                self.shared.lease_ttl,
-                |previous| async move {
-                    let manager = manager.lock().await;
-                    shared.begin_capture();
-                    let result = manager.refresh_token().await;
-                    let captured = shared.end_capture();
-                    drop(manager);
-                    result.map_err(|e| Box::new(e) as BoxError)?;
-                    let captured = captured.ok_or_else(|| -> BoxError {
-                        "the refresh returned no credential to store".into()
-                    })?;
-                    shared
-                        .to_core(&captured, Some(&previous))
-                        .map_err(|e| Box::new(e) as BoxError)?
-                        .ok_or_else(|| -> BoxError { "the refresh returned no token".into() })
-                },
-            )
-            .await;
-        match outcome {
-            Ok(RefreshOutcome::Refreshed(_)) => {
-                info!(issuer = %issuer, "refresh won: this process refreshed and stored the rotated token");
-            }
-            Ok(RefreshOutcome::RefreshedByOther(_)) => {
-                info!(issuer = %issuer, "refresh lost or waited: using the token another process stored");
-            }
-            Ok(_) => {}
-            Err(e) => {
-                warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own")
-            }
-        }
-    }
-}
-
-/// The `WWW-Authenticate` challenge behind an rmcp error, when the call
-/// failed because the server answered 401 (no or a refused token) or 403
-/// (`insufficient_scope`).
-///
-/// Pass it to [`DurableAuthClient::authorize`] and try again: the client
-/// then requests the scope the challenge names (step-up authorization) and
-/// discovers the authorization server through the challenge's
-/// `resource_metadata`. Walks the error's sources, including the transport
-/// errors that rmcp's `ServiceError` and `ClientInitializeError` hold
-/// without exposing them as sources.
-///
-/// ```no_run
-/// # async fn run(
-/// #     auth_client: &mcp_persist_transport_http::auth::DurableAuthClient<reqwest::Client>,
-/// #     service: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
-/// # ) -> Result<(), Box<dyn std::error::Error>> {
-/// use mcp_persist_transport_http::auth::auth_challenge;
-/// use rmcp::model::CallToolRequestParams;
-///
-/// if let Err(e) = service.call_tool(CallToolRequestParams::new("write")).await {
-///     let Some(challenge) = auth_challenge(&e) else { return Err(e.into()) };
-///     auth_client
-///         .authorize(Some(&challenge), |url: String| async move { Ok(url) })
-///         .await?;
-///     // Connect again: the new token carries the scope the server asked for.
-/// }
-/// # Ok(()) }
-/// ```
-pub fn auth_challenge(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    use rmcp::{
-        service::{ClientInitializeError, ServiceError},
-        transport::streamable_http_client::{AuthRequiredError, InsufficientScopeError},
-    };
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(e) = e.downcast_ref::<AuthRequiredError>() {
-            return Some(e.www_authenticate_header.clone());
-        }
-        if let Some(e) = e.downcast_ref::<InsufficientScopeError>() {
-            return Some(e.www_authenticate_header.clone());
-        }
-        next = match e.downcast_ref::<ServiceError>() {
-            Some(ServiceError::TransportSend(transport)) => Some(transport),
-            _ => match e.downcast_ref::<ClientInitializeError>() {
-                Some(ClientInitializeError::TransportError { error, .. }) => Some(error),
-                _ => e.source(),
-            },
-        };
-    }
-    None
-}
-
-/// The `scope` parameter of a `WWW-Authenticate: Bearer` challenge.
-fn scope_of_challenge(header: &str) -> Option<String> {
-    let start = header.find("scope=\"")? + "scope=\"".len();
-    let rest = &header[start..];
-    Some(rest[..rest.find('"')?].to_owned())
-}
-
-impl<C> StreamableHttpClient for DurableAuthClient<C>
-where
-    C: StreamableHttpClient + Send + Sync,
-{
-    type Error = C::Error;
-
-    async fn post_message(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
-        self.inner
-            .post_message(uri, message, session_id, auth_header, custom_headers)
-            .await
-    }
-
-    async fn post_message_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: usize,
-    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
-        self.inner
-            .post_message_with_max_sse_event_size(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await
-    }
-
-    async fn delete_session(
-        &self,
-        uri: Arc<str>,
-        session_id: Arc<str>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<(), StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
-        self.inner
-            .delete_session(uri, session_id, auth_header, custom_headers)
-            .await
-    }
-
-    async fn get_stream(
-        &self,
-        uri: Arc<str>,
-        session_id: Option<Arc<str>>,
-        last_event_id: Option<String>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<
-        futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
-        StreamableHttpError<Self::Error>,
-    > {
-        self.ensure_fresh().await;
-        self.inner
-            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
-            .await
-    }
-
-    async fn get_stream_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        session_id: Option<Arc<str>>,
-        last_event_id: Option<String>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: usize,
-    ) -> Result<
-        futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
-        StreamableHttpError<Self::Error>,
-    > {
-        self.ensure_fresh().await;
-        self.inner
-            .get_stream_with_max_sse_event_size(
-                uri,
-                session_id,
-                last_event_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await
-    }
 }
 
 /// What [`DurableAuthBuild::build_with_auth`] gives: the transport for
@@ -991,7 +431,7 @@ pub type AuthenticatedTransport = (
 );
 
 /// Builds an authenticated, durable transport from a
-/// [`DurableClientBuilder`] in one call.
+/// [`DurableClientBuilder`](crate::client::DurableClientBuilder) in one call.
 pub trait DurableAuthBuild {
     /// Loads the credentials of `auth` (no network request when they are
     /// stored), wraps rmcp's default HTTP client in a [`DurableAuthClient`]
@@ -1000,112 +440,4 @@ pub trait DurableAuthBuild {
         self,
         auth: &DurableAuth,
     ) -> impl Future<Output = Result<AuthenticatedTransport, DurableAuthError>> + Send;
-}
-
-impl DurableAuthBuild for DurableClientBuilder {
-    async fn build_with_auth(
-        self,
-        auth: &DurableAuth,
-    ) -> Result<AuthenticatedTransport, DurableAuthError> {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| DurableAuthError::Client {
-                source: ClientError::Http {
-                    source: Box::new(e),
-                },
-            })?;
-        let client = auth.connect(http).await?;
-        let (transport, handle) = self
-            .build_with_client(client.clone())
-            .await
-            .map_err(|source| DurableAuthError::Client { source })?;
-        Ok((transport, handle, client))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use mcp_persist_core::Timestamp;
-    use rmcp::{
-        service::{ClientInitializeError, ServiceError},
-        transport::{
-            DynamicTransportError,
-            streamable_http_client::{AuthRequiredError, InsufficientScopeError},
-        },
-    };
-
-    use super::{store::to_rmcp, *};
-
-    fn transport_error(e: StreamableHttpError<std::io::Error>) -> DynamicTransportError {
-        DynamicTransportError::from_parts("test", std::any::TypeId::of::<()>(), Box::new(e))
-    }
-
-    #[test]
-    fn challenges_are_found_behind_rmcp_errors() {
-        let step_up = r#"Bearer error="insufficient_scope", scope="mcp:basic mcp:write""#;
-        let call = ServiceError::TransportSend(transport_error(
-            StreamableHttpError::InsufficientScope(InsufficientScopeError::new(
-                step_up.to_owned(),
-                Some("mcp:basic mcp:write".to_owned()),
-            )),
-        ));
-        assert_eq!(auth_challenge(&call).as_deref(), Some(step_up));
-        // Wrapped again, as an application's error type would.
-        let wrapped = anyhow::Error::new(call).context("calling the write tool");
-        let found = wrapped.chain().find_map(auth_challenge);
-        assert_eq!(found.as_deref(), Some(step_up));
-        assert_eq!(
-            scope_of_challenge(step_up).as_deref(),
-            Some("mcp:basic mcp:write")
-        );
-
-        let first =
-            r#"Bearer resource_metadata="http://127.0.0.1:1/.well-known/oauth-protected-resource""#;
-        let init = ClientInitializeError::TransportError {
-            error: transport_error(StreamableHttpError::AuthRequired(AuthRequiredError::new(
-                first.to_owned(),
-            ))),
-            context: "send initialize request".into(),
-        };
-        assert_eq!(auth_challenge(&init).as_deref(), Some(first));
-
-        let other = ServiceError::TransportSend(transport_error(StreamableHttpError::Io(
-            std::io::Error::other("connection reset"),
-        )));
-        assert_eq!(auth_challenge(&other), None);
-        assert_eq!(auth_challenge(&ServiceError::TransportClosed), None);
-    }
-
-    #[test]
-    fn absolute_expiry_round_trips_through_rmcp_shape() {
-        let creds = mcp_persist_core::Credentials::new(
-            mcp_persist_core::CredentialKey::new("https://as.example", "https://mcp.example/mcp")
-                .expect("valid key"),
-            Secret::new("AT-secret-1"),
-            ClientRegistration::new("client-1").with_client_secret(Secret::new("CS-secret-1")),
-        )
-        .with_expires_at(Timestamp::from_unix_millis(1_000_000_000 + 3_600_000))
-        .with_refresh_token(Secret::new("RT-secret-1"))
-        .with_scopes(vec!["mcp:basic".into()])
-        .with_obtained_at(Timestamp::from_unix_millis(1_000_000_000));
-        let rmcp = to_rmcp(&creds).expect("converts");
-        assert_eq!(rmcp.token_received_at, Some(1_000_000));
-        assert_eq!(rmcp.issuer.as_deref(), Some("https://as.example"));
-        let debug = format!("{rmcp:?} {creds:?}");
-        assert!(!debug.contains("secret-1"), "{debug}");
-        let shared = Shared::new(
-            CredentialStore::new(Arc::new(mcp_persist_core::MemoryStore::new())),
-            "https://mcp.example/mcp".into(),
-            DEFAULT_LEASE_TTL,
-            DEFAULT_PENDING_TTL,
-            None,
-        );
-        let back = shared
-            .to_core(&rmcp, Some(&creds))
-            .expect("converts")
-            .expect("has tokens");
-        assert_eq!(back, creds);
-    }
 }

@@ -1,4 +1,8 @@
 //! The `StreamableHttpClient` decorator.
+//!
+//! Every POST rmcp makes is routed by [`Route`]: read that enum to find
+//! where a message goes, and the method of the same name for what happens
+//! to it there.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -10,15 +14,24 @@ use rmcp::{
         ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, NumberOrString,
         ServerJsonRpcMessage, ServerResult,
     },
-    transport::streamable_http_client::{
-        SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    transport::{
+        common::http_header::HEADER_MCP_METHOD,
+        streamable_http_client::{
+            SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+            StreamableHttpResponseLimits,
+        },
     },
 };
 use serde_json::Value;
 use sse_stream::Sse;
 use tracing::{debug, info, warn};
 
-use super::{ClientNotice, modern, state::Shared};
+use super::{
+    headers::{header_name, is_routing_header},
+    modern,
+    report::ClientNotice,
+    state::Shared,
+};
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
 type PostResult<E> = Result<StreamableHttpPostResponse, StreamableHttpError<E>>;
@@ -26,7 +39,7 @@ type PostResult<E> = Result<StreamableHttpPostResponse, StreamableHttpError<E>>;
 /// An rmcp [`StreamableHttpClient`] that keeps its session in a store.
 ///
 /// It wraps another client (rmcp's reqwest client, or rmcp's `AuthClient`
-/// over it) and is made by [`DurableClientBuilder`](super::DurableClientBuilder);
+/// over it) and is made by [`DurableClientBuilder`](super::builder::DurableClientBuilder);
 /// see the [module docs](super) for what it does.
 #[derive(Clone)]
 pub struct DurableHttpClient<C> {
@@ -37,9 +50,125 @@ pub struct DurableHttpClient<C> {
 impl<C> std::fmt::Debug for DurableHttpClient<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DurableHttpClient")
-            .field("server", &self.shared.key)
+            .field("server", self.shared.key())
             .finish_non_exhaustive()
     }
+}
+
+/// Which of the inner client's POST methods rmcp called, so that the same
+/// one (with the same response limits) carries the message on.
+#[derive(Clone, Copy)]
+enum Limits {
+    /// `post_message`: the inner client's defaults.
+    Default,
+    /// `post_message_with_max_sse_event_size`.
+    SseEvent(usize),
+    /// `post_message_with_response_limits`.
+    Response(StreamableHttpResponseLimits),
+}
+
+/// One POST as rmcp asked for it, apart from the message: where it goes,
+/// with which session, credentials, headers and limits.
+#[derive(Clone)]
+struct Post {
+    uri: Arc<str>,
+    session_id: Option<Arc<str>>,
+    auth_header: Option<String>,
+    custom_headers: HashMap<HeaderName, HeaderValue>,
+    limits: Limits,
+}
+
+impl Post {
+    /// The same POST without a session id.
+    fn without_session(self) -> Self {
+        Post {
+            session_id: None,
+            ..self
+        }
+    }
+
+    /// The session named by the POST, if it is one a store can hold.
+    fn session(&self) -> Option<SessionId> {
+        self.session_id
+            .as_deref()
+            .and_then(|s| SessionId::new(s.to_owned()).ok())
+    }
+
+    /// Sends `message` through `client` with the POST method rmcp chose.
+    async fn send<C: StreamableHttpClient>(
+        self,
+        client: &C,
+        message: ClientJsonRpcMessage,
+    ) -> PostResult<C::Error> {
+        let Post {
+            uri,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        } = self;
+        match limits {
+            Limits::Response(limits) => {
+                client
+                    .post_message_with_response_limits(
+                        uri,
+                        message,
+                        session_id,
+                        auth_header,
+                        custom_headers,
+                        limits,
+                    )
+                    .await
+            }
+            Limits::SseEvent(max) => {
+                client
+                    .post_message_with_max_sse_event_size(
+                        uri,
+                        message,
+                        session_id,
+                        auth_header,
+                        custom_headers,
+                        max,
+                    )
+                    .await
+            }
+            Limits::Default => {
+                client
+                    .post_message(uri, message, session_id, auth_header, custom_headers)
+                    .await
+            }
+        }
+    }
+}
+
+/// Where a message rmcp posts goes, checked in this order.
+enum Route {
+    /// `server/discover`: answered from the stored verdict when it allows,
+    /// else sent without a session and learned from.
+    Discover,
+    /// Any other request to a server judged modern: sent without a session;
+    /// a refusal of its protocol version re-probes the server once.
+    ModernRequest,
+    /// Anything else carrying a session id to a server judged modern: sent
+    /// without the session id.
+    ModernWithoutSession,
+    /// `initialize`: answered from the stored session after a restart, else
+    /// sent, and the new session stored.
+    Initialize,
+    /// The `notifications/initialized` after an `initialize` answered from
+    /// the store: dropped, the server has it from the first process.
+    InitializedAgain,
+    /// Another notification: a cancellation is renumbered to the wire id of
+    /// the request it cancels.
+    Notification,
+    /// A request in a session: renumbered, journaled, and its answer (JSON
+    /// or SSE) followed back to rmcp's id.
+    SessionRequest(SessionId),
+    /// The client's answer to a request of the server: sent as it is (the
+    /// server numbered that request, not us).
+    Response,
+    /// A request outside any session: sent as it is.
+    AsIs,
 }
 
 /// Where the events of a stream belong.
@@ -54,192 +183,177 @@ enum StreamOwner {
 }
 
 impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
-    #[allow(clippy::too_many_arguments)]
-    async fn post(
-        &self,
-        uri: Arc<str>,
-        mut message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: Option<usize>,
-    ) -> PostResult<C::Error> {
-        let session = session_id
-            .as_deref()
-            .and_then(|s| SessionId::new(s.to_owned()).ok());
-        let modern = self
-            .shared
-            .profile()
-            .is_some_and(|p| p.era == ProtocolEra::Modern);
-        match &mut message {
-            ClientJsonRpcMessage::Request(request)
-                if matches!(request.request, ClientRequest::DiscoverRequest(_)) =>
-            {
-                let id = request.id.clone();
-                if let Some(answer) = modern::cached_discover(&self.shared, &id) {
-                    return Ok(StreamableHttpPostResponse::Json(answer, None));
-                }
-                let requested = modern::requested_version(&message);
-                // Never a session or cursor towards a server probed as modern.
-                let response = self
-                    .send(
-                        uri,
-                        message,
-                        None,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
-                    .await?;
-                let (mut answer, sid) = first_answer::<C::Error>(response).await?;
-                modern::after_discover(&self.shared, &mut answer, requested);
-                return Ok(StreamableHttpPostResponse::Json(answer, sid));
+    async fn post(&self, message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
+        match self.route(&message, &post) {
+            Route::Discover => self.discover(message, post).await,
+            Route::ModernRequest => self.modern_request(message, post).await,
+            Route::ModernWithoutSession => {
+                warn!(server = %self.shared.key(), "not sending a session id to a server judged modern");
+                post.without_session().send(&self.inner, message).await
             }
-            ClientJsonRpcMessage::Request(request)
-                if modern && !matches!(request.request, ClientRequest::InitializeRequest(_)) =>
-            {
-                if session_id.is_some() {
-                    warn!(server = %self.shared.key, "not sending a session id to a server judged modern");
-                }
-                let original = message.clone();
-                let response = self
-                    .send(
-                        uri.clone(),
-                        message,
-                        None,
-                        auth_header.clone(),
-                        custom_headers.clone(),
-                        max_sse_event_size,
-                    )
-                    .await;
-                return self
-                    .check_modern_verdict(
-                        response,
-                        original,
-                        uri,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
-                    .await;
+            Route::Initialize => self.initialize(message, post).await,
+            Route::InitializedAgain => {
+                debug!(server = %self.shared.key(), "initialized notification dropped: the server has it from the first process");
+                Ok(StreamableHttpPostResponse::Accepted)
             }
-            _ if modern && session_id.is_some() => {
-                warn!(server = %self.shared.key, "not sending a session id to a server judged modern");
-                return self
-                    .send(
-                        uri,
-                        message,
-                        None,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
-                    .await;
-            }
-            ClientJsonRpcMessage::Request(request)
-                if matches!(request.request, ClientRequest::InitializeRequest(_)) =>
+            Route::Notification => self.notification(message, post).await,
+            Route::SessionRequest(session) => self.session_request(session, message, post).await,
+            Route::Response | Route::AsIs => post.send(&self.inner, message).await,
+        }
+    }
+
+    /// Decides the [`Route`] of `message`.
+    fn route(&self, message: &ClientJsonRpcMessage, post: &Post) -> Route {
+        let modern = self.shared.verdict().is_modern();
+        match message {
+            ClientJsonRpcMessage::Request(r)
+                if matches!(r.request, ClientRequest::DiscoverRequest(_)) =>
             {
-                let init_id = request.id.clone();
-                if session_id.is_none()
-                    && let Some(seed) = self.shared.take_seed()
-                {
-                    info!(server = %self.shared.key, session = %seed.session_id,
-                        "resuming stored session: answering initialize from the store");
-                    let answer = ServerJsonRpcMessage::response(
-                        ServerResult::InitializeResult(seed.result),
-                        init_id,
-                    );
-                    return Ok(StreamableHttpPostResponse::Json(
-                        answer,
-                        Some(seed.session_id.to_string()),
-                    ));
-                }
-                let response = self
-                    .send(
-                        uri,
-                        message,
-                        session_id,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
-                    .await?;
-                let (answer, new_session) = first_answer::<C::Error>(response).await?;
-                self.after_initialize(&answer, new_session.as_deref(), &init_id)
-                    .await;
-                return Ok(StreamableHttpPostResponse::Json(answer, new_session));
+                Route::Discover
+            }
+            ClientJsonRpcMessage::Request(r)
+                if modern && !matches!(r.request, ClientRequest::InitializeRequest(_)) =>
+            {
+                Route::ModernRequest
+            }
+            _ if modern && post.session_id.is_some() => Route::ModernWithoutSession,
+            ClientJsonRpcMessage::Request(r)
+                if matches!(r.request, ClientRequest::InitializeRequest(_)) =>
+            {
+                Route::Initialize
             }
             ClientJsonRpcMessage::Notification(n)
                 if matches!(
                     n.notification,
                     ClientNotification::InitializedNotification(_)
-                ) && self.shared.take_swallow_initialized() =>
+                ) && self.shared.session().take_swallow_initialized() =>
             {
-                debug!(server = %self.shared.key, "initialized notification dropped: the server has it from the first process");
-                return Ok(StreamableHttpPostResponse::Accepted);
+                Route::InitializedAgain
             }
-            ClientJsonRpcMessage::Notification(n) => {
-                if let ClientNotification::CancelledNotification(c) = &mut n.notification
-                    && let Some(local) = &c.params.request_id
-                    && let Some(wire) = self.shared.wire_of(local)
-                {
-                    c.params.request_id = Some(NumberOrString::Number(wire));
-                }
-            }
-            _ => {}
+            ClientJsonRpcMessage::Notification(_) => Route::Notification,
+            ClientJsonRpcMessage::Request(_) => match post.session() {
+                Some(session) => Route::SessionRequest(session),
+                None => Route::AsIs,
+            },
+            ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_) => Route::Response,
         }
-        // An ordinary request in a session: renumber and journal it.
-        let (Some(session), ClientJsonRpcMessage::Request(request)) = (&session, &mut message)
-        else {
-            return self
-                .send(
-                    uri,
-                    message,
-                    session_id,
-                    auth_header,
-                    custom_headers,
-                    max_sse_event_size,
-                )
-                .await;
+    }
+
+    /// [`Route::Discover`].
+    async fn discover(&self, message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
+        let id = match &message {
+            ClientJsonRpcMessage::Request(request) => request.id.clone(),
+            _ => return post.send(&self.inner, message).await,
+        };
+        if let Some(answer) = modern::cached_discover(&self.shared, &id) {
+            return Ok(StreamableHttpPostResponse::Json(answer, None));
+        }
+        let requested = modern::requested_version(&message);
+        // Never a session or cursor towards a server probed as modern.
+        let response = post.without_session().send(&self.inner, message).await?;
+        let (mut answer, sid) = first_answer::<C::Error>(response).await?;
+        modern::after_discover(&self.shared, &mut answer, requested);
+        Ok(StreamableHttpPostResponse::Json(answer, sid))
+    }
+
+    /// [`Route::ModernRequest`].
+    async fn modern_request(
+        &self,
+        message: ClientJsonRpcMessage,
+        post: Post,
+    ) -> PostResult<C::Error> {
+        if post.session_id.is_some() {
+            warn!(server = %self.shared.key(), "not sending a session id to a server judged modern");
+        }
+        let post = post.without_session();
+        let original = message.clone();
+        let response = post.clone().send(&self.inner, message).await;
+        self.check_modern_verdict(response, original, post).await
+    }
+
+    /// [`Route::Initialize`].
+    async fn initialize(&self, message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
+        let init_id = match &message {
+            ClientJsonRpcMessage::Request(request) => request.id.clone(),
+            _ => return post.send(&self.inner, message).await,
+        };
+        if post.session_id.is_none()
+            && let Some(seed) = self.shared.session().take_seed()
+        {
+            info!(server = %self.shared.key(), session = %seed.session_id,
+                "resuming stored session: answering initialize from the store");
+            let answer = ServerJsonRpcMessage::response(
+                ServerResult::InitializeResult(seed.result),
+                init_id,
+            );
+            return Ok(StreamableHttpPostResponse::Json(
+                answer,
+                Some(seed.session_id.to_string()),
+            ));
+        }
+        let response = post.send(&self.inner, message).await?;
+        let (answer, new_session) = first_answer::<C::Error>(response).await?;
+        self.after_initialize(&answer, new_session.as_deref(), &init_id)
+            .await;
+        Ok(StreamableHttpPostResponse::Json(answer, new_session))
+    }
+
+    /// [`Route::Notification`].
+    async fn notification(
+        &self,
+        mut message: ClientJsonRpcMessage,
+        post: Post,
+    ) -> PostResult<C::Error> {
+        if let ClientJsonRpcMessage::Notification(n) = &mut message
+            && let ClientNotification::CancelledNotification(c) = &mut n.notification
+            && let Some(local) = &c.params.request_id
+            && let Some(wire) = self.shared.ids().wire_of(local)
+        {
+            c.params.request_id = Some(NumberOrString::Number(wire));
+        }
+        post.send(&self.inner, message).await
+    }
+
+    /// [`Route::SessionRequest`].
+    async fn session_request(
+        &self,
+        session: SessionId,
+        mut message: ClientJsonRpcMessage,
+        post: Post,
+    ) -> PostResult<C::Error> {
+        let ClientJsonRpcMessage::Request(request) = &mut message else {
+            return post.send(&self.inner, message).await;
         };
         let local = request.id.clone();
-        let wire = self.shared.next_wire_id(session).await;
+        let wire = self.shared.ids().next(&session).await;
         request.id = NumberOrString::Number(wire);
-        self.shared.map_insert(local, wire);
-        if self.shared.health.persisting() {
+        self.shared.ids().map(local, wire);
+        if self.shared.health().persisting() {
             let (method, params) = method_and_params(&message);
-            self.shared.record(
-                session,
+            self.shared.journal().record(
+                &session,
                 InFlightRequest::new(RequestId::Number(wire), method, params),
             );
         }
-        let response = self
-            .send(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await;
-        match response {
+        match post.send(&self.inner, message).await {
             Err(error) => {
-                self.shared.map_take(wire);
-                self.shared.complete(session, wire);
+                self.shared.ids().take_local(wire);
+                self.shared
+                    .journal()
+                    .complete(&session, RequestId::Number(wire));
                 if matches!(error, StreamableHttpError::SessionExpired) {
-                    self.shared.on_expired(session);
+                    self.shared.on_expired(&session);
                 }
                 Err(error)
             }
             Ok(StreamableHttpPostResponse::Json(mut answer, sid)) => {
-                self.answer_back(session, &mut answer);
-                self.check_legacy_verdict(session, &mut answer);
+                self.answer_back(&session, &mut answer);
+                self.check_legacy_verdict(&session, &mut answer);
                 Ok(StreamableHttpPostResponse::Json(answer, sid))
             }
             Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
                 Ok(StreamableHttpPostResponse::Sse(
-                    self.observe(stream, StreamOwner::Request(session.clone(), wire)),
+                    self.observe(stream, StreamOwner::Request(session, wire)),
                     sid,
                 ))
             }
@@ -252,15 +366,11 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
     /// the server is probed again once (per process), the outcome stored,
     /// and the request sent once more if the probe says its version is
     /// supported after all; otherwise the refusal is the answer.
-    #[allow(clippy::too_many_arguments)]
     async fn check_modern_verdict(
         &self,
         mut response: PostResult<C::Error>,
         original: ClientJsonRpcMessage,
-        uri: Arc<str>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: Option<usize>,
+        post: Post,
     ) -> PostResult<C::Error> {
         let reason = match &mut response {
             Ok(StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Error(e), _))
@@ -272,92 +382,76 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             }
             _ => return response,
         };
-        if !self.shared.claim_reprobe() {
-            warn!(server = %self.shared.key, %reason,
+        let verdict = self.shared.verdict();
+        if !verdict.claim_reprobe() {
+            warn!(server = %self.shared.key(), %reason,
                 "protocol version refused again; already re-probed once in this process, giving up");
             return response;
         }
-        let Some(stale) = self.shared.forget_profile() else {
+        let Some(stale) = verdict.forget() else {
             return response;
         };
         let stale = verdict_text(&stale);
-        warn!(server = %self.shared.key, %stale, %reason,
+        warn!(server = %self.shared.key(), %stale, %reason,
             "the stored era verdict stopped working; forgetting it and probing the server again, once");
         let outcome = match modern::reprobe_request(&original) {
-            Some(probe) => {
-                let requested = modern::requested_version(&probe);
-                // The request's own routing headers (`Mcp-Method`, `Mcp-Name`,
-                // `Mcp-Param-*`) would contradict the probe's body.
-                let mut headers = custom_headers.clone();
-                headers.retain(|name, _| {
-                    let name = name.as_str();
-                    name != "mcp-method" && name != "mcp-name" && !name.starts_with("mcp-param-")
-                });
-                headers.insert(
-                    HeaderName::from_static("mcp-method"),
-                    HeaderValue::from_static("server/discover"),
-                );
-                let answer = match self
-                    .send(
-                        uri.clone(),
-                        probe,
-                        None,
-                        auth_header.clone(),
-                        headers,
-                        max_sse_event_size,
-                    )
-                    .await
-                {
-                    Ok(r) => first_answer::<C::Error>(r).await,
-                    Err(e) => Err(e),
-                };
-                match answer {
-                    Ok((answer, _)) => modern::after_reprobe(&self.shared, &answer, requested),
-                    Err(e) => {
-                        warn!(server = %self.shared.key, error = %e, "re-probe failed");
-                        modern::Reprobe::Failed
-                    }
-                }
-            }
+            Some(probe) => self.reprobe(probe, &post).await,
             None => modern::Reprobe::Failed,
         };
-        let new_verdict = self.shared.profile().as_ref().map(verdict_text);
-        self.shared.health.notify(ClientNotice::StaleVerdict {
+        let new_verdict = verdict.profile().as_ref().map(verdict_text);
+        self.shared.health().notify(ClientNotice::StaleVerdict {
             stale,
             reason,
             new_verdict: new_verdict.clone(),
         });
         match outcome {
             modern::Reprobe::Retry => {
-                info!(server = %self.shared.key, "re-probe: the version is supported; sending the request once more");
-                let mut retried = self
-                    .send(
-                        uri,
-                        original,
-                        None,
-                        auth_header,
-                        custom_headers,
-                        max_sse_event_size,
-                    )
-                    .await;
+                info!(server = %self.shared.key(), "re-probe: the version is supported; sending the request once more");
+                let mut retried = post.send(&self.inner, original).await;
                 if let Ok(StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Error(e), _)) =
                     &mut retried
                     && modern::is_unsupported(e.error.code)
                 {
-                    warn!(server = %self.shared.key, "refused again after the re-probe; giving up");
+                    warn!(server = %self.shared.key(), "refused again after the re-probe; giving up");
                     e.error.code = ErrorCode::UNSUPPORTED_PROTOCOL_VERSION;
                 }
                 retried
             }
             modern::Reprobe::NewVerdict => {
-                warn!(server = %self.shared.key, new_verdict = ?new_verdict,
+                warn!(server = %self.shared.key(), new_verdict = ?new_verdict,
                     "re-probe stored a new verdict; this connection fails, the next start uses it");
                 response
             }
             modern::Reprobe::Failed => {
-                warn!(server = %self.shared.key,
+                warn!(server = %self.shared.key(),
                     "re-probe found no usable verdict; the next start probes again");
                 response
+            }
+        }
+    }
+
+    /// Sends the re-probing `server/discover` on the refused request's
+    /// terms and stores what it finds.
+    async fn reprobe(&self, probe: ClientJsonRpcMessage, post: &Post) -> modern::Reprobe {
+        let requested = modern::requested_version(&probe);
+        // The request's own routing headers (`Mcp-Method`, `Mcp-Name`,
+        // `Mcp-Param-*`) would contradict the probe's body.
+        let mut post = post.clone();
+        post.custom_headers
+            .retain(|name, _| !is_routing_header(name));
+        post.custom_headers.insert(
+            header_name(HEADER_MCP_METHOD),
+            HeaderValue::from_static("server/discover"),
+        );
+        let answer = match post.send(&self.inner, probe).await {
+            Ok(r) => first_answer::<C::Error>(r).await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok((answer, _)) => modern::after_reprobe(&self.shared, &answer, requested),
+            Err(e) => {
+                warn!(server = %self.shared.key(), error = %e, "re-probe failed");
+                modern::Reprobe::Failed
             }
         }
     }
@@ -375,51 +469,22 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         }
         let reason = format!("{} ({})", e.error.code.0, e.error.message);
         e.error.code = ErrorCode::UNSUPPORTED_PROTOCOL_VERSION;
-        if !self.shared.claim_reprobe() {
+        let verdict = self.shared.verdict();
+        if !verdict.claim_reprobe() {
             return;
         }
-        let Some(stale) = self.shared.forget_profile() else {
+        let Some(stale) = verdict.forget() else {
             return;
         };
         let stale = verdict_text(&stale);
-        warn!(server = %self.shared.key, %stale, %reason,
+        warn!(server = %self.shared.key(), %stale, %reason,
             "the stored legacy verdict stopped working; forgetting it and the session, the next start probes again");
         self.shared.on_ended(session);
-        self.shared.health.notify(ClientNotice::StaleVerdict {
+        self.shared.health().notify(ClientNotice::StaleVerdict {
             stale,
             reason,
             new_verdict: None,
         });
-    }
-
-    async fn send(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: Option<usize>,
-    ) -> PostResult<C::Error> {
-        match max_sse_event_size {
-            Some(max) => {
-                self.inner
-                    .post_message_with_max_sse_event_size(
-                        uri,
-                        message,
-                        session_id,
-                        auth_header,
-                        custom_headers,
-                        max,
-                    )
-                    .await
-            }
-            None => {
-                self.inner
-                    .post_message(uri, message, session_id, auth_header, custom_headers)
-                    .await
-            }
-        }
     }
 
     async fn after_initialize(
@@ -435,7 +500,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             return;
         };
         let Some(sid) = new_session else {
-            debug!(server = %self.shared.key, "server runs without sessions; nothing to keep");
+            debug!(server = %self.shared.key(), "server runs without sessions; nothing to keep");
             return;
         };
         match SessionId::new(sid.to_owned()) {
@@ -445,7 +510,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     .await
             }
             Err(e) => {
-                warn!(server = %self.shared.key, error = %e, "server sent a session id that cannot be stored")
+                warn!(server = %self.shared.key(), error = %e, "server sent a session id that cannot be stored")
             }
         }
     }
@@ -461,7 +526,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         let NumberOrString::Number(wire) = *id else {
             return;
         };
-        if let Some(local) = self.shared.map_take(wire) {
+        if let Some(local) = self.shared.ids().take_local(wire) {
             *id = local;
             let task = match answer {
                 ServerJsonRpcMessage::Response(r) => serde_json::to_value(&r.result)
@@ -470,9 +535,10 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     .and_then(task_id_of),
                 _ => None,
             };
+            let journal = self.shared.journal();
             match task {
-                Some(task) => self.shared.task(session, wire, task),
-                None => self.shared.complete(session, wire),
+                Some(task) => journal.task(session, RequestId::Number(wire), task),
+                None => journal.complete(session, RequestId::Number(wire)),
             }
         }
     }
@@ -484,10 +550,13 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         stream
             .map(move |item| {
                 let Ok(mut event) = item else { return item };
+                let journal = shared.journal();
                 if let Some(id) = event.id.as_deref() {
                     match &owner {
-                        StreamOwner::Request(s, wire) => shared.cursor(s, *wire, id),
-                        StreamOwner::Standalone(s) => shared.standalone_cursor(s, id),
+                        StreamOwner::Request(s, wire) => {
+                            journal.cursor(s, RequestId::Number(*wire), id)
+                        }
+                        StreamOwner::Standalone(s) => journal.standalone_cursor(s, id),
                         StreamOwner::Other(_) => {}
                     }
                 }
@@ -500,13 +569,13 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     && let Ok(mut value) = serde_json::from_str::<Value>(data)
                     && value.get("method").is_none()
                     && let Some(wire) = value.get("id").and_then(Value::as_i64)
-                    && let Some(local) = shared.map_take(wire)
+                    && let Some(local) = shared.ids().take_local(wire)
                 {
                     value["id"] = local.into_json_value();
                     if let Some(session) = session {
                         match value.get("result").and_then(task_id_of) {
-                            Some(task) => shared.task(session, wire, task),
-                            None => shared.complete(session, wire),
+                            Some(task) => journal.task(session, RequestId::Number(wire), task),
+                            None => journal.complete(session, RequestId::Number(wire)),
                         }
                     }
                     if let Ok(text) = serde_json::to_string(&value) {
@@ -575,8 +644,14 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult<Self::Error> {
-        self.post(uri, message, session_id, auth_header, custom_headers, None)
-            .await
+        let post = Post {
+            uri,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits: Limits::Default,
+        };
+        self.post(message, post).await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -588,15 +663,33 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> PostResult<Self::Error> {
-        self.post(
+        let post = Post {
             uri,
-            message,
             session_id,
             auth_header,
             custom_headers,
-            Some(max_sse_event_size),
-        )
-        .await
+            limits: Limits::SseEvent(max_sse_event_size),
+        };
+        self.post(message, post).await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> PostResult<Self::Error> {
+        let post = Post {
+            uri,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits: Limits::Response(limits),
+        };
+        self.post(message, post).await
     }
 
     async fn delete_session(
@@ -606,13 +699,13 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for DurableHttpClient<
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<Self::Error>> {
-        if self.shared.ending() {
+        if self.shared.session().ending() {
             return self
                 .inner
                 .delete_session(uri, session_id, auth_header, custom_headers)
                 .await;
         }
-        debug!(server = %self.shared.key, "keeping the session for the next process (no DELETE)");
+        debug!(server = %self.shared.key(), "keeping the session for the next process (no DELETE)");
         Ok(())
     }
 
@@ -694,9 +787,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
 impl<C> DurableHttpClient<C> {
     /// Modern servers get no GET stream and no `Last-Event-ID`.
     fn judged_modern(&self) -> bool {
-        self.shared
-            .profile()
-            .is_some_and(|p| p.era == ProtocolEra::Modern)
+        self.shared.verdict().is_modern()
     }
 
     /// For the first standalone GET of a session resumed after a restart:
@@ -706,8 +797,8 @@ impl<C> DurableHttpClient<C> {
         let StreamOwner::Standalone(session) = owner else {
             return None;
         };
-        let cursor = self.shared.take_standalone_cursor(session)?;
-        info!(server = %self.shared.key, session = %session, "resuming the standalone stream where the previous process stopped");
+        let cursor = self.shared.session().take_standalone_cursor(session)?;
+        info!(server = %self.shared.key(), session = %session, "resuming the standalone stream where the previous process stopped");
         Some(cursor)
     }
 
@@ -725,7 +816,7 @@ impl<C> DurableHttpClient<C> {
                 | StreamableHttpError::InsufficientScope(_)),
             ) => Err(e),
             Err(e) => {
-                warn!(server = %self.shared.key, error = %e, "the server would not resume the standalone stream; opening a fresh one (messages sent meanwhile are lost)");
+                warn!(server = %self.shared.key(), error = %e, "the server would not resume the standalone stream; opening a fresh one (messages sent meanwhile are lost)");
                 Ok(None)
             }
         }

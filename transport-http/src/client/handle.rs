@@ -1,106 +1,20 @@
 //! The handle the application keeps next to the rmcp transport.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
-use futures::{FutureExt, future::BoxFuture, stream::BoxStream};
-use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{BoxError, InFlightRequest, RequestId, ServerKey, SessionId};
-use rmcp::{
-    model::InitializeResult,
-    transport::streamable_http_client::{SseError, StreamableHttpClient, StreamableHttpError},
-};
-use sse_stream::Sse;
+use mcp_persist_core::{InFlightRequest, ServerKey, SessionId};
+use rmcp::model::InitializeResult;
 use tokio::sync::broadcast;
 use tracing::info;
 
 use super::{
-    ClientError, ClientNotice, StartKind,
-    journal::Op,
-    recovery::{Recovery, RecoveryConfig},
-    state::{Shared, lock},
+    headers::version_headers,
+    health::lock,
+    recovery::{Recoverer, Recovery, RecoveryConfig},
+    report::{ClientError, ClientNotice, StartKind},
+    state::Shared,
+    wire::{Wire, WireError},
 };
-
-/// An SSE resume through the wrapped HTTP client.
-pub(crate) type SseResume = BoxStream<'static, Result<Sse, SseError>>;
-
-/// The HTTP calls the handle makes itself, through the wrapped client.
-pub(crate) trait Wire: Send + Sync {
-    fn resume(
-        &self,
-        session: Arc<str>,
-        last_event_id: String,
-        headers: HashMap<HeaderName, HeaderValue>,
-    ) -> BoxFuture<'static, Result<SseResume, WireError>>;
-    fn delete(
-        &self,
-        session: Arc<str>,
-        headers: HashMap<HeaderName, HeaderValue>,
-    ) -> BoxFuture<'static, Result<(), WireError>>;
-}
-
-/// Why a call of the handle's own failed.
-#[derive(Debug)]
-pub(crate) enum WireError {
-    /// The server no longer knows the session.
-    SessionGone,
-    /// Anything else.
-    Other(BoxError),
-}
-
-impl<E: std::error::Error + Send + Sync + 'static> From<StreamableHttpError<E>> for WireError {
-    fn from(e: StreamableHttpError<E>) -> Self {
-        match e {
-            StreamableHttpError::SessionExpired => WireError::SessionGone,
-            StreamableHttpError::UnexpectedServerResponse(ref m) if m.contains("404") => {
-                WireError::SessionGone
-            }
-            other => WireError::Other(Box::new(other)),
-        }
-    }
-}
-
-pub(crate) struct WireClient<C> {
-    pub(crate) inner: std::sync::Mutex<C>,
-    pub(crate) uri: Arc<str>,
-    pub(crate) auth_header: Option<String>,
-}
-
-impl<C: StreamableHttpClient> Wire for WireClient<C> {
-    fn resume(
-        &self,
-        session: Arc<str>,
-        last_event_id: String,
-        headers: HashMap<HeaderName, HeaderValue>,
-    ) -> BoxFuture<'static, Result<SseResume, WireError>> {
-        let client = lock(&self.inner).clone();
-        let uri = self.uri.clone();
-        let auth = self.auth_header.clone();
-        async move {
-            client
-                .get_stream(uri, Some(session), Some(last_event_id), auth, headers)
-                .await
-                .map_err(WireError::from)
-        }
-        .boxed()
-    }
-
-    fn delete(
-        &self,
-        session: Arc<str>,
-        headers: HashMap<HeaderName, HeaderValue>,
-    ) -> BoxFuture<'static, Result<(), WireError>> {
-        let client = lock(&self.inner).clone();
-        let uri = self.uri.clone();
-        let auth = self.auth_header.clone();
-        async move {
-            match client.delete_session(uri, session, auth, headers).await {
-                Ok(()) | Err(StreamableHttpError::ServerDoesNotSupportDeleteSession) => Ok(()),
-                Err(e) => Err(WireError::from(e)),
-            }
-        }
-        .boxed()
-    }
-}
 
 /// The application's view of a durable client: what was stored, what
 /// happened to the session, and the requests a previous process left
@@ -121,7 +35,7 @@ pub struct ClientHandle {
 impl std::fmt::Debug for ClientHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientHandle")
-            .field("server", &self.shared.key)
+            .field("server", self.shared.key())
             .field("start", &self.start)
             .finish_non_exhaustive()
     }
@@ -130,7 +44,7 @@ impl std::fmt::Debug for ClientHandle {
 impl ClientHandle {
     /// The server and profile all state is kept under.
     pub fn server_key(&self) -> &ServerKey {
-        &self.shared.key
+        self.shared.key()
     }
 
     /// How this process started: on a stored session, or fresh (and why).
@@ -147,28 +61,28 @@ impl ClientHandle {
     /// server info and instructions. After a restart it is the stored one,
     /// available before any network call.
     pub fn initialize_result(&self) -> Option<InitializeResult> {
-        self.shared.current().map(|(_, result)| result)
+        self.shared.session().current().map(|(_, result)| result)
     }
 
     /// The `Mcp-Session-Id` in use, if any.
-    pub fn session_id(&self) -> Option<String> {
-        self.shared.current().map(|(s, _)| s.to_string())
+    pub fn session_id(&self) -> Option<SessionId> {
+        self.shared.session().current().map(|(s, _)| s)
     }
 
     /// Whether the client still writes its store (false once the store
     /// failed and the client went on with in-memory state).
     pub fn persisting(&self) -> bool {
-        self.shared.health.persisting()
+        self.shared.health().persisting()
     }
 
     /// Everything noticed so far, oldest first.
     pub fn notices(&self) -> Vec<ClientNotice> {
-        self.shared.health.notices()
+        self.shared.health().notices()
     }
 
     /// Notices from now on, as they happen.
     pub fn subscribe(&self) -> broadcast::Receiver<ClientNotice> {
-        self.shared.health.subscribe()
+        self.shared.health().subscribe()
     }
 
     /// The requests a previous process sent in the resumed session and never
@@ -182,7 +96,7 @@ impl ClientHandle {
     /// anyway; this is for a process that wants a known point, such as
     /// before it reports work as started.
     pub async fn flush(&self) {
-        self.shared.journal.flush().await;
+        self.shared.journal().flush().await;
     }
 
     /// Collects the interrupted requests: each becomes a [`Recovery`] saying
@@ -193,10 +107,15 @@ impl ClientHandle {
         let Some(session) = self.interrupted_session.clone() else {
             return Vec::new();
         };
+        let context = Recoverer {
+            shared: self.shared.clone(),
+            wire: self.wire.clone(),
+            config: self.recovery,
+        };
         let requests = std::mem::take(&mut *lock(&self.interrupted));
         requests
             .into_iter()
-            .map(|request| Recovery::new(self.clone(), session.clone(), request))
+            .map(|request| Recovery::new(context.clone(), session.clone(), request))
             .collect()
     }
 
@@ -206,17 +125,9 @@ impl ClientHandle {
     /// journal by itself when its answer is read.
     pub fn dismiss(&self, request: &InFlightRequest) {
         if let Some(session) = &self.interrupted_session {
-            self.forget_request(session, &request.id);
+            self.shared.journal().complete(session, request.id.clone());
         }
         lock(&self.interrupted).retain(|r| r.id != request.id);
-    }
-
-    pub(crate) fn forget_request(&self, session: &SessionId, id: &RequestId) {
-        if self.shared.health.persisting() {
-            self.shared
-                .journal
-                .send(Op::Complete(session.clone(), id.clone()));
-        }
     }
 
     /// Ends the session: sends `DELETE` to the server and forgets the stored
@@ -224,18 +135,17 @@ impl ClientHandle {
     /// the rmcp client runs, dropping or closing it keeps the session for the
     /// next process.
     pub async fn end_session(&self) -> Result<(), ClientError> {
-        let Some((session, result)) = self.shared.current() else {
+        let Some((session, result)) = self.shared.session().current() else {
             return Ok(());
         };
-        self.shared.set_ending(true);
-        let mut headers = HashMap::new();
-        if let Ok(v) = HeaderValue::from_str(result.protocol_version.as_str()) {
-            headers.insert(HeaderName::from_static("mcp-protocol-version"), v);
-        }
-        let sent = self.wire.delete(Arc::from(session.as_str()), headers).await;
+        self.shared.session().set_ending(true);
+        let sent = self
+            .wire
+            .delete(Arc::from(session.as_str()), version_headers(&result))
+            .await;
         self.shared.on_ended(&session);
         self.flush().await;
-        info!(server = %self.shared.key, session = %session, "session ended by the application");
+        info!(server = %self.shared.key(), session = %session, "session ended by the application");
         match sent {
             Ok(()) | Err(WireError::SessionGone) => Ok(()),
             Err(WireError::Other(source)) => Err(ClientError::EndSession { source }),

@@ -14,7 +14,7 @@ use mcp_persist_core::{
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use super::state::Health;
+use super::health::Health;
 
 /// The key under which a session's standalone GET stream cursor is stored
 /// (request streams are keyed by their request id).
@@ -22,7 +22,7 @@ pub(crate) const STANDALONE_STREAM: &str = "standalone";
 
 /// One change for the store, in the order the client made it.
 #[derive(Debug)]
-pub(crate) enum Op {
+enum Op {
     /// A new session: stored with `Overwrite` (a stale or corrupt record is
     /// replaced), its journal starting empty.
     SaveSession(Box<LegacySession>),
@@ -57,16 +57,20 @@ struct Entry {
     completed: bool,
 }
 
-/// The sending half, held by the decorator.
+/// The sending half: what the client tells the store, in order. Every
+/// write is dropped once the store has failed ([`Health::degrade`]).
 #[derive(Debug, Clone)]
 pub(crate) struct JournalTx {
     tx: mpsc::UnboundedSender<Op>,
+    health: Arc<Health>,
 }
 
 impl JournalTx {
-    pub(crate) fn send(&self, op: Op) {
-        // The writer only stops when every sender is gone.
-        let _ = self.tx.send(op);
+    fn send(&self, op: Op) {
+        if self.health.persisting() {
+            // The writer only stops when every sender is gone.
+            let _ = self.tx.send(op);
+        }
     }
 
     /// Waits until everything sent before is in the store (or dropped,
@@ -76,6 +80,52 @@ impl JournalTx {
         if self.tx.send(Op::Flush(tx)).is_ok() {
             let _ = rx.await;
         }
+    }
+
+    /// Stores a new session, replacing whatever was stored.
+    pub(crate) fn save_session(&self, session: LegacySession) {
+        self.send(Op::SaveSession(Box::new(session)));
+    }
+
+    /// Forgets the stored session and its journal.
+    pub(crate) fn forget_session(&self, session: &SessionId) {
+        self.send(Op::ForgetSession(session.clone()));
+    }
+
+    /// Stores the era verdict.
+    pub(crate) fn save_profile(&self, profile: ServerProfile) {
+        self.send(Op::SaveProfile(Box::new(profile)));
+    }
+
+    /// Forgets the era verdict.
+    pub(crate) fn forget_profile(&self) {
+        self.send(Op::ForgetProfile);
+    }
+
+    /// Journals a request sent in `session`.
+    pub(crate) fn record(&self, session: &SessionId, record: InFlightRequest) {
+        self.send(Op::Record(session.clone(), Box::new(record)));
+    }
+
+    /// Closes the journal entry of a request (answered, failed to send, or
+    /// dealt with by the application).
+    pub(crate) fn complete(&self, session: &SessionId, id: RequestId) {
+        self.send(Op::Complete(session.clone(), id));
+    }
+
+    /// The last SSE event id seen on a request's response stream.
+    pub(crate) fn cursor(&self, session: &SessionId, id: RequestId, event: &str) {
+        self.send(Op::Cursor(session.clone(), id, event.to_owned()));
+    }
+
+    /// The task id a task-augmented request was answered with.
+    pub(crate) fn task(&self, session: &SessionId, id: RequestId, task: String) {
+        self.send(Op::Task(session.clone(), id, task));
+    }
+
+    /// The last SSE event id seen on the session's standalone GET stream.
+    pub(crate) fn standalone_cursor(&self, session: &SessionId, event: &str) {
+        self.send(Op::Standalone(session.clone(), event.to_owned()));
     }
 }
 
@@ -91,7 +141,7 @@ pub(crate) fn spawn(
         Writer {
             store,
             key,
-            health,
+            health: health.clone(),
             delay,
             entries: HashMap::new(),
             deletes: Vec::new(),
@@ -99,7 +149,7 @@ pub(crate) fn spawn(
         }
         .run(rx),
     );
-    JournalTx { tx }
+    JournalTx { tx, health }
 }
 
 struct Writer {

@@ -35,23 +35,23 @@ pub(crate) fn cached_discover(
     shared: &Shared,
     id: &NumberOrString,
 ) -> Option<ServerJsonRpcMessage> {
-    let profile = shared.profile()?;
+    let profile = shared.verdict().profile()?;
     match profile.era {
         ProtocolEra::Modern => {
             let cache = profile.discover.as_ref()?;
             if !cache.is_fresh_at(Timestamp::now()) {
-                debug!(server = %shared.key, "cached server/discover expired; asking the server");
+                debug!(server = %shared.key(), "cached server/discover expired; asking the server");
                 return None;
             }
             let result: DiscoverResult = serde_json::from_value(cache.result.clone()).ok()?;
-            info!(server = %shared.key, "server/discover answered from the cache");
+            info!(server = %shared.key(), "server/discover answered from the cache");
             Some(ServerJsonRpcMessage::response(
                 ServerResult::DiscoverResult(result),
                 id.clone(),
             ))
         }
         ProtocolEra::Legacy => {
-            info!(server = %shared.key, version = %profile.protocol_version,
+            info!(server = %shared.key(), version = %profile.protocol_version,
                 "stored verdict: legacy server; skipping the server/discover probe");
             Some(ServerJsonRpcMessage::error(
                 ErrorData::new(
@@ -94,13 +94,14 @@ pub(crate) fn after_discover(
             let Ok(json) = serde_json::to_value(result) else {
                 return;
             };
-            info!(server = %shared.key, %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
+            info!(server = %shared.key(), %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
             let scope = json
                 .get("cacheScope")
                 .and_then(Value::as_str)
                 .map(str::to_owned);
             shared
-                .set_profile(ServerProfile::new(version.era(), version).with_discover(
+                .verdict()
+                .set(ServerProfile::new(version.era(), version).with_discover(
                     DiscoverCache::new(json, result.ttl_ms).with_cache_scope(scope),
                 ));
         }
@@ -130,7 +131,7 @@ pub(crate) fn after_discover(
             } else {
                 // Only handshake versions: a legacy server. rmcp falls back
                 // to `initialize`, whose session then stores the verdict.
-                info!(server = %shared.key, ?supported, "server supports legacy versions only; falling back to initialize");
+                info!(server = %shared.key(), ?supported, "server supports legacy versions only; falling back to initialize");
                 error.error.code = ErrorCode::METHOD_NOT_FOUND;
             }
         }
@@ -242,8 +243,10 @@ pub(crate) fn after_reprobe(
             let Some(version) = version else {
                 return Reprobe::Failed;
             };
-            info!(server = %shared.key, %version, "re-probe: the server is legacy now; verdict stored");
-            shared.set_profile(ServerProfile::new(ProtocolEra::Legacy, version));
+            info!(server = %shared.key(), %version, "re-probe: the server is legacy now; verdict stored");
+            shared
+                .verdict()
+                .set(ServerProfile::new(ProtocolEra::Legacy, version));
             Reprobe::NewVerdict
         }
         _ => Reprobe::Failed,

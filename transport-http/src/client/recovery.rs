@@ -5,17 +5,34 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{BoxError, InFlightRequest, RequestId, SessionId};
-use serde_json::Value;
+use rmcp::model::{
+    ErrorData, NumberOrString, ServerJsonRpcMessage, ServerNotification, ServerRequest,
+    ServerResult,
+};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::handle::{ClientHandle, SseResume, WireError};
+use super::{
+    headers::version_headers,
+    state::Shared,
+    wire::{SseResume, Wire, WireError},
+};
 
 /// How long and how often a resumed request is polled.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecoveryConfig {
     pub(crate) timeout: Duration,
     pub(crate) poll_interval: Duration,
+}
+
+/// What collecting an interrupted request needs of the client: its state
+/// (for the journal and the session's version), the wire to resume through,
+/// and the timing.
+#[derive(Clone)]
+pub(crate) struct Recoverer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) wire: Arc<dyn Wire>,
+    pub(crate) config: RecoveryConfig,
 }
 
 /// How the answer to one interrupted request can be had.
@@ -27,7 +44,7 @@ pub enum Recovery {
     /// `Last-Event-ID` (see [`ResumedRequest::next`]).
     Resumable(ResumedRequest),
     /// The request was task-augmented: poll `tasks/get` with this id.
-    /// Call [`ClientHandle::dismiss`] once the task's result is in.
+    /// Call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss) once the task's result is in.
     Task {
         /// The request as journaled.
         request: InFlightRequest,
@@ -36,7 +53,7 @@ pub enum Recovery {
     },
     /// Nothing to resume it from: the server may or may not have run it.
     /// Its method and params are here for the application to decide
-    /// whether to send it again; then call [`ClientHandle::dismiss`].
+    /// whether to send it again; then call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss).
     Lost {
         /// The request as journaled.
         request: InFlightRequest,
@@ -44,13 +61,13 @@ pub enum Recovery {
 }
 
 impl Recovery {
-    pub(crate) fn new(handle: ClientHandle, session: SessionId, request: InFlightRequest) -> Self {
+    pub(crate) fn new(context: Recoverer, session: SessionId, request: InFlightRequest) -> Self {
         if let Some(task_id) = request.task_id.clone() {
             return Recovery::Task { request, task_id };
         }
         match request.last_event_id.clone() {
             Some(cursor) => Recovery::Resumable(ResumedRequest {
-                handle,
+                context,
                 session,
                 request,
                 cursor,
@@ -71,20 +88,23 @@ impl Recovery {
     }
 }
 
-/// One message collected for a resumed request.
-#[derive(Debug, Clone, PartialEq)]
+/// The final answer to a resumed request, as rmcp's own client would have
+/// read it: the result (match on its variant, e.g.
+/// `ServerResult::CallToolResult`), or the JSON-RPC error.
+pub type RecoveredAnswer = Result<ServerResult, ErrorData>;
+
+/// One message collected for a resumed request, in rmcp's types.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RecoveredMessage {
-    /// A notification sent on the request's stream (progress, log, ...),
-    /// as JSON-RPC.
-    Notification(Value),
+    /// A notification sent on the request's stream (progress, log, ...).
+    Notification(ServerNotification),
     /// A request the server sent on the request's stream (sampling,
-    /// elicitation, ...), as JSON-RPC. It can no longer be answered on the
-    /// old stream's terms; it is here so nothing goes unseen.
-    ServerRequest(Value),
-    /// The final answer: `Ok` with the JSON-RPC `result`, or `Err` with the
-    /// JSON-RPC `error` object.
-    Answer(Result<Value, Value>),
+    /// elicitation, ...). It can no longer be answered on the old stream's
+    /// terms; it is here so nothing goes unseen.
+    ServerRequest(ServerRequest),
+    /// The final answer.
+    Answer(RecoveredAnswer),
 }
 
 /// Why collecting a resumed request failed.
@@ -112,7 +132,7 @@ pub enum RecoveryError {
 /// A request whose response stream is resumed with `GET` and
 /// `Last-Event-ID`.
 pub struct ResumedRequest {
-    handle: ClientHandle,
+    context: Recoverer,
     session: SessionId,
     request: InFlightRequest,
     cursor: String,
@@ -144,7 +164,7 @@ impl ResumedRequest {
     /// answer arrives or the recovery timeout passes. Once the answer is
     /// read, the request leaves the journal.
     pub async fn next(&mut self) -> Option<Result<RecoveredMessage, RecoveryError>> {
-        let config = self.handle.recovery;
+        let config = self.context.config;
         let deadline = *self
             .deadline
             .get_or_insert_with(|| Instant::now() + config.timeout);
@@ -162,7 +182,7 @@ impl ResumedRequest {
             let Some(stream) = self.stream.as_mut() else {
                 let opened = tokio::time::timeout_at(
                     deadline,
-                    self.handle.wire.resume(
+                    self.context.wire.resume(
                         Arc::from(self.session.as_str()),
                         self.cursor.clone(),
                         self.headers(),
@@ -200,41 +220,46 @@ impl ResumedRequest {
                 retry = Duration::from_millis(ms).max(Duration::from_millis(10));
             }
             if let Some(id) = event.id {
-                if let RequestId::Number(wire) = self.request.id {
-                    self.handle.shared.cursor(&self.session, wire, &id);
-                }
+                self.context
+                    .shared
+                    .journal()
+                    .cursor(&self.session, self.request.id.clone(), &id);
                 self.cursor = id;
             }
             let Some(data) = event.data.filter(|d| !d.trim().is_empty()) else {
                 continue;
             };
-            let Ok(mut value) = serde_json::from_str::<Value>(&data) else {
+            // What rmcp's own client would read from the event; anything
+            // else is no message of this stream.
+            let Ok(message) = serde_json::from_str::<ServerJsonRpcMessage>(&data) else {
                 continue;
             };
-            let is_ours = value
-                .get("id")
-                .is_some_and(|id| same_id(id, &self.request.id));
-            if value.get("method").is_some() {
-                return Some(Ok(if value.get("id").is_some() {
-                    RecoveredMessage::ServerRequest(value)
-                } else {
-                    RecoveredMessage::Notification(value)
-                }));
-            }
-            if !is_ours {
-                continue;
-            }
+            let answer = match message {
+                ServerJsonRpcMessage::Notification(n) => {
+                    return Some(Ok(RecoveredMessage::Notification(n.notification)));
+                }
+                ServerJsonRpcMessage::Request(r) => {
+                    return Some(Ok(RecoveredMessage::ServerRequest(r.request)));
+                }
+                ServerJsonRpcMessage::Response(r) if same_id(&r.id, &self.request.id) => {
+                    Ok(r.result)
+                }
+                ServerJsonRpcMessage::Error(e)
+                    if e.id
+                        .as_ref()
+                        .is_some_and(|id| same_id(id, &self.request.id)) =>
+                {
+                    Err(e.error)
+                }
+                _ => continue,
+            };
             self.done = true;
             self.stream = None;
-            self.handle.forget_request(&self.session, &self.request.id);
+            self.context
+                .shared
+                .journal()
+                .complete(&self.session, self.request.id.clone());
             info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
-            let answer = match value.as_object_mut() {
-                Some(object) => match (object.remove("result"), object.remove("error")) {
-                    (Some(result), _) => Ok(result),
-                    (None, error) => Err(error.unwrap_or(Value::Null)),
-                },
-                None => Err(Value::Null),
-            };
             return Some(Ok(RecoveredMessage::Answer(answer)));
         }
     }
@@ -242,7 +267,7 @@ impl ResumedRequest {
     /// Reads to the end: the notifications in order, and the final answer.
     pub async fn collect(
         mut self,
-    ) -> Result<(Vec<RecoveredMessage>, Result<Value, Value>), RecoveryError> {
+    ) -> Result<(Vec<RecoveredMessage>, RecoveredAnswer), RecoveryError> {
         let mut seen = Vec::new();
         while let Some(message) = self.next().await {
             match message? {
@@ -251,24 +276,22 @@ impl ResumedRequest {
             }
         }
         Err(RecoveryError::Timeout {
-            after: self.handle.recovery.timeout,
+            after: self.context.config.timeout,
         })
     }
 
     fn headers(&self) -> HashMap<HeaderName, HeaderValue> {
-        let mut headers = HashMap::new();
-        if let Some((_, result)) = self.handle.shared.current()
-            && let Ok(v) = HeaderValue::from_str(result.protocol_version.as_str())
-        {
-            headers.insert(HeaderName::from_static("mcp-protocol-version"), v);
+        match self.context.shared.session().current() {
+            Some((_, result)) => version_headers(&result),
+            None => HashMap::new(),
         }
-        headers
     }
 }
 
-fn same_id(id: &Value, ours: &RequestId) -> bool {
-    match ours {
-        RequestId::Number(n) => id.as_i64() == Some(*n),
-        RequestId::String(s) => id.as_str() == Some(s.as_str()),
+fn same_id(id: &NumberOrString, ours: &RequestId) -> bool {
+    match (id, ours) {
+        (NumberOrString::Number(a), RequestId::Number(b)) => a == b,
+        (NumberOrString::String(a), RequestId::String(b)) => a.as_ref() == b.as_str(),
+        _ => false,
     }
 }

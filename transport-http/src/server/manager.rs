@@ -15,7 +15,7 @@ use rmcp::{
 use tokio::sync::RwLock;
 use tracing::{debug, info};
 
-use super::DurableEventStore;
+use super::event_store::DurableEventStore;
 
 /// Why the [`DurableSessionManager`] could not serve a session operation.
 #[derive(Debug, thiserror::Error)]

@@ -61,6 +61,8 @@ pub struct AuthServer {
     pub refreshes: AtomicUsize,
     pub client_credentials: AtomicUsize,
     pub rejected_refreshes: AtomicUsize,
+    /// The `scope` of every accepted refresh request, in order.
+    pub refresh_scopes: Mutex<Vec<Option<String>>>,
     /// Lifetime of issued access tokens, in seconds.
     pub expires_in: AtomicU64,
     /// client id -> secret.
@@ -307,6 +309,10 @@ async fn token(State(s): State<Arc<AuthServer>>, headers: HeaderMap, body: Strin
                 return json_response(StatusCode::BAD_REQUEST, json!({"error": "invalid_grant"}));
             }
             s.refreshes.fetch_add(1, Ordering::SeqCst);
+            s.refresh_scopes
+                .lock()
+                .unwrap()
+                .push(form.get("scope").cloned());
             let issued = issue(&s, &client_id);
             s.refreshed_access_tokens
                 .lock()
