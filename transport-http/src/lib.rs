@@ -32,6 +32,9 @@
 //! | `server` | yes | [`server`]: session and event stores for rmcp, the binding layer, the builder |
 //! | `client` | yes | [`client`]: the durable client decorator, its builder and recovery handle |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts, keyed by issuer and resource, shared safely between processes |
+//! | `rustls` | yes | HTTPS for the client (and `auth`'s OAuth requests) through rustls |
+//! | `native-tls` | no | HTTPS for the client through the platform's TLS library (OpenSSL on Linux) |
+//! | `client-rustls` | no | the former name of `rustls`; also turns `client` on |
 
 #![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#features")]
 #![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#features")]
