@@ -3,7 +3,7 @@
 //! Everything that means something to MCP (key layout, record schemas,
 //! validation, compare-and-swap loops) lives once, in the typed stores of this
 //! crate. A backend only stores bytes, and proves it with the
-//! [`conformance`](crate::conformance) suite (feature `conformance`).
+//! [`conformance`] suite (feature `conformance`).
 //!
 //! # Keys
 //!
@@ -98,6 +98,14 @@
 //! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 //! # }
 //! ```
+#![cfg_attr(
+    feature = "conformance",
+    doc = "\n\n[`conformance`]: crate::conformance"
+)]
+#![cfg_attr(
+    not(feature = "conformance"),
+    doc = "\n\n[`conformance`]: crate#features"
+)]
 
 use std::{fmt, time::Duration};
 
@@ -274,7 +282,7 @@ impl fmt::Debug for KvEntry {
 
 /// A key-value backend with compare-and-swap and TTL.
 ///
-/// Contract (every point is checked by [`conformance`](crate::conformance)):
+/// Contract (every point is checked by [`conformance`]):
 ///
 /// * **Atomicity.** Each call is atomic per key: `put` with
 ///   [`PutMode::Update`] and `delete` with a version are linearizable
@@ -287,6 +295,14 @@ impl fmt::Debug for KvEntry {
 /// * **Durability**: an `Ok` write is committed before the call returns.
 /// * **Limits**: keys per [`validate_key`], values up to
 ///   [`max_value_bytes`](KvStore::max_value_bytes), else [`Error::TooLarge`].
+#[cfg_attr(
+    feature = "conformance",
+    doc = "\n\n[`conformance`]: crate::conformance"
+)]
+#[cfg_attr(
+    not(feature = "conformance"),
+    doc = "\n\n[`conformance`]: crate#features"
+)]
 #[async_trait]
 pub trait KvStore: Backend {
     /// The largest value this backend accepts, in bytes.
@@ -367,7 +383,7 @@ impl fmt::Debug for LogRecord {
 
 /// An append-only log backend: many named logs of records.
 ///
-/// Contract (checked by [`conformance`](crate::conformance)):
+/// Contract (checked by [`conformance`]):
 ///
 /// * **Sequence numbers** are assigned by the backend, start above 0, and
 ///   strictly increase within a log in append order, also under concurrent
@@ -384,6 +400,14 @@ impl fmt::Debug for LogRecord {
 ///   expired log reads as empty. After an expiry or a [`delete_log`](LogStore::delete_log),
 ///   sequence numbers may start again.
 /// * Records are at most [`max_record_bytes`](LogStore::max_record_bytes).
+#[cfg_attr(
+    feature = "conformance",
+    doc = "\n\n[`conformance`]: crate::conformance"
+)]
+#[cfg_attr(
+    not(feature = "conformance"),
+    doc = "\n\n[`conformance`]: crate#features"
+)]
 #[async_trait]
 pub trait LogStore: Backend {
     /// The largest record this backend accepts, in bytes.

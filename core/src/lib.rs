@@ -91,9 +91,19 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `conformance` | [`conformance`]: the test suite every backend must pass, and its macros |
+#![cfg_attr(
+    feature = "conformance",
+    doc = "\n\n[`conformance`]: crate::conformance"
+)]
+#![cfg_attr(
+    not(feature = "conformance"),
+    doc = "\n\n[`conformance`]: crate#features"
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod error;
 pub mod memory;

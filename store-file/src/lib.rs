@@ -93,6 +93,8 @@
 //!
 //! This crate has no cargo features.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(not(unix))]
 compile_error!(
     "mcp-persist-store-file supports Unix only (POSIX renames, directory fsync, file modes)"

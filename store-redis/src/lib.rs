@@ -60,6 +60,8 @@
 //!
 //! This crate has no optional features.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod batch;
 mod conn;
 mod error;

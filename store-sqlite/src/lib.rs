@@ -74,6 +74,8 @@
 //!
 //! This crate has no optional features.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::{
     fmt,
     path::{Path, PathBuf},

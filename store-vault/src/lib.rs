@@ -100,6 +100,8 @@
 //! This crate has no cargo features. It uses the AWS SDK with rustls and
 //! the tokio runtime, and without the SSO and credential-process providers.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::{fmt, sync::Arc, time::Duration};
 
 use aws_sdk_secretsmanager::{Client, config::retry::RetryConfig};

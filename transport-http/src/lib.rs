@@ -1,5 +1,5 @@
-//! rmcp integration for mcp-persist: durable Streamable HTTP servers (and,
-//! later, clients) over any backend.
+//! rmcp integration for mcp-persist: durable Streamable HTTP servers and
+//! clients over any backend.
 //!
 //! # Server
 //!
@@ -30,13 +30,25 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `server` | yes | [`server`]: session and event stores for rmcp, the binding layer, the builder |
+//! | `client` | yes | [`client`]: the durable client decorator, its builder and recovery handle |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts, keyed by issuer and resource, shared safely between processes |
+//! | `rustls` | yes | HTTPS for the client (and `auth`'s OAuth requests) through rustls |
+//! | `native-tls` | no | HTTPS for the client through the platform's TLS library (OpenSSL on Linux) |
+//! | `client-rustls` | no | the former name of `rustls`; also turns `client` on |
+
+#![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#features")]
+#![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#features")]
+#![cfg_attr(not(feature = "auth"), doc = "\n\n[`auth`]: crate#features")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
 pub mod server;
 
 #[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
 
 #[cfg(feature = "auth")]
+#[cfg_attr(docsrs, doc(cfg(feature = "auth")))]
 pub mod auth;

@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("demo") => demo::run(&args[1..]),
         Some("conformance") => conformance::run(&args[1..]),
+        Some("features") => check_features(),
         Some("services") => services(),
         _ => {
             eprintln!(
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
                  bench      benchmarks against same-run baselines (optionally: names to run)\n  \
                  demo       a client and a server killed with SIGKILL and restarted, carrying on\n  \
                  conformance  the official MCP conformance suite against our client and server\n  \
+                 features   check that each feature of each published crate builds alone\n  \
                  services   start the test services and print their environment, until Enter"
             );
             return ExitCode::from(2);
@@ -136,6 +138,32 @@ fn test(_args: &[String]) -> Result<()> {
         .env("RUSTDOCFLAGS", "-D warnings");
     run_step(&mut steps, "cargo doc (no broken links)", doc);
 
+    run_task_step(&mut steps, "each feature builds alone", check_features);
+    // After the feature sets, whose dependency builds it reuses.
+    run_task_step(
+        &mut steps,
+        "cargo doc (default features)",
+        doc_default_features,
+    );
+
+    // What a release would upload: manifests, include lists and the
+    // family's exact version pins. Not verified by building the packages
+    // (that rebuilds every dependency from scratch, about 9 minutes here);
+    // the feature checks above build the same sources.
+    let mut package = cargo();
+    package.args([
+        "package",
+        "--workspace",
+        "--exclude",
+        "xtask",
+        "--exclude",
+        "mcp-persist-conformance",
+        "--no-verify",
+        "--allow-dirty",
+        "--quiet",
+    ]);
+    run_step(&mut steps, "cargo package --workspace", package);
+
     println!("\n==> starting services");
     let redis = redis::start().context("starting Redis for the tests")?;
     let moto = moto::start().context("starting moto_server for the tests")?;
@@ -175,6 +203,77 @@ fn test(_args: &[String]) -> Result<()> {
         Ok(())
     } else {
         bail!("failed: {}", failed.join(", "))
+    }
+}
+
+/// The feature sets of the published crates that must build on their own,
+/// each compiled without the rest of the workspace unifying features into
+/// it. The facade turns on nothing but the crate a feature names, so
+/// `mcp-persist` with `redis` is `mcp-persist-store-redis` (and core) alone,
+/// with `client` the transport's `client` alone, and so on: checking the
+/// facade checks each crate of the family once. Sets that compile the same
+/// code as another are left out: `rustls` and `native-tls` add nothing
+/// without `client`, and with it only turn on reqwest's TLS, which the
+/// all-features clippy run and the default build already compile.
+const FEATURE_SETS: &[(&str, &str)] = &[
+    ("mcp-persist", ""),
+    ("mcp-persist-core", "conformance"),
+    ("mcp-persist", "sqlite"),
+    ("mcp-persist", "file"),
+    ("mcp-persist", "redis"),
+    ("mcp-persist", "vault"),
+    ("mcp-persist-transport-http", ""),
+    ("mcp-persist", "server"),
+    ("mcp-persist", "client"),
+    ("mcp-persist", "auth"),
+];
+
+/// The crates whose docs change with their features, documented one by one
+/// with their default features: links to feature-gated items must hold then
+/// too, as a user documenting their own project sees them. Crates without
+/// features document the same with all of them. One crate per run, so that
+/// no other crate unifies a feature into it (and `mcp-persist` and core reuse
+/// what the feature sets built).
+fn doc_default_features() -> Result<()> {
+    for package in [
+        "mcp-persist-core",
+        "mcp-persist",
+        "mcp-persist-transport-http",
+    ] {
+        let mut cmd = cargo();
+        cmd.args(["doc", "--quiet", "--no-deps", "-p", package])
+            .env("RUSTDOCFLAGS", "-D warnings");
+        if !cmd.status().map(|s| s.success()).unwrap_or(false) {
+            bail!("cargo doc -p {package} failed");
+        }
+    }
+    Ok(())
+}
+
+/// `cargo check --no-default-features` of every set in [`FEATURE_SETS`],
+/// sharing the workspace's target directory so that a dependency built
+/// with the same features is built once.
+fn check_features() -> Result<()> {
+    let mut failed = Vec::new();
+    for (package, features) in FEATURE_SETS {
+        let mut cmd = cargo();
+        cmd.args(["check", "--quiet", "--no-default-features", "-p", package]);
+        if !features.is_empty() {
+            cmd.args(["--features", features]);
+        }
+        let label = format!("{package} [{features}]");
+        println!("  {label}");
+        let started = Instant::now();
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        println!("    {:.1}s", started.elapsed().as_secs_f64());
+        if !ok {
+            failed.push(label);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("these do not build alone: {}", failed.join("; "))
     }
 }
 

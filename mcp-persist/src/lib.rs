@@ -1,0 +1,115 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// The README's examples use the client, the server and SQLite: with those
+// features on (as on docs.rs) it is the crate's documentation and its
+// examples are compiled as doctests.
+#![cfg_attr(
+    all(feature = "sqlite", feature = "client", feature = "server"),
+    doc = include_str!("../README.md")
+)]
+#![cfg_attr(
+    not(all(feature = "sqlite", feature = "client", feature = "server")),
+    doc = "Durable state for MCP clients and servers built on rmcp, on the storage \
+           backend the application picks. The README (shown here when the `sqlite`, \
+           `client` and `server` features are on) has the examples."
+)]
+//!
+//! # Crate features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `sqlite` | yes | [`sqlite`]: the embedded SQLite backend |
+//! | `file` | no | [`file`]: the crash-safe directory backend, no server needed |
+//! | `redis` | no | [`redis`]: Redis and Redis Cluster, for fleets of instances |
+//! | `vault` | no | [`vault`]: AWS Secrets Manager, for credentials |
+//! | `client` | no | [`client`]: the durable rmcp Streamable HTTP client, and [`rmcp`] |
+//! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
+//! | `auth` | no | [`auth`]: OAuth credentials that survive restarts (turns `client` on) |
+//! | `rustls` | yes | HTTPS for the client through rustls |
+//! | `native-tls` | no | HTTPS for the client through the platform's TLS library |
+//!
+//! The root re-exports `mcp-persist-core`: records, typed stores, the backend
+//! traits and the in-memory backend, whatever the features.
+//!
+//! This crate holds no code of its own: each module re-exports one crate of
+//! the family, all pinned to this crate's version, so one dependency line
+//! gives a matching set.
+#![cfg_attr(not(feature = "sqlite"), doc = "\n\n[`sqlite`]: crate#crate-features")]
+#![cfg_attr(not(feature = "file"), doc = "\n\n[`file`]: crate#crate-features")]
+// `file` alone would also name the `file!` macro.
+#![cfg_attr(feature = "file", doc = "\n\n[`file`]: mod@file")]
+#![cfg_attr(not(feature = "redis"), doc = "\n\n[`redis`]: crate#crate-features")]
+#![cfg_attr(not(feature = "vault"), doc = "\n\n[`vault`]: crate#crate-features")]
+#![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#crate-features")]
+#![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#crate-features")]
+#![cfg_attr(not(feature = "auth"), doc = "\n\n[`auth`]: crate#crate-features")]
+#![cfg_attr(
+    not(any(feature = "client", feature = "server")),
+    doc = "\n\n[`rmcp`]: crate#crate-features"
+)]
+
+#[doc(inline)]
+pub use mcp_persist_core::*;
+
+/// The rmcp the transports are built on: use it for handlers, models and
+/// `serve`, so its version always matches.
+#[cfg(any(feature = "client", feature = "server"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "client", feature = "server"))))]
+pub use rmcp;
+
+/// The SQLite backend (`mcp-persist-store-sqlite`).
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite {
+    #[doc(inline)]
+    pub use mcp_persist_store_sqlite::*;
+}
+
+/// The crash-safe directory backend (`mcp-persist-store-file`).
+#[cfg(feature = "file")]
+#[cfg_attr(docsrs, doc(cfg(feature = "file")))]
+pub mod file {
+    #[doc(inline)]
+    pub use mcp_persist_store_file::*;
+}
+
+/// The Redis and Redis Cluster backend (`mcp-persist-store-redis`).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    #[doc(inline)]
+    pub use mcp_persist_store_redis::*;
+}
+
+/// The AWS Secrets Manager backend for credentials (`mcp-persist-store-vault`).
+#[cfg(feature = "vault")]
+#[cfg_attr(docsrs, doc(cfg(feature = "vault")))]
+pub mod vault {
+    #[doc(inline)]
+    pub use mcp_persist_store_vault::*;
+}
+
+/// The durable rmcp Streamable HTTP client (`mcp-persist-transport-http`'s
+/// `client`).
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client {
+    #[doc(inline)]
+    pub use mcp_persist_transport_http::client::*;
+}
+
+/// The durable rmcp Streamable HTTP server (`mcp-persist-transport-http`'s
+/// `server`).
+#[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
+pub mod server {
+    #[doc(inline)]
+    pub use mcp_persist_transport_http::server::*;
+}
+
+/// OAuth storage for durable clients (`mcp-persist-transport-http`'s `auth`).
+#[cfg(feature = "auth")]
+#[cfg_attr(docsrs, doc(cfg(feature = "auth")))]
+pub mod auth {
+    #[doc(inline)]
+    pub use mcp_persist_transport_http::auth::*;
+}
