@@ -76,6 +76,41 @@ pub(crate) fn cache_dir() -> PathBuf {
     root().join(".cache")
 }
 
+/// Installs Debian packages with apt-get (after refreshing its lists).
+pub(crate) fn apt_install(packages: &[&str]) -> Result<()> {
+    let run = |args: &[&str]| -> Result<()> {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .context("running apt-get (is this Debian, and are we root?)")?;
+        if !status.success() {
+            bail!("apt-get {} failed with {status}", args.join(" "));
+        }
+        Ok(())
+    };
+    run(&["update", "-qq"])?;
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend_from_slice(packages);
+    run(&install)
+}
+
+/// The `native-tls` feature links the system's OpenSSL, so the all-features
+/// builds need its headers: installs Debian's `libssl-dev` when `pkg-config`
+/// cannot find them. A failure is reported, and the build then says more.
+fn ensure_openssl_headers() {
+    let found = Command::new("pkg-config")
+        .args(["--exists", "openssl"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        println!("\n==> OpenSSL headers missing (feature native-tls); installing libssl-dev");
+        if let Err(e) = apt_install(&["libssl-dev", "pkg-config"]) {
+            eprintln!("could not install libssl-dev: {e:#}");
+        }
+    }
+}
+
 struct Step {
     name: &'static str,
     seconds: f64,
@@ -116,6 +151,7 @@ fn run_task_step(steps: &mut Vec<Step>, name: &'static str, task: impl FnOnce() 
 }
 
 fn test(_args: &[String]) -> Result<()> {
+    ensure_openssl_headers();
     let mut steps = Vec::new();
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);

@@ -174,25 +174,7 @@ fn binaries() -> Result<Binaries> {
 
 fn install_redis() -> Result<()> {
     println!("redis-server is not installed; installing Debian's package with apt-get");
-    let run = |args: &[&str]| -> Result<()> {
-        let status = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .context("running apt-get (is this Debian, and are we root?)")?;
-        if !status.success() {
-            bail!("apt-get {} failed with {status}", args.join(" "));
-        }
-        Ok(())
-    };
-    run(&["update", "-qq"])?;
-    run(&[
-        "install",
-        "-y",
-        "-qq",
-        "--no-install-recommends",
-        "redis-server",
-    ])
+    crate::apt_install(&["redis-server"])
 }
 
 fn temp_folder() -> Result<PathBuf> {
