@@ -129,3 +129,8 @@ pub use types::{
     EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,
     ProtocolVersion, RequestId, ServerKey, SessionId, Timestamp, canonical_url,
 };
+
+/// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -364,3 +364,8 @@ impl LogStore for FileStore {
         self.blocking(move |inner| inner.log_delete(&log)).await
     }
 }
+
+/// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

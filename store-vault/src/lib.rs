@@ -308,3 +308,8 @@ impl SecretsManagerStoreBuilder {
         Ok(self.build().await?.split(rest))
     }
 }
+
+/// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
