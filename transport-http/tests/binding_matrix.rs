@@ -324,51 +324,6 @@ async fn start(path: &str) -> anyhow::Result<(Instance, Instance)> {
     ))
 }
 
-async fn initialize(
-    http: &reqwest::Client,
-    url: &str,
-    user: &str,
-    client: &str,
-) -> anyhow::Result<String> {
-    let response = http
-        .post(url)
-        .header("x-demo-user", user)
-        .header("mcp-protocol-version", "2025-11-25")
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(
-            json!({
-                "jsonrpc": "2.0", "id": 1, "method": "initialize",
-                "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                           "clientInfo": {"name": client, "version": "1"}}
-            })
-            .to_string(),
-        )
-        .send()
-        .await?;
-    anyhow::ensure!(
-        response.status() == 200,
-        "initialize: {}",
-        response.status()
-    );
-    let session = response
-        .headers()
-        .get("mcp-session-id")
-        .context("session id")?
-        .to_str()?
-        .to_owned();
-    let _ = response.text().await?;
-    raw_post(
-        http,
-        url,
-        user,
-        &session,
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await?;
-    Ok(session)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_request_but_the_owners_reaches_her_session_whatever_it_claims() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -377,8 +332,8 @@ async fn no_request_but_the_owners_reaches_her_session_whatever_it_claims() -> a
     let (mut a, mut b) = start(path).await?;
     let http = reqwest::Client::new();
 
-    let alice_session = initialize(&http, &a.url(), "alice", ALICE_CLIENT).await?;
-    let bob_session = initialize(&http, &b.url(), "bob", "bob-client").await?;
+    let alice_session = raw_initialize_as(&http, &a.url(), "alice", ALICE_CLIENT).await?;
+    let bob_session = raw_initialize_as(&http, &b.url(), "bob", "bob-client").await?;
     // Alice's call: its progress and its result carry her data.
     let (status, body) = raw_post(
         &http,

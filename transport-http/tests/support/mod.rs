@@ -312,16 +312,28 @@ pub async fn raw_initialize(
     url: &str,
     user: &str,
 ) -> anyhow::Result<String> {
+    raw_initialize_as(http, url, user, "raw").await
+}
+
+/// Raw HTTP: an `initialize` as `user` from a client named `client`
+/// (protocol 2025-11-25, header and body agreeing); returns the session id.
+pub async fn raw_initialize_as(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+    client: &str,
+) -> anyhow::Result<String> {
     let response = http
         .post(url)
         .header("x-demo-user", user)
+        .header("mcp-protocol-version", "2025-11-25")
         .header("accept", "application/json, text/event-stream")
         .header("content-type", "application/json")
         .body(
             serde_json::json!({
                 "jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                           "clientInfo": {"name": "raw", "version": "1"}}
+                           "clientInfo": {"name": client, "version": "1"}}
             })
             .to_string(),
         )
