@@ -122,8 +122,10 @@ pub use records::{
 };
 pub use secret::Secret;
 pub use stores::{
-    AuthStore, ClientStateStore, EventLog, EventLogConfig, KeyRing, RefreshLease, RefreshOutcome,
-    ServerSessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores,
+    AuthStore, ClientStateStore, EventLog, EventLogConfig, InstanceLease, InstanceLeases, KeyRing,
+    Liveness, OwnLease, RefreshLease, RefreshOutcome, ResumableOperation, ServerSessionStore,
+    SharedKey, SharedKeyStore, Stored, StoredEvent, Stores, TaskId, TaskOwner, TaskRecord,
+    TaskStatus, TaskStore, TaskUpdate,
 };
 pub use types::{
     EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,

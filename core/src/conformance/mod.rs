@@ -36,6 +36,7 @@ use crate::{KvStore, LogStore, MemoryStore};
 
 pub mod kv;
 pub mod log;
+pub mod tasks;
 pub mod typed;
 
 /// A way to open (and reopen) one key-value store under test.
@@ -134,6 +135,9 @@ macro_rules! kv_conformance {
                 newer_schema_is_typed_error,
                 corrupt_record_is_typed_error,
             );
+            $crate::__conformance_tests!(tasks, $fixture;
+                instance_lease_liveness,
+            );
         }
     };
 }
@@ -169,6 +173,14 @@ macro_rules! log_conformance {
                 event_replay_never_crosses_streams,
                 event_replay_after_reopen,
                 forged_event_id_is_rejected,
+            );
+            $crate::__conformance_tests!(tasks, $fixture;
+                task_create_is_visible_before_return,
+                task_transitions_are_compare_and_swap,
+                task_terminal_state_never_changes,
+                task_ttl_fails_then_deletes,
+                task_newer_schema_is_typed_error,
+                task_inbox_wakes_the_owner,
             );
         }
     };

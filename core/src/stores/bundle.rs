@@ -1,7 +1,8 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    AuthStore, ClientStateStore, EventLog, EventLogConfig, ServerSessionStore, SharedKeyStore,
+    AuthStore, ClientStateStore, EventLog, EventLogConfig, InstanceLeases, ServerSessionStore,
+    SharedKeyStore, TaskStore,
 };
 use crate::{Error, KvStore, LogStore, Result};
 
@@ -92,6 +93,25 @@ impl Stores {
     /// The server session store, with sessions expiring after `idle_ttl`.
     pub fn sessions(&self, idle_ttl: Duration) -> ServerSessionStore {
         ServerSessionStore::new(self.sessions.clone(), idle_ttl)
+    }
+
+    /// The durable task store, kept where the event log is (records in its
+    /// key-value store, inboxes in its log store), or
+    /// [`Error::Unsupported`] when no log store is routed.
+    pub fn tasks(&self) -> Result<TaskStore> {
+        match &self.events {
+            Some((kv, log)) => Ok(TaskStore::new(kv.clone(), log.clone())),
+            None => Err(Error::Unsupported {
+                operation: "durable tasks",
+                backend: self.client_state.backend_name(),
+            }),
+        }
+    }
+
+    /// The fleet's instance liveness leases, kept with the sessions; an
+    /// instance is dead once its lease has not changed for `grace`.
+    pub fn instance_leases(&self, grace: Duration) -> InstanceLeases {
+        InstanceLeases::new(self.sessions.clone(), grace)
     }
 
     /// The event store, or [`Error::Unsupported`] when no log store is routed.

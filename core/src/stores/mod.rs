@@ -18,20 +18,30 @@
 //! | [`EventLog`] | `server/stream/<stream id>` (KV) | stream owner and token |
 //! | | `server/events/<stream id>` (log) | one record per SSE event |
 //! | [`SharedKeyStore`] | `server/key/<name>` | [`KeyRing`] (active and previous key) |
+//! | [`TaskStore`] | `server/task/<task id>` (KV) | [`TaskRecord`] |
+//! | | `server/task-inbox/<task id>` (log) | wake-ups for the instance running it |
+//! | [`InstanceLeases`] | `server/instance/<instance id>` | [`InstanceLease`] |
 
 mod bundle;
 mod client;
 mod credentials;
 mod events;
 mod keys;
+mod liveness;
 mod session;
+mod tasks;
 
 pub use bundle::Stores;
 pub use client::ClientStateStore;
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
 pub use events::{EventLog, EventLogConfig, StoredEvent};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
+pub use liveness::{InstanceLease, InstanceLeases, Liveness, OwnLease};
 pub use session::ServerSessionStore;
+pub use tasks::{
+    MAX_TASK_ID_BYTES, ResumableOperation, TaskId, TaskOwner, TaskRecord, TaskStatus, TaskStore,
+    TaskUpdate,
+};
 
 use std::time::Duration;
 

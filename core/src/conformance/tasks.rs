@@ -1,0 +1,243 @@
+//! Durable tasks and instance leases on a backend: what the task runtime
+//! relies on.
+
+use std::{sync::Arc, time::Duration};
+
+use super::{KvFixture, LogFixture};
+use crate::{
+    Error, InstanceLeases, Liveness, PutMode, PutOptions, TaskId, TaskOwner, TaskRecord,
+    TaskStatus, TaskStore, TaskUpdate, Timestamp,
+};
+
+fn store(f_kv: Arc<dyn crate::KvStore>, f_log: Arc<dyn crate::LogStore>) -> TaskStore {
+    TaskStore::new(f_kv, f_log)
+}
+
+fn task(principal: &str) -> TaskRecord {
+    TaskRecord::new(
+        TaskId::generate().expect("random"),
+        Some(principal.to_owned()),
+        TaskOwner::new("instance-a", 1, Timestamp::now()),
+    )
+    .with_ttl_ms(Some(600_000))
+    .with_poll_interval_ms(Some(100))
+}
+
+/// A created task is readable by a store opened afresh (another instance)
+/// as soon as `create` returns, and a second create of the id is refused.
+pub async fn task_create_is_visible_before_return(f: &dyn LogFixture) {
+    let tasks = store(f.open_kv().await, f.open_log().await);
+    let record = task("alice");
+    tasks.create(&record).await.expect("create");
+    let other = store(f.open_kv().await, f.open_log().await);
+    let loaded = other
+        .load(&record.task_id)
+        .await
+        .expect("load")
+        .expect("the task is there once create returned");
+    assert_eq!(loaded.record, record);
+    assert!(matches!(
+        other.create(&record).await,
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert!(
+        other
+            .load(&TaskId::new("never-created").expect("id"))
+            .await
+            .expect("load")
+            .is_none()
+    );
+}
+
+/// Every transition is a compare-and-swap: 8 writers adding 10 input keys
+/// each to one task lose none of them.
+pub async fn task_transitions_are_compare_and_swap(f: &dyn LogFixture) {
+    let record = task("alice");
+    let id = record.task_id.clone();
+    store(f.open_kv().await, f.open_log().await)
+        .create(&record)
+        .await
+        .expect("create");
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let tasks = store(f.open_kv().await, f.open_log().await);
+        let id = id.clone();
+        writers.push(tokio::spawn(async move {
+            for n in 0..10 {
+                let key = format!("w{w}-{n}");
+                let outcome = tasks
+                    .update(&id, |t| {
+                        t.used_input_keys.insert(key.clone());
+                        t.input_requests
+                            .insert(key.clone(), serde_json::json!({"n": n}));
+                        Ok(true)
+                    })
+                    .await
+                    .expect("update");
+                assert!(matches!(outcome, TaskUpdate::Updated(_)), "{outcome:?}");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let tasks = store(f.open_kv().await, f.open_log().await);
+    let stored = tasks.load(&id).await.expect("load").expect("task");
+    assert_eq!(stored.record.used_input_keys.len(), 80);
+    assert_eq!(stored.record.input_requests.len(), 80);
+    assert_eq!(stored.record.status, TaskStatus::InputRequired);
+}
+
+/// A task that ended never changes again: later updates are not applied
+/// and say so.
+pub async fn task_terminal_state_never_changes(f: &dyn LogFixture) {
+    let tasks = store(f.open_kv().await, f.open_log().await);
+    let record = task("alice");
+    let id = record.task_id.clone();
+    tasks.create(&record).await.expect("create");
+    let done = tasks
+        .update(&id, |t| {
+            t.complete(serde_json::json!({"content": [{"type": "text", "text": "42"}]}));
+            Ok(true)
+        })
+        .await
+        .expect("complete");
+    assert!(matches!(done, TaskUpdate::Updated(_)));
+    for attempt in 0..3 {
+        let mut called = false;
+        let outcome = tasks
+            .update(&id, |t| {
+                called = true;
+                t.fail(serde_json::json!({"code": -32603, "message": "late"}));
+                Ok(true)
+            })
+            .await
+            .expect("update");
+        assert!(!called, "attempt {attempt}: closure ran on a terminal task");
+        let TaskUpdate::Terminal(stored) = outcome else {
+            panic!("expected Terminal, got {outcome:?}");
+        };
+        assert_eq!(stored.record.status, TaskStatus::Completed);
+    }
+    let reread = store(f.open_kv().await, f.open_log().await)
+        .load(&id)
+        .await
+        .expect("load")
+        .expect("task");
+    assert_eq!(reread.record.status, TaskStatus::Completed);
+    assert!(reread.record.error.is_none());
+}
+
+/// A task still running when its TTL runs out reads as `failed` with an
+/// error saying so; the record is deleted one more TTL later.
+pub async fn task_ttl_fails_then_deletes(f: &dyn LogFixture) {
+    let tasks = store(f.open_kv().await, f.open_log().await);
+    let record = task("alice").with_ttl_ms(Some(300));
+    let id = record.task_id.clone();
+    tasks.create(&record).await.expect("create");
+    assert_eq!(
+        tasks
+            .load(&id)
+            .await
+            .expect("load")
+            .expect("task")
+            .record
+            .status,
+        TaskStatus::Working
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let expired = tasks
+        .load(&id)
+        .await
+        .expect("load")
+        .expect("still retained");
+    assert_eq!(expired.record.status, TaskStatus::Failed);
+    let message = expired.record.error.as_ref().expect("error")["message"]
+        .as_str()
+        .expect("message")
+        .to_owned();
+    assert!(message.contains("TTL"), "{message}");
+    // Retained until created + 2 x TTL, then gone for good.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(tasks.load(&id).await.expect("load").is_none());
+}
+
+/// A task record written by a newer schema is a typed error, and nothing
+/// overwrites it.
+pub async fn task_newer_schema_is_typed_error(f: &dyn LogFixture) {
+    let kv = f.open_kv().await;
+    let tasks = store(kv.clone(), f.open_log().await);
+    let id = TaskId::new("from-the-future").expect("id");
+    let key = "server/task/from-the-future";
+    let bytes = br#"{"kind":"task","schema":99,"record":{"whatever":true}}"#.to_vec();
+    kv.put(key, bytes.clone(), PutOptions::new(PutMode::Create))
+        .await
+        .expect("put");
+    assert!(matches!(
+        tasks.load(&id).await,
+        Err(Error::NewerSchema { found: 99, .. })
+    ));
+    assert!(matches!(
+        tasks.update(&id, |_| Ok(true)).await,
+        Err(Error::NewerSchema { .. })
+    ));
+    assert_eq!(kv.get(key).await.expect("get").expect("kept").value, bytes);
+}
+
+/// The inbox wakes a waiter on another store handle.
+pub async fn task_inbox_wakes_the_owner(f: &dyn LogFixture) {
+    let tasks = store(f.open_kv().await, f.open_log().await);
+    let record = task("alice");
+    let id = record.task_id.clone();
+    tasks.create(&record).await.expect("create");
+    let start = tasks.inbox_position(&id).await.expect("position");
+    let waiter = {
+        let tasks = store(f.open_kv().await, f.open_log().await);
+        let id = id.clone();
+        tokio::spawn(async move { tasks.wait_ring(&id, start, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let rung = tasks.ring(&id, "input").await.expect("ring");
+    let seen = waiter.await.expect("join").expect("wait");
+    assert_eq!(seen, rung);
+    assert!(seen > start);
+}
+
+/// An instance lease: alive while renewed, dead once not renewed for the
+/// grace period (on the observer's clock), or at once when released.
+pub async fn instance_lease_liveness(f: &dyn KvFixture) {
+    let grace = Duration::from_millis(300);
+    let leases = InstanceLeases::new(f.open_kv().await, grace);
+    let observer = InstanceLeases::new(f.open_kv().await, grace);
+    let mut mine = leases.register().await.expect("register");
+    assert_eq!(
+        observer.observe(mine.id()).await.expect("observe"),
+        Liveness::Alive
+    );
+    for _ in 0..5 {
+        tokio::time::sleep(grace / 3).await;
+        assert!(leases.renew(&mut mine).await.expect("renew"));
+        assert_eq!(
+            observer.observe(mine.id()).await.expect("observe"),
+            Liveness::Alive,
+            "a renewed lease is alive"
+        );
+    }
+    tokio::time::sleep(grace + Duration::from_millis(50)).await;
+    assert_eq!(
+        observer.observe(mine.id()).await.expect("observe"),
+        Liveness::Dead,
+        "not renewed for the grace period"
+    );
+    // Declared dead, it learns so at its next renewal and registers again.
+    assert!(!leases.renew(&mut mine).await.expect("renew"));
+    assert_eq!(
+        observer.observe(mine.id()).await.expect("observe"),
+        Liveness::Alive
+    );
+    leases.release(&mine).await.expect("release");
+    assert_eq!(
+        observer.observe(mine.id()).await.expect("observe"),
+        Liveness::Dead
+    );
+}
