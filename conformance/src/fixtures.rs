@@ -20,20 +20,23 @@ use std::{
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
-        CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams,
-        CompleteResult, CreateMessageRequestParams, ElicitRequestParams, GetPromptRequestParams,
-        GetPromptResponse, GetPromptResult, ListPromptsResult, ListResourceTemplatesResult,
-        ListResourcesResult, ListToolsResult, LoggingLevel, LoggingMessageNotificationParam,
-        PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
-        ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference,
-        RequestStateCodec, ServerConfig, SetLevelRequestParams, SubscribeRequestParams,
-        UnsubscribeRequestParams,
+        CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+        CompleteRequestParams, CompleteResult, CreateMessageRequestParams, ElicitRequestParams,
+        GetPromptRequestParams, GetPromptResponse, GetPromptResult, GetTaskParams, GetTaskResult,
+        ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+        LoggingLevel, LoggingMessageNotificationParam, PaginatedRequestParams,
+        ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams,
+        ReadResourceResponse, ReadResourceResult, Reference, RequestStateCodec, ServerConfig,
+        SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams, UpdateTaskParams,
     },
     service::RequestContext,
 };
 use serde_json::{Value, json};
 
-use crate::literal::{complete_result, decode};
+use crate::{
+    literal::{complete_result, decode},
+    tasks::TaskRuntime,
+};
 
 /// A 1x1 red PNG, base64: the image the image scenarios expect.
 const PNG_1X1: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
@@ -63,24 +66,30 @@ pub struct FixtureServer {
     subscriptions: Arc<Mutex<HashSet<String>>>,
     /// Seals the `requestState` of the multi round-trip fixtures.
     codec: Arc<RequestStateCodec>,
+    /// Runs the task fixtures.
+    tasks: TaskRuntime,
 }
 
 impl FixtureServer {
     /// A fixture server with no log level set and no subscriptions, sealing
     /// `requestState` with `codec` (the fleet's shared one, see
-    /// [`request_state_codec`](mcp_persist_transport_http::server::request_state_codec)).
-    pub fn new(codec: RequestStateCodec) -> Self {
+    /// [`request_state_codec`](mcp_persist_transport_http::server::request_state_codec)),
+    /// and running the task fixtures on `tasks`.
+    pub fn new(codec: RequestStateCodec, tasks: TaskRuntime) -> Self {
         FixtureServer {
             log_level: Arc::default(),
             subscriptions: Arc::default(),
             codec: Arc::new(codec),
+            tasks,
         }
     }
 
     fn tools() -> Value {
         let mut tools = Self::plain_tools();
-        if let (Some(all), Value::Array(more)) = (tools.as_array_mut(), crate::mrtr::tools()) {
-            all.extend(more);
+        for more in [crate::mrtr::tools(), crate::tasks::tools()] {
+            if let (Some(all), Value::Array(more)) = (tools.as_array_mut(), more) {
+                all.extend(more);
+            }
         }
         tools
     }
@@ -257,7 +266,8 @@ impl ServerHandler for FixtureServer {
                 "resources": { "subscribe": true, "listChanged": false },
                 "prompts": { "listChanged": false },
                 "logging": {},
-                "completions": {}
+                "completions": {},
+                "extensions": { "io.modelcontextprotocol/tasks": {} }
             },
             "serverInfo": { "name": "mcp-persist-conformance-server", "version": env!("CARGO_PKG_VERSION") },
             "instructions": "The mcp-persist conformance server: the suite's fixture tools, resources and prompts."
@@ -285,6 +295,9 @@ impl ServerHandler for FixtureServer {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(answer) = self.tasks.call_tool(&request, &cx).await {
+            return answer;
+        }
         let capabilities = cx.client_capabilities();
         if let Some(answer) = crate::mrtr::call_tool(&self.codec, &request, capabilities.as_ref()) {
             return answer;
@@ -432,6 +445,30 @@ impl ServerHandler for FixtureServer {
                 None,
             )),
         }
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.tasks.get_task(request, &cx).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.update_task(request, &cx).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel_task(request, &cx).await
     }
 
     async fn list_resources(
@@ -664,7 +701,10 @@ mod tests {
 
     #[test]
     fn fixtures_decode() {
-        let server = FixtureServer::new(codec());
+        let server = FixtureServer::new(
+            codec(),
+            TaskRuntime::Rmcp(rmcp::task_manager::TaskManager::new()),
+        );
         let info = server.get_info();
         assert_eq!(info.server_info.name, "mcp-persist-conformance-server");
         let tools: ListToolsResult =

@@ -22,6 +22,7 @@ pub mod fixtures;
 mod literal;
 mod mrtr;
 mod scratch;
+pub mod tasks;
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default
 /// `info`). Stdout stays free for what the programs print on purpose.

@@ -12,7 +12,11 @@
 use std::{io::Write, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
-use mcp_persist_conformance::{fixtures::FixtureServer, init_tracing};
+use mcp_persist_conformance::{
+    fixtures::FixtureServer,
+    init_tracing,
+    tasks::{TaskRuntime, register},
+};
 use mcp_persist_core::{MemoryStore, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::server::{DurableServer, request_state_codec};
@@ -75,8 +79,9 @@ async fn main() -> Result<()> {
             let codec = request_state_codec(&Stores::new(MemoryStore::new()))
                 .await
                 .context("creating the requestState key")?;
+            let tasks = TaskRuntime::Rmcp(rmcp::task_manager::TaskManager::new());
             let service = StreamableHttpService::new(
-                move || Ok(FixtureServer::new(codec.clone())),
+                move || Ok(FixtureServer::new(codec.clone(), tasks.clone())),
                 LocalSessionManager::default().into(),
                 StreamableHttpServerConfig::default(),
             );
@@ -94,10 +99,16 @@ async fn main() -> Result<()> {
             let server = DurableServer::builder(stores)
                 .build()
                 .context("building the durable server")?;
-            tracing::info!(path = %path.display(), "sessions, events and keys on SQLite");
+            let tasks = TaskRuntime::Durable(
+                register(server.tasks())
+                    .start()
+                    .await
+                    .context("starting the durable task runtime")?,
+            );
+            tracing::info!(path = %path.display(), "sessions, events, tasks and keys on SQLite");
             axum::Router::new().nest_service(
                 "/mcp",
-                server.service(move || Ok(FixtureServer::new(codec.clone()))),
+                server.service(move || Ok(FixtureServer::new(codec.clone(), tasks.clone()))),
             )
         }
     };

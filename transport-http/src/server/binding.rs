@@ -108,7 +108,7 @@ impl std::fmt::Debug for SessionBindingLayer {
     }
 }
 
-fn principal_from_extension(parts: &Parts) -> Option<String> {
+pub(super) fn principal_from_extension(parts: &Parts) -> Option<String> {
     parts.extensions.get::<Principal>().map(|p| p.0.clone())
 }
 

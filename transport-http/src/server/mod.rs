@@ -34,6 +34,7 @@ mod binding;
 mod event_store;
 mod manager;
 mod session_store;
+pub mod tasks;
 
 use std::{sync::Arc, time::Duration};
 
@@ -45,6 +46,7 @@ pub use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::SessionConfig,
 };
 pub use session_store::DurableSessionStore;
+pub use tasks::{DurableTasks, DurableTasksBuilder, TaskContext, client_accepts_tasks};
 
 /// Builds a durable rmcp server configuration; see the [module docs](self).
 #[derive(Clone)]
@@ -167,27 +169,49 @@ impl DurableServerBuilder {
         ));
         let mut config = self.config;
         config.session_store = Some(Arc::new(DurableSessionStore::new(sessions.clone())));
+        let principal = self
+            .principal
+            .unwrap_or_else(|| Arc::new(binding::principal_from_extension));
         Ok(DurableServer {
             config,
             manager,
-            layer: match self.principal {
-                Some(f) => SessionBindingLayer::with_principal_fn(sessions, events, f),
-                None => SessionBindingLayer::new(sessions, events),
-            },
+            layer: SessionBindingLayer::with_principal_fn(sessions, events, principal.clone()),
+            stores: self.stores,
+            principal,
         })
     }
 }
 
 /// An rmcp server configuration, session manager and binding layer wired to
 /// shared stores. Build one per instance, from stores every instance shares.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DurableServer {
     config: StreamableHttpServerConfig,
     manager: Arc<DurableSessionManager>,
     layer: SessionBindingLayer,
+    stores: Stores,
+    principal: Arc<binding::PrincipalFn>,
+}
+
+impl std::fmt::Debug for DurableServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableServer")
+            .field("config", &self.config)
+            .field("manager", &self.manager)
+            .field("layer", &self.layer)
+            .field("stores", &self.stores)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DurableServer {
+    /// A durable task runtime on this server's stores, reading principals
+    /// the way the binding layer does; finish it with
+    /// [`start`](DurableTasksBuilder::start). See [`tasks`](crate::server::tasks).
+    pub fn tasks(&self) -> DurableTasksBuilder {
+        DurableTasksBuilder::new(self.stores.clone(), self.principal.clone())
+    }
+
     /// A builder over `stores` (sessions and, unless
     /// [`without_events`](DurableServerBuilder::without_events), the event log).
     pub fn builder(stores: Stores) -> DurableServerBuilder {
