@@ -16,7 +16,16 @@
 //! given, if any). The principal is read from
 //! the `x-demo-user` header (a stand-in for real authentication).
 //!
+//! Task tools (2026-07-28 tasks extension, for clients that declare it):
+//! `long_job` (`steps` steps of `step_ms`, resumable: if this instance dies,
+//! another one runs it again), `fragile_job` (the same, not resumable: it
+//! fails when its instance dies) and `ask_name` (asks the client for a name
+//! through `tasks/update`, then greets). With `--runs-file PATH` every start
+//! and end of a task operation is appended to PATH as a line
+//! `start|done <task id> <generation>`.
+//!
 //! Flags: `--port N` (0 picks a free one), `--backend memory|file|sqlite|redis`,
+//! `--liveness-grace-ms N`, `--runs-file PATH`,
 //! `--redis-prefix P`,
 //! `--store PATH`, `--idle-ttl-ms N`, `--sse-retry-ms N`, `--tail-idle-ms N`,
 //! `--event-retention-ms N`, `--event-max N`,
@@ -33,7 +42,10 @@ use std::{
 
 use anyhow::Context as _;
 use mcp_persist_core::{EventLogConfig, Stores};
-use mcp_persist_transport_http::server::{DurableServer, StreamableHttpServerConfig};
+use mcp_persist_transport_http::server::{
+    DurableServer, DurableTasks, DurableTasksBuilder, StreamableHttpServerConfig, TaskContext,
+    client_accepts_tasks,
+};
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
@@ -43,6 +55,7 @@ use rmcp::{
         ServerConfig, Tool,
     },
     service::RequestContext,
+    task_manager::{TaskExit, TaskFuture, TaskOptions},
     transport::streamable_http_server::{
         StreamableHttpService,
         session::{SessionRestoreMarker, local::LocalSessionManager},
@@ -62,13 +75,103 @@ pub struct Counters {
 #[derive(Clone)]
 pub struct DemoHandler {
     counters: Arc<Counters>,
+    tasks: Option<DurableTasks>,
 }
 
 impl DemoHandler {
     /// A handler counting into `counters`.
     pub fn new(counters: Arc<Counters>) -> Self {
-        DemoHandler { counters }
+        DemoHandler {
+            counters,
+            tasks: None,
+        }
     }
+
+    /// The same handler, running its task tools on `tasks`.
+    pub fn with_tasks(mut self, tasks: DurableTasks) -> Self {
+        self.tasks = Some(tasks);
+        self
+    }
+}
+
+/// Appends `line` to the runs file, if one was given.
+fn note_run(runs_file: Option<&std::path::Path>, line: &str) {
+    use std::io::Write as _;
+    if let Some(path) = runs_file
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(file, "{line}");
+    }
+}
+
+/// `long_job` and `fragile_job`: `steps` steps of `step_ms`, each shown in
+/// the status message; honours cancellation.
+fn job(
+    cx: TaskContext,
+    args: serde_json::Value,
+    runs_file: Option<std::path::PathBuf>,
+) -> TaskFuture {
+    Box::pin(async move {
+        let steps = args["steps"].as_u64().unwrap_or(10).min(100_000);
+        let step = Duration::from_millis(args["step_ms"].as_u64().unwrap_or(100).min(60_000));
+        let tag = args["tag"].as_str().unwrap_or("").to_owned();
+        note_run(
+            runs_file.as_deref(),
+            &format!("start {} {}", cx.task_id(), cx.generation()),
+        );
+        for i in 1..=steps {
+            tokio::select! {
+                _ = tokio::time::sleep(step) => {}
+                _ = cx.cancelled() => return Err(TaskExit::Cancelled),
+            }
+            if i % 5 == 0 || i == steps {
+                cx.set_status_message(format!("step {i} of {steps}"))
+                    .await?;
+            }
+        }
+        note_run(
+            runs_file.as_deref(),
+            &format!("done {} {}", cx.task_id(), cx.generation()),
+        );
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "job {tag} done after {steps} steps (run {})",
+            cx.generation()
+        ))]))
+    })
+}
+
+/// `ask_name`: asks the client for a name, then greets.
+fn ask_name(cx: TaskContext) -> TaskFuture {
+    Box::pin(async move {
+        let request = serde_json::from_value(serde_json::json!({
+            "method": "elicitation/create",
+            "params": {
+                "message": "What is your name?",
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": { "name": { "type": "string" } },
+                    "required": ["name"]
+                }
+            }
+        }))
+        .map_err(|e| TaskExit::Error(ErrorData::internal_error(e.to_string(), None)))?;
+        let answer = cx.request_input("name", request).await?;
+        let name = answer["content"]["name"].as_str().unwrap_or("stranger");
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "Hello, {name}!"
+        ))]))
+    })
+}
+
+/// The demo's resumable operations, registered on every instance.
+pub fn register_tasks(builder: DurableTasksBuilder, options: &Options) -> DurableTasksBuilder {
+    let runs_file = options.runs_file.clone();
+    builder
+        .liveness_grace(options.liveness_grace)
+        .resumable("long_job", move |cx, args| job(cx, args, runs_file.clone()))
 }
 
 fn schema(value: serde_json::Value) -> Arc<serde_json::Map<String, serde_json::Value>> {
@@ -105,6 +208,35 @@ fn tools() -> Vec<Tool> {
             schema(serde_json::json!({"type": "object"})),
         ),
         Tool::new(
+            "long_job",
+            "A task of `steps` steps of `step_ms`; another instance runs it again if this one dies.",
+            schema(serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "steps": {"type": "integer"},
+                    "step_ms": {"type": "integer"},
+                    "tag": {"type": "string"}
+                }
+            })),
+        ),
+        Tool::new(
+            "fragile_job",
+            "Like long_job, but it fails when its instance dies.",
+            schema(serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "steps": {"type": "integer"},
+                    "step_ms": {"type": "integer"},
+                    "tag": {"type": "string"}
+                }
+            })),
+        ),
+        Tool::new(
+            "ask_name",
+            "A task that asks the client for a name, then greets.",
+            schema(serde_json::json!({"type": "object"})),
+        ),
+        Tool::new(
             "stats",
             "Initialize requests answered and sessions restored by this process.",
             schema(serde_json::json!({"type": "object"})),
@@ -112,9 +244,78 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
+impl DemoHandler {
+    fn task_runtime(&self) -> Result<&DurableTasks, ErrorData> {
+        self.tasks.as_ref().ok_or_else(|| {
+            ErrorData::internal_error("this server runs without a task runtime", None)
+        })
+    }
+
+    async fn call_task_tool(
+        &self,
+        name: &str,
+        args: serde_json::Map<String, serde_json::Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if !client_accepts_tasks(context) {
+            return Err(ErrorData::missing_required_client_capability(
+                rmcp::model::ClientCapabilities::builder()
+                    .enable_tasks()
+                    .build(),
+            ));
+        }
+        let tasks = self.task_runtime()?;
+        let options = TaskOptions::default().with_poll_interval_ms(100);
+        let args = serde_json::Value::Object(args);
+        let created = match name {
+            "long_job" => {
+                tasks
+                    .spawn_resumable(context, options, "long_job", args)
+                    .await?
+            }
+            "fragile_job" => {
+                tasks
+                    .spawn(context, options, move |cx| job(cx, args, None))
+                    .await?
+            }
+            _ => tasks.spawn(context, options, ask_name).await?,
+        };
+        Ok(CallToolResponse::Task(created))
+    }
+}
+
 impl ServerHandler for DemoHandler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder().enable_tools();
+        if self.tasks.is_some() {
+            ServerConfig::new(capabilities.enable_tasks().build())
+        } else {
+            ServerConfig::new(capabilities.build())
+        }
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        self.task_runtime()?.get_task(request, &context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.task_runtime()?.update_task(request, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.task_runtime()?.cancel_task(request, &context).await
     }
 
     async fn initialize(
@@ -149,6 +350,14 @@ impl ServerHandler for DemoHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
+        if matches!(
+            request.name.as_ref(),
+            "long_job" | "fragile_job" | "ask_name"
+        ) {
+            return self
+                .call_task_tool(request.name.as_ref(), args, &context)
+                .await;
+        }
         let text = match request.name.as_ref() {
             "slow_progress" => {
                 let count = args.get("count").and_then(|v| v.as_u64()).unwrap_or(10);
@@ -257,6 +466,11 @@ pub struct Options {
     pub event_max: u64,
     /// Check the session in the store on every request.
     pub strict_sessions: bool,
+    /// How long an instance may miss its lease renewals before its tasks
+    /// are ended or taken over.
+    pub liveness_grace: Duration,
+    /// Where task operations note their starts and ends.
+    pub runs_file: Option<std::path::PathBuf>,
 }
 
 impl Options {
@@ -274,6 +488,8 @@ impl Options {
             event_retention: Duration::from_secs(60 * 60),
             event_max: 10_000,
             strict_sessions: false,
+            liveness_grace: Duration::from_secs(3),
+            runs_file: None,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -300,6 +516,8 @@ impl Options {
                 "--tail-idle-ms" => o.tail_idle = ms(&value)?,
                 "--event-retention-ms" => o.event_retention = ms(&value)?,
                 "--event-max" => o.event_max = value.parse()?,
+                "--liveness-grace-ms" => o.liveness_grace = ms(&value)?,
+                "--runs-file" => o.runs_file = Some(value.into()),
                 other => anyhow::bail!("unknown flag {other}"),
             }
         }
@@ -341,12 +559,8 @@ pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
     })
 }
 
-/// The router of a durable server over `stores`, counting into `counters`.
-pub fn durable_router(
-    stores: Stores,
-    options: &Options,
-    counters: Arc<Counters>,
-) -> anyhow::Result<axum::Router> {
+/// The durable server over `stores` the options describe.
+pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<DurableServer> {
     let http = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
     let server = DurableServer::builder(stores)
         .idle_ttl(options.idle_ttl)
@@ -365,7 +579,31 @@ pub fn durable_router(
                 .map(str::to_owned)
         })
         .build()?;
+    Ok(server)
+}
+
+/// The router of a durable server over `stores`, counting into `counters`
+/// (no task runtime).
+pub fn durable_router(
+    stores: Stores,
+    options: &Options,
+    counters: Arc<Counters>,
+) -> anyhow::Result<axum::Router> {
+    let server = durable_server(stores, options)?;
     let service = server.service(move || Ok(DemoHandler::new(counters.clone())));
+    Ok(axum::Router::new().nest_service("/mcp", service))
+}
+
+/// The router of a durable server with its task runtime started.
+pub async fn durable_router_with_tasks(
+    stores: Stores,
+    options: &Options,
+    counters: Arc<Counters>,
+) -> anyhow::Result<axum::Router> {
+    let server = durable_server(stores, options)?;
+    let tasks = register_tasks(server.tasks(), options).start().await?;
+    let service =
+        server.service(move || Ok(DemoHandler::new(counters.clone()).with_tasks(tasks.clone())));
     Ok(axum::Router::new().nest_service("/mcp", service))
 }
 
@@ -387,7 +625,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         rmcp_default_router(&options, counters)
     } else {
         let stores = open_stores(&options).await?;
-        durable_router(stores, &options, counters)?
+        durable_router_with_tasks(stores, &options, counters).await?
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", options.port)).await?;
     println!("LISTENING {}", listener.local_addr()?);

@@ -23,10 +23,30 @@ pub(super) fn unknown_task(id: &str) -> ErrorData {
     ErrorData::invalid_params(format!("unknown task: {shown}"), None)
 }
 
-/// A store failure, for the client: what failed, not the backend's details.
+/// A store failure, for the client: what failed and what to do, not the
+/// backend's details (those go to the log).
 pub(super) fn store_error(what: &str, e: &mcp_persist_core::Error) -> ErrorData {
-    tracing::warn!(error = %e, "{what}");
-    ErrorData::internal_error(format!("{what}: the task store is unavailable"), None)
+    use mcp_persist_core::Error;
+    tracing::warn!(error = %e, "{what} failed");
+    match e {
+        Error::TooLarge { size, limit, .. } => ErrorData::invalid_params(
+            format!("{what}: {size} bytes is over the store's limit of {limit} bytes"),
+            None,
+        ),
+        Error::NewerSchema { .. } => ErrorData::internal_error(
+            format!(
+                "{what}: the task was stored by a newer version of the server; upgrade this instance"
+            ),
+            None,
+        ),
+        Error::Corrupt { .. } => {
+            ErrorData::internal_error(format!("{what}: the task's stored record is damaged"), None)
+        }
+        _ => ErrorData::internal_error(
+            format!("{what}: the task store is unavailable; retry later"),
+            None,
+        ),
+    }
 }
 
 fn status(s: StoredStatus) -> TaskStatus {
