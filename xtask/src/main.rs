@@ -322,6 +322,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("redis", "mcp-persist-store-redis", "bench_redis"),
     ("server", "mcp-persist-transport-http", "bench_server"),
     ("client", "mcp-persist-transport-http", "bench_client"),
+    ("tasks", "mcp-persist-transport-http", "bench_tasks"),
 ];
 
 fn bench(args: &[String]) -> Result<()> {
