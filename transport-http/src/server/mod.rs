@@ -207,7 +207,7 @@ impl std::fmt::Debug for DurableServer {
 impl DurableServer {
     /// A durable task runtime on this server's stores, reading principals
     /// the way the binding layer does; finish it with
-    /// [`start`](DurableTasksBuilder::start). See [`tasks`](crate::server::tasks).
+    /// [`start`](DurableTasksBuilder::start). See the [module docs](crate::server::tasks).
     pub fn tasks(&self) -> DurableTasksBuilder {
         DurableTasksBuilder::new(self.stores.clone(), self.principal.clone())
     }
