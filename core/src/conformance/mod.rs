@@ -181,6 +181,7 @@ macro_rules! log_conformance {
                 task_ttl_fails_then_deletes,
                 task_newer_schema_is_typed_error,
                 task_inbox_wakes_the_owner,
+                bus_delivers_in_order_and_stays_bounded,
             );
         }
     };

@@ -1,5 +1,5 @@
-//! Durable tasks and instance leases on a backend: what the task runtime
-//! relies on.
+//! Durable tasks, instance leases and the fleet notification bus on a
+//! backend: what the task runtime and the bus rely on.
 
 use std::{sync::Arc, time::Duration};
 
@@ -240,4 +240,63 @@ pub async fn instance_lease_liveness(f: &dyn KvFixture) {
         observer.observe(mine.id()).await.expect("observe"),
         Liveness::Dead
     );
+}
+
+/// A notice published through one store handle reaches a waiter on another
+/// in order; the bus keeps at most its length limit.
+pub async fn bus_delivers_in_order_and_stays_bounded(f: &dyn LogFixture) {
+    use crate::{BusRetention, FleetNotice, NotificationBus};
+    let retention = BusRetention::new(100, Duration::from_secs(600));
+    let publisher = NotificationBus::new(f.open_log().await, retention);
+    let listener = NotificationBus::new(f.open_log().await, retention);
+    let start = listener.head().await.expect("head");
+    let waiter = tokio::spawn(async move {
+        let mut after = start;
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let (last, messages) = listener
+                .wait(after, Duration::from_secs(10))
+                .await
+                .expect("wait");
+            assert!(!messages.is_empty() || last == after, "timed out");
+            after = last;
+            seen.extend(messages.into_iter().map(|(_, m)| m.notice));
+        }
+        seen
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let notices = [
+        FleetNotice::ToolsListChanged,
+        FleetNotice::ResourceUpdated {
+            uri: "file:///a".into(),
+        },
+        FleetNotice::PromptsListChanged,
+    ];
+    for n in &notices {
+        publisher
+            .publish(n.clone(), Some("a"))
+            .await
+            .expect("publish");
+    }
+    assert_eq!(waiter.await.expect("join"), notices.to_vec());
+    // 400 more: at most the length limit plus one trim interval remain.
+    for _ in 0..400 {
+        publisher
+            .publish(FleetNotice::ToolsListChanged, None)
+            .await
+            .expect("publish");
+    }
+    let (_, kept) = publisher.wait(0, Duration::ZERO).await.expect("read");
+    let mut count = kept.len() as u64;
+    let mut after = kept.last().map_or(0, |(s, _)| *s);
+    loop {
+        let (last, more) = publisher.wait(after, Duration::ZERO).await.expect("read");
+        if more.is_empty() {
+            break;
+        }
+        count += more.len() as u64;
+        after = last;
+    }
+    assert!(count <= 100 + 64, "{count} notices kept");
+    assert!(count >= 100, "{count} notices kept");
 }

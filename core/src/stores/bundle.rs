@@ -1,8 +1,8 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    AuthStore, ClientStateStore, EventLog, EventLogConfig, InstanceLeases, ServerSessionStore,
-    SharedKeyStore, TaskStore,
+    AuthStore, BusRetention, ClientStateStore, EventLog, EventLogConfig, InstanceLeases,
+    NotificationBus, ServerSessionStore, SharedKeyStore, TaskStore,
 };
 use crate::{Error, KvStore, LogStore, Result};
 
@@ -103,6 +103,18 @@ impl Stores {
             Some((kv, log)) => Ok(TaskStore::new(kv.clone(), log.clone())),
             None => Err(Error::Unsupported {
                 operation: "durable tasks",
+                backend: self.client_state.backend_name(),
+            }),
+        }
+    }
+
+    /// The fleet notification bus, in the event log's log store, or
+    /// [`Error::Unsupported`] when no log store is routed.
+    pub fn bus(&self, retention: BusRetention) -> Result<NotificationBus> {
+        match &self.events {
+            Some((_, log)) => Ok(NotificationBus::new(log.clone(), retention)),
+            None => Err(Error::Unsupported {
+                operation: "the fleet notification bus",
                 backend: self.client_state.backend_name(),
             }),
         }

@@ -20,9 +20,11 @@
 //! | [`SharedKeyStore`] | `server/key/<name>` | [`KeyRing`] (active and previous key) |
 //! | [`TaskStore`] | `server/task/<task id>` (KV) | [`TaskRecord`] |
 //! | | `server/task-inbox/<task id>` (log) | wake-ups for the instance running it |
+//! | [`NotificationBus`] | `server/bus` (log) | one [`BusMessage`] per published notice |
 //! | [`InstanceLeases`] | `server/instance/<instance id>` | [`InstanceLease`] |
 
 mod bundle;
+mod bus;
 mod client;
 mod credentials;
 mod events;
@@ -32,6 +34,7 @@ mod session;
 mod tasks;
 
 pub use bundle::Stores;
+pub use bus::{BusMessage, BusRetention, FleetNotice, NotificationBus};
 pub use client::ClientStateStore;
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
 pub use events::{EventLog, EventLogConfig, StoredEvent};
