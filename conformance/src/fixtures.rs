@@ -17,6 +17,7 @@ use std::{
     time::Duration,
 };
 
+use mcp_persist_transport_http::server::FleetBus;
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
@@ -27,9 +28,10 @@ use rmcp::{
         LoggingLevel, LoggingMessageNotificationParam, PaginatedRequestParams,
         ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams,
         ReadResourceResponse, ReadResourceResult, Reference, RequestStateCodec, ServerConfig,
-        SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams, UpdateTaskParams,
+        SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter, Tool,
+        UnsubscribeRequestParams, UpdateTaskParams,
     },
-    service::RequestContext,
+    service::{RequestContext, SubscriptionContext},
 };
 use serde_json::{Value, json};
 
@@ -68,25 +70,33 @@ pub struct FixtureServer {
     codec: Arc<RequestStateCodec>,
     /// Runs the task fixtures.
     tasks: TaskRuntime,
+    /// Carries list changes to every instance's listen streams.
+    bus: FleetBus,
 }
 
 impl FixtureServer {
     /// A fixture server with no log level set and no subscriptions, sealing
     /// `requestState` with `codec` (the fleet's shared one, see
     /// [`request_state_codec`](mcp_persist_transport_http::server::request_state_codec)),
-    /// and running the task fixtures on `tasks`.
-    pub fn new(codec: RequestStateCodec, tasks: TaskRuntime) -> Self {
+    /// running the task fixtures on `tasks` and delivering list changes
+    /// through `bus`.
+    pub fn new(codec: RequestStateCodec, tasks: TaskRuntime, bus: FleetBus) -> Self {
         FixtureServer {
             log_level: Arc::default(),
             subscriptions: Arc::default(),
             codec: Arc::new(codec),
             tasks,
+            bus,
         }
     }
 
     fn tools() -> Value {
         let mut tools = Self::plain_tools();
-        for more in [crate::mrtr::tools(), crate::tasks::tools()] {
+        for more in [
+            crate::mrtr::tools(),
+            crate::tasks::tools(),
+            crate::stateless::tools(),
+        ] {
             if let (Some(all), Value::Array(more)) = (tools.as_array_mut(), more) {
                 all.extend(more);
             }
@@ -262,7 +272,7 @@ impl ServerHandler for FixtureServer {
         serde_json::from_value(json!({
             "protocolVersion": ProtocolVersion::LATEST_WITH_INITIALIZE,
             "capabilities": {
-                "tools": { "listChanged": false },
+                "tools": { "listChanged": true },
                 "resources": { "subscribe": true, "listChanged": false },
                 "prompts": { "listChanged": false },
                 "logging": {},
@@ -296,6 +306,9 @@ impl ServerHandler for FixtureServer {
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if let Some(answer) = self.tasks.call_tool(&request, &cx).await {
+            return answer;
+        }
+        if let Some(answer) = crate::stateless::call_tool(&self.bus, &request, &cx).await {
             return answer;
         }
         let capabilities = cx.client_capabilities();
@@ -445,6 +458,21 @@ impl ServerHandler for FixtureServer {
                 None,
             )),
         }
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        crate::stateless::tool(name)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        FleetBus::accept(requested)
+    }
+
+    async fn listen(&self, cx: SubscriptionContext) -> Result<(), ErrorData> {
+        self.bus.listen(cx).await
     }
 
     async fn get_task(
@@ -701,9 +729,19 @@ mod tests {
 
     #[test]
     fn fixtures_decode() {
+        let bus = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(FleetBus::start(mcp_persist_core::NotificationBus::new(
+                std::sync::Arc::new(mcp_persist_core::MemoryStore::new()),
+                mcp_persist_core::BusRetention::default(),
+            )))
+            .expect("bus");
         let server = FixtureServer::new(
             codec(),
             TaskRuntime::Rmcp(rmcp::task_manager::TaskManager::new()),
+            bus,
         );
         let info = server.get_info();
         assert_eq!(info.server_info.name, "mcp-persist-conformance-server");

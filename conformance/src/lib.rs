@@ -22,6 +22,7 @@ pub mod fixtures;
 mod literal;
 mod mrtr;
 mod scratch;
+mod stateless;
 pub mod tasks;
 
 /// Sets up `tracing` output on stderr, filtered by `RUST_LOG` (default

@@ -17,9 +17,9 @@ use mcp_persist_conformance::{
     init_tracing,
     tasks::{TaskRuntime, register},
 };
-use mcp_persist_core::{MemoryStore, Stores};
+use mcp_persist_core::{BusRetention, MemoryStore, NotificationBus, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
-use mcp_persist_transport_http::server::{DurableServer, request_state_codec};
+use mcp_persist_transport_http::server::{DurableServer, FleetBus, request_state_codec};
 use rmcp::transport::{
     StreamableHttpServerConfig, StreamableHttpService,
     streamable_http_server::session::local::LocalSessionManager,
@@ -80,8 +80,21 @@ async fn main() -> Result<()> {
                 .await
                 .context("creating the requestState key")?;
             let tasks = TaskRuntime::Rmcp(rmcp::task_manager::TaskManager::new());
+            // One process: the bus runs on a memory store.
+            let bus = FleetBus::start(NotificationBus::new(
+                std::sync::Arc::new(MemoryStore::new()),
+                BusRetention::default(),
+            ))
+            .await
+            .context("starting the notification bus")?;
             let service = StreamableHttpService::new(
-                move || Ok(FixtureServer::new(codec.clone(), tasks.clone())),
+                move || {
+                    Ok(FixtureServer::new(
+                        codec.clone(),
+                        tasks.clone(),
+                        bus.clone(),
+                    ))
+                },
                 LocalSessionManager::default().into(),
                 StreamableHttpServerConfig::default(),
             );
@@ -105,10 +118,20 @@ async fn main() -> Result<()> {
                     .await
                     .context("starting the durable task runtime")?,
             );
-            tracing::info!(path = %path.display(), "sessions, events, tasks and keys on SQLite");
+            let bus = server
+                .fleet_bus(BusRetention::default())
+                .await
+                .context("starting the fleet bus")?;
+            tracing::info!(path = %path.display(), "sessions, events, tasks, bus and keys on SQLite");
             axum::Router::new().nest_service(
                 "/mcp",
-                server.service(move || Ok(FixtureServer::new(codec.clone(), tasks.clone()))),
+                server.service(move || {
+                    Ok(FixtureServer::new(
+                        codec.clone(),
+                        tasks.clone(),
+                        bus.clone(),
+                    ))
+                }),
             )
         }
     };

@@ -31,6 +31,7 @@
 //! ```
 
 mod binding;
+pub mod bus;
 mod event_store;
 mod manager;
 mod session_store;
@@ -39,6 +40,7 @@ pub mod tasks;
 use std::{sync::Arc, time::Duration};
 
 pub use binding::{Principal, SessionBinding, SessionBindingLayer};
+pub use bus::FleetBus;
 pub use event_store::DurableEventStore;
 pub use manager::{DurableSessionManager, SessionManagerError};
 use mcp_persist_core::{EventLogConfig, Result, Stores};
@@ -210,6 +212,12 @@ impl DurableServer {
     /// [`start`](DurableTasksBuilder::start). See the [module docs](crate::server::tasks).
     pub fn tasks(&self) -> DurableTasksBuilder {
         DurableTasksBuilder::new(self.stores.clone(), self.principal.clone())
+    }
+
+    /// This instance's end of the fleet notification bus on this server's
+    /// stores (see the [module docs](crate::server::bus)), tailing it from now on.
+    pub async fn fleet_bus(&self, retention: mcp_persist_core::BusRetention) -> Result<FleetBus> {
+        FleetBus::start(self.stores.bus(retention)?).await
     }
 
     /// A builder over `stores` (sessions and, unless
