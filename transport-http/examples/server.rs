@@ -20,7 +20,9 @@
 //! `long_job` (`steps` steps of `step_ms`, resumable: if this instance dies,
 //! another one runs it again), `fragile_job` (the same, not resumable: it
 //! fails when its instance dies) and `ask_name` (asks the client for a name
-//! through `tasks/update`, then greets). With `--runs-file PATH` every start
+//! through `tasks/update`, then greets), and `touch_tools` (announces a
+//! tool list change on the fleet bus: every instance's `subscriptions/listen`
+//! streams and legacy sessions hear it). With `--runs-file PATH` every start
 //! and end of a task operation is appended to PATH as a line
 //! `start|done <task id> <generation>`.
 //!
@@ -43,8 +45,8 @@ use std::{
 use anyhow::Context as _;
 use mcp_persist_core::{EventLogConfig, Stores};
 use mcp_persist_transport_http::server::{
-    DurableServer, DurableTasks, DurableTasksBuilder, StreamableHttpServerConfig, TaskContext,
-    client_accepts_tasks,
+    DurableServer, DurableTasks, DurableTasksBuilder, FleetBus, StreamableHttpServerConfig,
+    TaskContext, client_accepts_tasks,
 };
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
@@ -76,6 +78,7 @@ pub struct Counters {
 pub struct DemoHandler {
     counters: Arc<Counters>,
     tasks: Option<DurableTasks>,
+    bus: Option<FleetBus>,
 }
 
 impl DemoHandler {
@@ -84,7 +87,14 @@ impl DemoHandler {
         DemoHandler {
             counters,
             tasks: None,
+            bus: None,
         }
+    }
+
+    /// The same handler, delivering fleet notices from `bus`.
+    pub fn with_bus(mut self, bus: FleetBus) -> Self {
+        self.bus = Some(bus);
+        self
     }
 
     /// The same handler, running its task tools on `tasks`.
@@ -237,6 +247,11 @@ fn tools() -> Vec<Tool> {
             schema(serde_json::json!({"type": "object"})),
         ),
         Tool::new(
+            "touch_tools",
+            "Announces a tool list change to every listener of the fleet.",
+            schema(serde_json::json!({"type": "object"})),
+        ),
+        Tool::new(
             "stats",
             "Initialize requests answered and sessions restored by this process.",
             schema(serde_json::json!({"type": "object"})),
@@ -286,11 +301,30 @@ impl DemoHandler {
 
 impl ServerHandler for DemoHandler {
     fn get_info(&self) -> ServerConfig {
-        let capabilities = ServerCapabilities::builder().enable_tools();
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed();
         if self.tasks.is_some() {
             ServerConfig::new(capabilities.enable_tasks().build())
         } else {
             ServerConfig::new(capabilities.build())
+        }
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        self.bus.as_ref().and_then(|_| FleetBus::accept(requested))
+    }
+
+    async fn listen(&self, context: rmcp::service::SubscriptionContext) -> Result<(), ErrorData> {
+        match &self.bus {
+            Some(bus) => bus.listen(context).await,
+            None => {
+                context.cancelled().await;
+                Ok(())
+            }
         }
     }
 
@@ -329,6 +363,10 @@ impl ServerHandler for DemoHandler {
             self.counters.initialize.fetch_add(1, Ordering::SeqCst);
         }
         context.peer.set_peer_info(request.clone());
+        if let Some(bus) = &self.bus {
+            // A legacy session hears list changes on its standalone stream.
+            bus.forward_to_peer(context.peer.clone(), |_| false);
+        }
         self.negotiate_initialize(&request)
     }
 
@@ -425,6 +463,15 @@ impl ServerHandler for DemoHandler {
                     .and_then(|v| v.to_str().ok()),
             })
             .to_string(),
+            "touch_tools" => {
+                let bus = self.bus.as_ref().ok_or_else(|| {
+                    ErrorData::internal_error("this server runs without a fleet bus", None)
+                })?;
+                bus.publish(mcp_persist_core::FleetNotice::ToolsListChanged)
+                    .await
+                    .map_err(|e| ErrorData::internal_error(format!("publishing: {e}"), None))?;
+                "published".to_owned()
+            }
             "stats" => serde_json::json!({
                 "initialize": self.counters.initialize.load(Ordering::SeqCst),
                 "restored": self.counters.restored.load(Ordering::SeqCst),
@@ -602,8 +649,14 @@ pub async fn durable_router_with_tasks(
 ) -> anyhow::Result<axum::Router> {
     let server = durable_server(stores, options)?;
     let tasks = register_tasks(server.tasks(), options).start().await?;
-    let service =
-        server.service(move || Ok(DemoHandler::new(counters.clone()).with_tasks(tasks.clone())));
+    let bus = server
+        .fleet_bus(mcp_persist_core::BusRetention::default())
+        .await?;
+    let service = server.service(move || {
+        Ok(DemoHandler::new(counters.clone())
+            .with_tasks(tasks.clone())
+            .with_bus(bus.clone()))
+    });
     Ok(axum::Router::new().nest_service("/mcp", service))
 }
 
