@@ -388,14 +388,23 @@ where
         let shared = self.shared.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
+            let delete = parts.method == http::Method::DELETE;
             let principal = (shared.principal)(&parts);
             if let Err(refusal) = shared.check(&mut parts, &principal).await {
                 return Ok(refusal.into_response());
             }
             let request = Request::from_parts(parts, body);
-            let response = REQUEST_PRINCIPAL
+            let mut response = REQUEST_PRINCIPAL
                 .scope(principal, inner.call(request))
                 .await?;
+            // rmcp answers a session DELETE with 202 Accepted; some official
+            // SDKs (Python) accept only 200 or 204 and log every other status
+            // as a failed termination. The session is gone when the answer
+            // is written, so 204 No Content says it plainly. Unknown and
+            // foreign ids get the same answer, as before.
+            if delete && response.status() == http::StatusCode::ACCEPTED {
+                *response.status_mut() = http::StatusCode::NO_CONTENT;
+            }
             Ok(response.map(|body| body.boxed()))
         })
     }

@@ -60,6 +60,8 @@ pub struct DurableServerBuilder {
     tail_idle: Duration,
     config: StreamableHttpServerConfig,
     session_config: SessionConfig,
+    /// Whether the application gave its own session configuration.
+    session_config_given: bool,
     principal: Option<Arc<binding::PrincipalFn>>,
 }
 
@@ -138,6 +140,7 @@ impl DurableServerBuilder {
     /// TTL; the session itself lives in the store.
     pub fn session_config(mut self, config: SessionConfig) -> Self {
         self.session_config = config;
+        self.session_config_given = true;
         self
     }
 
@@ -161,7 +164,12 @@ impl DurableServerBuilder {
                 .keep_alive
                 .map_or(self.idle_ttl, |k| k.min(self.idle_ttl)),
         );
-        if session_config.sse_retry.is_none() {
+        // rmcp's default session configuration carries its own 3 s retry,
+        // which would override the interval configured on the HTTP side for
+        // every POST stream: unless the application gave a session
+        // configuration of its own, the HTTP configuration's interval holds
+        // for every stream.
+        if !self.session_config_given || session_config.sse_retry.is_none() {
             session_config.sse_retry = self.config.sse_retry;
         }
         let manager = Arc::new(DurableSessionManager::new(
@@ -231,6 +239,7 @@ impl DurableServer {
             tail_idle: Duration::from_secs(60),
             config: StreamableHttpServerConfig::default(),
             session_config: SessionConfig::default(),
+            session_config_given: false,
             principal: None,
         }
     }
