@@ -549,6 +549,12 @@ pub(crate) struct StreamMeta {
     pub(crate) created_at: Timestamp,
     /// The sequence number of the last record dropped by retention (0: none).
     pub(crate) dropped_through: u64,
+    /// The server instance writing the stream, when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) writer: Option<String>,
+    /// The JSON-RPC id of the request the stream answers, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) request: Option<serde_json::Value>,
 }
 
 impl Record for StreamMeta {
@@ -626,6 +632,8 @@ mod tests {
             token: "t".into(),
             created_at: Timestamp::now(),
             dropped_through: 0,
+            writer: None,
+            request: None,
         })
         .unwrap();
         assert!(matches!(

@@ -179,9 +179,7 @@ fn ask_name(cx: TaskContext) -> TaskFuture {
 /// The demo's resumable operations, registered on every instance.
 pub fn register_tasks(builder: DurableTasksBuilder, options: &Options) -> DurableTasksBuilder {
     let runs_file = options.runs_file.clone();
-    builder
-        .liveness_grace(options.liveness_grace)
-        .resumable("long_job", move |cx, args| job(cx, args, runs_file.clone()))
+    builder.resumable("long_job", move |cx, args| job(cx, args, runs_file.clone()))
 }
 
 fn schema(value: serde_json::Value) -> Arc<serde_json::Map<String, serde_json::Value>> {
@@ -611,6 +609,7 @@ pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<Durab
     let http = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
     let server = DurableServer::builder(stores)
         .idle_ttl(options.idle_ttl)
+        .liveness_grace(options.liveness_grace)
         .strict_sessions(options.strict_sessions)
         .tail_idle(options.tail_idle)
         .event_retention(EventLogConfig::new(

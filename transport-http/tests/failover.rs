@@ -112,3 +112,78 @@ async fn delete_answers_a_status_every_sdk_accepts() -> anyhow::Result<()> {
     assert!(matches!(unknown.0, 200 | 204 | 404), "{unknown:?}");
     Ok(())
 }
+
+/// The instance running a call is killed: the instance the client resumes
+/// on answers the call with an error saying so within a few seconds of the
+/// death, instead of tailing the stream silently until `tail_idle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_call_is_answered_on_the_other_instance() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db").display().to_string();
+    let args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--liveness-grace-ms",
+        "1000",
+    ];
+    let mut a = Instance::process(&args).await?;
+    let b = Instance::process(&args).await?;
+    let http = reqwest::Client::new();
+    let session = raw_initialize(&http, &a.url(), "alice").await?;
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {
+            "name": "slow_progress",
+            "arguments": { "count": 1000, "delay_ms": 50, "tag": "orphan" },
+            "_meta": { "progressToken": "p-orphan" }
+        }
+    });
+    let mut response = http
+        .post(a.url())
+        .header("x-demo-user", "alice")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(call.to_string())
+        .send()
+        .await?;
+    // Read until three progress events have arrived, keeping the last id.
+    let mut body = String::new();
+    while support::event_ids(&body).len() < 4 {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("the call's stream ended early: {body}"))?;
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let last = support::event_ids(&body)
+        .last()
+        .cloned()
+        .unwrap_or_default();
+    drop(response);
+    a.kill().await?;
+    let killed = std::time::Instant::now();
+    let (status, replay) = support::raw_resume(&http, &b.url(), "alice", &session, &last).await?;
+    let took = killed.elapsed();
+    assert_eq!(status, 200, "{replay}");
+    let answer = replay
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+        .find(|m| m.get("error").is_some())
+        .ok_or_else(|| anyhow::anyhow!("no error answer in the replay: {replay}"))?;
+    assert_eq!(answer["id"], 2, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("stopped") && message.contains("re-issue"),
+        "{message}"
+    );
+    eprintln!("orphaned call answered {took:?} after the kill");
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "the orphaned call was answered only after {took:?}"
+    );
+    Ok(())
+}

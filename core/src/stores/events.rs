@@ -70,6 +70,17 @@ pub struct EventLog {
     log: Arc<dyn LogStore>,
     config: EventLogConfig,
     streams: Arc<Mutex<HashMap<String, StreamCache>>>,
+    writer: Option<Arc<str>>,
+}
+
+/// Who writes a stream and what it answers, as recorded by its writer.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StreamOrigin {
+    /// The instance writing it (see [`InstanceLeases`](super::InstanceLeases)).
+    pub writer: Option<String>,
+    /// The JSON-RPC id of the request it answers.
+    pub request: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Copy)]
@@ -105,7 +116,58 @@ impl EventLog {
             log,
             config,
             streams: Arc::default(),
+            writer: None,
         }
+    }
+
+    /// The same event log, recording `instance` as the writer of the
+    /// streams it creates, so that a replaying instance can tell when the
+    /// writer stopped.
+    pub fn with_writer(mut self, instance: impl Into<String>) -> Self {
+        self.writer = Some(Arc::from(instance.into()));
+        self
+    }
+
+    /// Records that `stream` answers the request with JSON-RPC id
+    /// `request`. A stream that does not exist (yet) is left alone.
+    pub async fn describe_request(&self, stream: &str, request: serde_json::Value) -> Result<()> {
+        let key = meta_key(stream);
+        let key = key.as_str();
+        let request = &request;
+        retry_cas(key, 8, move || async move {
+            let Some(Stored {
+                mut record,
+                version,
+            }) = read::<StreamMeta>(&*self.kv, key).await?
+            else {
+                return Ok(());
+            };
+            if record.request.as_ref() == Some(request) {
+                return Ok(());
+            }
+            record.request = Some(request.clone());
+            write(
+                &*self.kv,
+                key,
+                &record,
+                PutMode::Update(version),
+                Some(self.meta_ttl()),
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Who writes `stream` and which request it answers, when recorded;
+    /// `None` for an unknown stream.
+    pub async fn origin(&self, stream: &str) -> Result<Option<StreamOrigin>> {
+        Ok(read::<StreamMeta>(&*self.kv, &meta_key(stream))
+            .await?
+            .map(|s| StreamOrigin {
+                writer: s.record.writer,
+                request: s.record.request,
+            }))
     }
 
     /// The retention settings.
@@ -184,6 +246,8 @@ impl EventLog {
                         token: hex(&token),
                         created_at: Timestamp::now(),
                         dropped_through: 0,
+                        writer: self.writer.as_deref().map(str::to_owned),
+                        request: None,
                     };
                     // Losing the race to create it: the next attempt reads
                     // the winner's token.

@@ -143,9 +143,20 @@ impl InstanceLeases {
         format!("{KEY_PREFIX}{}", component(id))
     }
 
+    /// A fresh random instance id (128 bits), to name this process before
+    /// it registers.
+    pub fn new_instance_id() -> Result<String> {
+        Ok(hex(&random_token()?))
+    }
+
     /// Registers this process under a fresh random id.
     pub async fn register(&self) -> Result<OwnLease> {
-        let id = hex(&random_token()?);
+        self.register_as(Self::new_instance_id()?).await
+    }
+
+    /// Registers this process under `id` (from
+    /// [`new_instance_id`](InstanceLeases::new_instance_id)).
+    pub async fn register_as(&self, id: String) -> Result<OwnLease> {
         let renew_every = (self.grace / 3).max(Duration::from_millis(1));
         let now = Timestamp::now();
         let lease = InstanceLease {

@@ -18,6 +18,8 @@ use rmcp::{
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use super::instance::InstanceLife;
+
 /// Suffix rmcp gives the standalone (GET) stream of a session.
 const COMMON_STREAM_SUFFIX: &str = ":common";
 
@@ -46,6 +48,7 @@ pub struct DurableEventStore {
     events: mcp_persist_core::EventLog,
     session: Arc<OnceLock<SessionId>>,
     tail_idle: Duration,
+    life: Option<Arc<InstanceLife>>,
 }
 
 impl std::fmt::Debug for DurableEventStore {
@@ -67,7 +70,20 @@ impl DurableEventStore {
             events,
             session: Arc::new(OnceLock::new()),
             tail_idle,
+            life: None,
         }
+    }
+
+    /// The same store, ending a replayed stream whose writing instance
+    /// stopped (its lease lapsed) with an error for the request it answers.
+    pub(crate) fn with_liveness(mut self, life: Arc<InstanceLife>) -> Self {
+        self.life = Some(life);
+        self
+    }
+
+    /// This instance's liveness, when the server keeps one.
+    pub(crate) fn life(&self) -> Option<&Arc<InstanceLife>> {
+        self.life.as_ref()
     }
 
     /// The same store, to be owned by one session once
@@ -77,6 +93,7 @@ impl DurableEventStore {
             events: self.events.clone(),
             session: Arc::new(OnceLock::new()),
             tail_idle: self.tail_idle,
+            life: self.life.clone(),
         }
     }
 
@@ -124,7 +141,13 @@ impl RmcpEventStore for DurableEventStore {
             "replaying events, then tailing"
         );
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(pump(self.events.clone(), after, tx, self.tail_idle));
+        tokio::spawn(pump(
+            self.events.clone(),
+            after,
+            tx,
+            self.tail_idle,
+            self.life.clone(),
+        ));
         Ok(Box::pin(ReceiverStream(rx)))
     }
 }
@@ -136,6 +159,7 @@ async fn pump(
     mut after: EventId,
     tx: mpsc::Sender<ServerSseMessage>,
     idle: Duration,
+    life: Option<Arc<InstanceLife>>,
 ) {
     let request_stream = !after.stream().ends_with(COMMON_STREAM_SUFFIX);
     if request_stream && already_complete(&events, &after).await {
@@ -147,8 +171,24 @@ async fn pump(
     }
     let mut quiet = Duration::ZERO;
     let mut delivered = 0usize;
+    // A request stream written by another instance: check that instance's
+    // lease whenever the stream is quiet, every half grace period.
+    let watch = match (&life, request_stream) {
+        (Some(life), true) => match events.origin(after.stream()).await {
+            Ok(Some(origin)) => origin
+                .writer
+                .filter(|w| w != life.id())
+                .map(|writer| (life.clone(), writer, origin.request)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let slice_limit = match &watch {
+        Some((life, _, _)) => TAIL_SLICE.min(life.grace() / 2),
+        None => TAIL_SLICE,
+    };
     loop {
-        let slice = TAIL_SLICE
+        let slice = slice_limit
             .min(idle.saturating_sub(quiet))
             .max(Duration::from_millis(1));
         let batch = tokio::select! {
@@ -163,6 +203,26 @@ async fn pump(
             }
         };
         if batch.is_empty() {
+            if let Some((life, writer, request)) = &watch
+                && orphaned(life, writer).await
+            {
+                let request = match request {
+                    Some(id) => id.clone(),
+                    // Recorded just after the stream began; read it again.
+                    None => events
+                        .origin(after.stream())
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|o| o.request)
+                        .unwrap_or(serde_json::Value::Null),
+                };
+                warn!(stream = after.stream(), %writer, "the instance writing this stream stopped; ending it with an error");
+                if let Some(message) = orphan_error(request, writer) {
+                    let _ = tx.send(message).await;
+                }
+                return;
+            }
             quiet += slice;
             if quiet >= idle {
                 debug!(
@@ -213,6 +273,30 @@ async fn pump(
 
 /// Whether the event `id` itself was its request stream's final response,
 /// so a resume after it has nothing to wait for.
+/// Whether the instance `writer` stopped, as `life` observes it.
+async fn orphaned(life: &InstanceLife, writer: &str) -> bool {
+    matches!(
+        life.observe(writer).await,
+        Ok(mcp_persist_core::Liveness::Dead)
+    )
+}
+
+/// The JSON-RPC error that ends an orphaned request stream: it answers the
+/// request the stream was for, so the client stops waiting and re-issues it.
+fn orphan_error(request: serde_json::Value, writer: &str) -> Option<ServerSseMessage> {
+    let message: ServerJsonRpcMessage = serde_json::from_value(serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": request,
+        "error": {
+            "code": -32603,
+            "message": "the server instance running this request stopped before it answered; re-issue the request",
+            "data": { "reason": "orphaned", "instance": writer }
+        }
+    }))
+    .ok()?;
+    Some(ServerSseMessage::from_message(message))
+}
+
 async fn already_complete(events: &mcp_persist_core::EventLog, id: &EventId) -> bool {
     let Some(before) = id.seq().checked_sub(1) else {
         return false;

@@ -13,7 +13,7 @@ use rmcp::{
     },
 };
 use tokio::sync::RwLock;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::event_store::DurableEventStore;
 
@@ -71,6 +71,31 @@ type SseStream = std::pin::Pin<Box<dyn Stream<Item = ServerSseMessage> + Send + 
 
 fn boxed(stream: impl Stream<Item = ServerSseMessage> + Send + Sync + 'static) -> SseStream {
     Box::pin(stream)
+}
+
+/// Passes `stream` on, recording (in the background) which request it
+/// answers once its first event names the stream: an instance replaying it
+/// after this one stopped can then answer that request with an error.
+fn describing(
+    stream: impl Stream<Item = ServerSseMessage> + Send + Sync + 'static,
+    events: mcp_persist_core::EventLog,
+    request: serde_json::Value,
+) -> impl Stream<Item = ServerSseMessage> + Send + Sync + 'static {
+    use futures::StreamExt as _;
+    let mut pending = Some((events, request));
+    stream.map(move |message| {
+        if let Some(event_id) = &message.event_id
+            && let Ok(parsed) = event_id.parse::<mcp_persist_core::EventId>()
+            && let Some((events, request)) = pending.take()
+        {
+            tokio::spawn(async move {
+                if let Err(e) = events.describe_request(parsed.stream(), request).await {
+                    debug!(error = %e, "could not record the request a stream answers");
+                }
+            });
+        }
+        message
+    })
 }
 
 impl DurableSessionManager {
@@ -175,8 +200,22 @@ impl SessionManager for DurableSessionManager {
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         let local = self.local(id).await?;
+        let request = match &message {
+            ClientJsonRpcMessage::Request(r) => serde_json::to_value(&r.id).ok(),
+            _ => None,
+        };
+        if let Some(life) = self.events.as_ref().and_then(DurableEventStore::life)
+            && let Err(e) = life.ensure_started().await
+        {
+            warn!(error = %e, "could not register this instance's liveness lease; retrying at the next request");
+        }
         let stream = local.create_stream(id, message).await?;
-        Ok(boxed(stream))
+        match (request, &self.events) {
+            (Some(request), Some(events)) => {
+                Ok(boxed(describing(stream, events.inner().clone(), request)))
+            }
+            _ => Ok(boxed(stream)),
+        }
     }
 
     async fn accept_message(

@@ -33,6 +33,7 @@
 mod binding;
 pub mod bus;
 mod event_store;
+mod instance;
 mod manager;
 mod session_store;
 pub mod tasks;
@@ -63,6 +64,7 @@ pub struct DurableServerBuilder {
     /// Whether the application gave its own session configuration.
     session_config_given: bool,
     principal: Option<Arc<binding::PrincipalFn>>,
+    liveness_grace: Duration,
 }
 
 impl std::fmt::Debug for DurableServerBuilder {
@@ -144,6 +146,17 @@ impl DurableServerBuilder {
         self
     }
 
+    /// How long this instance may go without renewing its liveness lease
+    /// before other instances call it stopped (default 3 s; it renews every
+    /// third of that, one small write). Then a replaying instance ends the
+    /// streams it was writing with an error the client can act on, and its
+    /// unfinished tasks are failed or taken over. Observers measure this on
+    /// their own monotonic clock: no wall-clock step decides it.
+    pub fn liveness_grace(mut self, grace: Duration) -> Self {
+        self.liveness_grace = grace.max(Duration::from_millis(30));
+        self
+    }
+
     /// The configured server; [`mcp_persist_core::Error::Unsupported`] when
     /// events are kept but the stores route no log backend.
     pub fn build(self) -> Result<DurableServer> {
@@ -151,13 +164,14 @@ impl DurableServerBuilder {
             .stores
             .sessions(self.idle_ttl)
             .with_strict_liveness(self.strict_sessions);
+        let life = instance::InstanceLife::new(&self.stores, self.liveness_grace)?;
         let events = match self.events {
-            Some(config) => Some(self.stores.events(config)?),
+            Some(config) => Some(self.stores.events(config)?.with_writer(life.id())),
             None => None,
         };
         let rmcp_events = events
             .clone()
-            .map(|e| DurableEventStore::new(e, self.tail_idle));
+            .map(|e| DurableEventStore::new(e, self.tail_idle).with_liveness(life.clone()));
         let mut session_config = self.session_config;
         session_config.keep_alive = Some(
             session_config
@@ -188,6 +202,7 @@ impl DurableServerBuilder {
             layer: SessionBindingLayer::with_principal_fn(sessions, events, principal.clone()),
             stores: self.stores,
             principal,
+            life,
         })
     }
 }
@@ -201,6 +216,7 @@ pub struct DurableServer {
     layer: SessionBindingLayer,
     stores: Stores,
     principal: Arc<binding::PrincipalFn>,
+    life: Arc<instance::InstanceLife>,
 }
 
 impl std::fmt::Debug for DurableServer {
@@ -219,7 +235,16 @@ impl DurableServer {
     /// the way the binding layer does; finish it with
     /// [`start`](DurableTasksBuilder::start). See the [module docs](crate::server::tasks).
     pub fn tasks(&self) -> DurableTasksBuilder {
-        DurableTasksBuilder::new(self.stores.clone(), self.principal.clone())
+        DurableTasksBuilder::new(
+            self.stores.clone(),
+            self.principal.clone(),
+            self.life.clone(),
+        )
+    }
+
+    /// This instance's id in the fleet's liveness leases.
+    pub fn instance_id(&self) -> &str {
+        self.life.id()
     }
 
     /// This instance's end of the fleet notification bus on this server's
@@ -241,6 +266,7 @@ impl DurableServer {
             session_config: SessionConfig::default(),
             session_config_given: false,
             principal: None,
+            liveness_grace: Duration::from_secs(3),
         }
     }
 

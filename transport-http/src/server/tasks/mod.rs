@@ -48,8 +48,8 @@ use std::{
 
 pub use context::TaskContext;
 use mcp_persist_core::{
-    InstanceLeases, Liveness, OwnLease, ResumableOperation, Stored, Stores, TaskId, TaskOwner,
-    TaskRecord, TaskStore, TaskUpdate, Timestamp,
+    Liveness, ResumableOperation, Stored, Stores, TaskId, TaskOwner, TaskRecord, TaskStore,
+    TaskUpdate, Timestamp,
 };
 use rmcp::{
     ErrorData, RoleServer,
@@ -62,7 +62,7 @@ use tokio::sync::{Notify, oneshot, watch};
 use tracing::{debug, info, warn};
 use wire::{store_error, unknown_task};
 
-use super::binding::PrincipalFn;
+use super::{binding::PrincipalFn, instance::InstanceLife};
 
 /// An operation registered as safe to run again: it gets the task's
 /// context and the arguments it was started with.
@@ -81,7 +81,7 @@ pub fn client_accepts_tasks(cx: &RequestContext<RoleServer>) -> bool {
 pub struct DurableTasksBuilder {
     stores: Stores,
     principal: Arc<PrincipalFn>,
-    grace: Duration,
+    life: Arc<InstanceLife>,
     inbox_poll: Duration,
     resumables: HashMap<String, ResumableFn>,
 }
@@ -89,7 +89,7 @@ pub struct DurableTasksBuilder {
 impl std::fmt::Debug for DurableTasksBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DurableTasksBuilder")
-            .field("grace", &self.grace)
+            .field("instance", &self.life)
             .field("inbox_poll", &self.inbox_poll)
             .field("resumables", &self.resumables.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
@@ -97,22 +97,18 @@ impl std::fmt::Debug for DurableTasksBuilder {
 }
 
 impl DurableTasksBuilder {
-    pub(super) fn new(stores: Stores, principal: Arc<PrincipalFn>) -> Self {
+    pub(super) fn new(
+        stores: Stores,
+        principal: Arc<PrincipalFn>,
+        life: Arc<InstanceLife>,
+    ) -> Self {
         DurableTasksBuilder {
             stores,
             principal,
-            grace: Duration::from_secs(3),
+            life,
             inbox_poll: Duration::from_millis(500),
             resumables: HashMap::new(),
         }
-    }
-
-    /// How long an instance may go without renewing its liveness lease
-    /// before others call it dead and end (or take over) its tasks. Default
-    /// 3 s; each instance renews every third of it (one small write).
-    pub fn liveness_grace(mut self, grace: Duration) -> Self {
-        self.grace = grace.max(Duration::from_millis(30));
-        self
     }
 
     /// The longest a running operation waits to see an input response or a
@@ -135,25 +131,27 @@ impl DurableTasksBuilder {
         self
     }
 
-    /// Registers this instance's liveness lease and starts renewing it, and
-    /// watching other instances' tasks, in the background.
+    /// Registers this instance's liveness lease (shared with the server's
+    /// streams; see [`DurableServerBuilder::liveness_grace`](super::DurableServerBuilder::liveness_grace))
+    /// if that has not happened yet, and starts watching other instances'
+    /// tasks in the background.
     pub async fn start(self) -> mcp_persist_core::Result<DurableTasks> {
         let store = self.stores.tasks()?;
-        let leases = self.stores.instance_leases(self.grace);
-        let lease = leases.register().await?;
+        self.life.ensure_started().await?;
         let (stop, stopped) = watch::channel(false);
+        let grace = self.life.grace();
         let runtime = Arc::new(Runtime {
             store,
-            instance: lease.id().to_owned(),
-            leases,
+            instance: self.life.id().to_owned(),
+            life: self.life,
             principal: self.principal,
-            grace: self.grace,
+            grace,
             inbox_poll: self.inbox_poll,
             resumables: self.resumables,
             local: Mutex::default(),
             stop,
         });
-        tokio::spawn(background(Arc::downgrade(&runtime), lease, stopped));
+        tokio::spawn(background(Arc::downgrade(&runtime), stopped));
         Ok(DurableTasks { runtime })
     }
 }
@@ -186,7 +184,7 @@ struct Local {
 pub(super) struct Runtime {
     store: TaskStore,
     instance: String,
-    leases: InstanceLeases,
+    life: Arc<InstanceLife>,
     principal: Arc<PrincipalFn>,
     grace: Duration,
     inbox_poll: Duration,
@@ -363,9 +361,11 @@ impl DurableTasks {
     }
 
     /// Stops this instance's background work and releases its lease: other
-    /// instances see its unfinished tasks as orphaned at once.
+    /// instances see its unfinished tasks (and the streams it was writing)
+    /// as orphaned at once.
     pub async fn shutdown(&self) {
         let _ = self.runtime.stop.send(true);
+        self.runtime.life.stop();
         for (_, local) in self.runtime.lock_local().drain() {
             if let Some(abort) = local.abort {
                 abort.abort();
@@ -641,7 +641,7 @@ impl Runtime {
             // or a failed write). Nobody else will settle it.
             true
         } else {
-            self.leases
+            self.life
                 .observe(&record.owner.instance)
                 .await
                 .map_err(|e| store_error("reading the instance lease", &e))?
@@ -720,44 +720,22 @@ impl Runtime {
     }
 }
 
-/// Renews this instance's lease and sweeps for orphaned tasks, until the
-/// runtime is dropped or shut down.
-async fn background(
-    runtime: Weak<Runtime>,
-    mut lease: OwnLease,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let renew_every = lease.renew_every();
-    let mut since_sweep = Duration::ZERO;
+/// Sweeps for orphaned tasks every half grace period, until the runtime is
+/// dropped or shut down (the instance lease is renewed by the server).
+async fn background(runtime: Weak<Runtime>, mut stopped: watch::Receiver<bool>) {
     loop {
+        let Some(every) = runtime.upgrade().map(|rt| rt.grace / 2) else {
+            return;
+        };
         tokio::select! {
-            _ = tokio::time::sleep(renew_every) => {}
-            _ = async { let _ = stopped.wait_for(|s| *s).await; } => {
-                if let Some(rt) = runtime.upgrade() {
-                    let _ = rt.leases.release(&lease).await;
-                    info!(instance = %rt.instance, "instance lease released");
-                }
-                return;
-            }
+            _ = tokio::time::sleep(every) => {}
+            _ = async { let _ = stopped.wait_for(|s| *s).await; } => return,
         }
         let Some(rt) = runtime.upgrade() else {
             return;
         };
-        match rt.leases.renew(&mut lease).await {
-            Ok(true) => {}
-            Ok(false) => {
-                warn!(instance = %rt.instance, "this instance was presumed dead during a pause; its tasks may have moved")
-            }
-            Err(e) => {
-                warn!(instance = %rt.instance, error = %e, "renewing the instance lease failed")
-            }
-        }
-        since_sweep += renew_every;
-        if since_sweep >= rt.grace / 2 {
-            since_sweep = Duration::ZERO;
-            if let Err(e) = rt.sweep().await {
-                warn!(error = %e, "sweeping for orphaned tasks failed");
-            }
+        if let Err(e) = rt.sweep().await {
+            warn!(error = %e, "sweeping for orphaned tasks failed");
         }
     }
 }
