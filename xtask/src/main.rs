@@ -17,6 +17,7 @@ use anyhow::{Context, Result, bail};
 
 mod conformance;
 mod demo;
+mod interop;
 mod moto;
 mod redis;
 
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("demo") => demo::run(&args[1..]),
         Some("conformance") => conformance::run(&args[1..]),
+        Some("interop") => interop::run(&args[1..]),
         Some("features") => check_features(),
         Some("services") => services(),
         _ => {
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
                  bench      benchmarks against same-run baselines (optionally: names to run)\n  \
                  demo       a client and a server killed with SIGKILL and restarted, carrying on\n  \
                  conformance  the official MCP conformance suite against our client and server\n  \
+                 interop    the official TypeScript SDK client against two server instances\n  \
                  features   check that each feature of each published crate builds alone\n  \
                  services   start the test services and print their environment, until Enter"
             );
@@ -218,10 +221,16 @@ fn test(_args: &[String]) -> Result<()> {
 
     // The official MCP conformance suite, both directions and revisions.
     // Outside CI a machine without npm skips it, saying so; under CI it runs.
+    // And the official TypeScript SDK's client against two instances.
     if under_ci() || conformance::available() {
         run_task_step(&mut steps, "conformance suite", || conformance::run(&[]));
+        run_task_step(&mut steps, "interop (TypeScript SDK client)", || {
+            interop::run(&[])
+        });
     } else {
-        println!("\n==> conformance suite skipped: npm is not installed (CI runs it)");
+        println!(
+            "\n==> conformance suite and interop skipped: npm is not installed (CI runs them)"
+        );
     }
 
     println!("\n==> summary");
