@@ -187,3 +187,55 @@ async fn orphaned_call_is_answered_on_the_other_instance() -> anyhow::Result<()>
     );
     Ok(())
 }
+
+/// The same through a real rmcp client behind a load balancer: its call
+/// fails with the orphan error within the grace period plus a retry or two,
+/// not after `tail_idle` (60 s) or its own request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_client_gets_the_orphan_error() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db").display().to_string();
+    let args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--liveness-grace-ms",
+        "1000",
+        "--sse-retry-ms",
+        "200",
+    ];
+    let mut a = Instance::process(&args).await?;
+    let b = Instance::process(&args).await?;
+    let balancer = support::Balancer::new(a.addr()).await?;
+    let (client, mut progress) = support::connect(&balancer.url(), "alice").await?;
+    let call = tokio::spawn({
+        let peer = client.peer().clone();
+        async move {
+            let args = serde_json::json!({ "count": 1000, "delay_ms": 50, "tag": "orphan" });
+            let serde_json::Value::Object(args) = args else {
+                unreachable!("an object literal")
+            };
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("slow_progress").with_arguments(args),
+            )
+            .await
+        }
+    });
+    for _ in 0..3 {
+        tokio::time::timeout(std::time::Duration::from_secs(10), progress.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("client closed"))?;
+    }
+    a.kill().await?;
+    let killed = std::time::Instant::now();
+    balancer.switch(b.addr());
+    balancer.cut();
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(20), call).await??;
+    let took = killed.elapsed();
+    let error = outcome.expect_err("a call whose instance died cannot succeed");
+    let text = error.to_string();
+    assert!(text.contains("re-issue"), "{text}");
+    eprintln!("rmcp client got the orphan error {took:?} after the kill");
+    Ok(())
+}
