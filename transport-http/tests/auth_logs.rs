@@ -1,6 +1,7 @@
 //! A full flow with a refresh, under a process-wide `tracing` subscriber at
-//! debug level: no token, client secret or PKCE verifier reaches the logs,
-//! `Debug` output or error messages.
+//! debug level with the documented directive for rmcp's auth module: no
+//! token, client secret, PKCE verifier, authorization code or `state` value
+//! reaches the logs, `Debug` output or error messages.
 //!
 //! Its own test binary, so that the global subscriber sees every event.
 
@@ -17,7 +18,7 @@ use auth_support::{World, expire, headless, start};
 use mcp_persist_core::{CredentialKey, Stores, canonical_url};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
-    auth::{DurableAuth, DurableAuthBuild},
+    auth::{DurableAuth, DurableAuthBuild, RMCP_AUTH_LOG_DIRECTIVE},
     client::DurableClientBuilder,
 };
 use rmcp::{ServiceExt, model::CallToolRequestParams};
@@ -61,7 +62,7 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("debug")
+        .with_env_filter(format!("debug,{RMCP_AUTH_LOG_DIRECTIVE}"))
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
@@ -108,13 +109,19 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
     assert!(logs.contains("refreshed"), "the refresh is logged:\n{logs}");
     let secrets = world.secrets();
     assert!(
-        secrets.len() >= 6,
-        "tokens, client secret and verifier were issued"
+        secrets.len() >= 8,
+        "tokens, client secret, verifier, codes and states were issued"
     );
     for secret in &secrets {
+        let leaks: Vec<String> = logs
+            .lines()
+            .filter(|l| l.contains(secret.as_str()))
+            .map(|l| l.replace(secret.as_str(), "<SECRET>"))
+            .collect();
         assert!(
-            !logs.contains(secret.as_str()),
-            "a secret leaked into the logs"
+            leaks.is_empty(),
+            "a secret leaked into the logs, in:\n{}",
+            leaks.join("\n")
         );
         assert!(
             !debug_output.contains(secret.as_str()),

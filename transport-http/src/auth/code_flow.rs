@@ -52,6 +52,7 @@ impl<C> DurableAuthClient<C> {
             .map_err(|source| DurableAuthError::Authorizer { source })?;
         let callback = AuthorizationCallback::from_redirect_url(&redirect)
             .map_err(oauth("authorization response"))?;
+        warn_if_rmcp_logs_the_code();
         let manager = self.inner.auth_manager.lock().await;
         manager
             .exchange_code_for_token_with_issuer(
@@ -63,5 +64,19 @@ impl<C> DurableAuthClient<C> {
             .map_err(oauth("token exchange"))?;
         info!(issuer = ?self.shared.issuer(), resource = %self.shared.resource, "authorized");
         Ok(())
+    }
+}
+
+/// rmcp logs the authorization code at `debug` under its auth target; say
+/// so once when that level is enabled there.
+fn warn_if_rmcp_logs_the_code() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if tracing::enabled!(target: "rmcp::transport::auth", tracing::Level::DEBUG) {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                directive = super::RMCP_AUTH_LOG_DIRECTIVE,
+                "rmcp logs OAuth authorization codes at debug level; add this filter directive to keep them out of the logs"
+            );
+        });
     }
 }

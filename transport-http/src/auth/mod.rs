@@ -115,6 +115,27 @@ pub use self::{
 };
 use crate::client::{ClientError, ClientHandle, DurableTransport};
 
+/// A `tracing` filter directive that keeps rmcp's OAuth module at `info`.
+///
+/// rmcp 3.11 logs the authorization code at `debug` (`start exchange code
+/// for token: "<code>"`, in `rmcp::transport::auth`), and a code in a log
+/// lets its reader finish the flow while the code is fresh. Every other
+/// secret of a flow (tokens, client secrets, PKCE verifiers, `state`) stays
+/// out of logs at every level. Add this directive whenever the application
+/// logs at `debug` or below, after its own directives so it wins:
+///
+/// ```
+/// # use mcp_persist_transport_http::auth::RMCP_AUTH_LOG_DIRECTIVE;
+/// // tracing_subscriber::EnvFilter::new(format!("debug,{RMCP_AUTH_LOG_DIRECTIVE}"))
+/// assert_eq!(RMCP_AUTH_LOG_DIRECTIVE, "rmcp::transport::auth=info");
+/// ```
+///
+/// [`DurableAuthClient::authorize`] warns once when the directive is
+/// missing and rmcp's debug output would reach a subscriber. Upstream, rmcp
+/// should not format the code into that message (log that an exchange
+/// started, without the code).
+pub const RMCP_AUTH_LOG_DIRECTIVE: &str = "rmcp::transport::auth=info";
+
 /// How long a refresh lease is held at most (30 s by default).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// How long a pending authorization is kept (10 minutes by default).

@@ -216,6 +216,15 @@ async fn authorize(State(s): State<Arc<AuthServer>>, uri: Uri) -> Response {
     }
     let code = unique("code");
     s.codes.lock().unwrap().insert(code.clone(), client_id);
+    // Authorization codes and state values are secrets too: either one in
+    // a log lets a reader finish or forge the flow.
+    {
+        let mut secrets = s.secrets.lock().unwrap();
+        secrets.push(code.clone());
+        if let Some(state) = q.get("state").filter(|v| !v.is_empty()) {
+            secrets.push(state.clone());
+        }
+    }
     let mut redirect = reqwest::Url::parse(&q["redirect_uri"]).unwrap();
     redirect
         .query_pairs_mut()
