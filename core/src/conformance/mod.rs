@@ -130,6 +130,7 @@ macro_rules! kv_conformance {
                 credentials_roundtrip_and_issuer_isolation,
                 refresh_rotation_race_newer_token_wins,
                 refresh_lease_has_one_holder,
+                refresh_lease_takeover_is_observed_not_timed,
                 pending_authorization_taken_once,
                 server_session_roundtrip,
                 newer_schema_is_typed_error,

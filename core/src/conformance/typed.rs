@@ -853,3 +853,62 @@ pub async fn forged_event_id_is_rejected(f: &dyn LogFixture) {
         .expect_err("unknown stream");
     assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
 }
+
+/// A refresh lease whose holder died is taken over only after the waiter
+/// itself watched it unchanged for the lease TTL (no clock is compared, so
+/// no clock step can hand it out early), and the dead holder's late release
+/// does not free its successor's lease.
+pub async fn refresh_lease_takeover_is_observed_not_timed(f: &dyn KvFixture) {
+    let ttl = Duration::from_millis(300);
+    let creds = credentials("https://as.example", "access", "refresh");
+    let holder = AuthStore::new(f.open_kv().await);
+    holder.save(&creds).await.expect("save");
+    let dead = holder
+        .try_lease(&creds.key, ttl)
+        .await
+        .expect("lease")
+        .expect("free lease taken");
+    let waiter = AuthStore::new(f.open_kv().await);
+    assert!(
+        waiter
+            .try_lease(&creds.key, ttl)
+            .await
+            .expect("lease")
+            .is_none(),
+        "a held lease is not handed out"
+    );
+    tokio::time::sleep(ttl / 2).await;
+    assert!(
+        waiter
+            .try_lease(&creds.key, ttl)
+            .await
+            .expect("lease")
+            .is_none(),
+        "not before the waiter watched it for the TTL"
+    );
+    tokio::time::sleep(ttl).await;
+    let taken = waiter
+        .try_lease(&creds.key, ttl)
+        .await
+        .expect("lease")
+        .expect("taken over after the TTL");
+    // The first holder wakes up and releases: the new lease stays.
+    holder.release(dead).await.expect("release");
+    let third = AuthStore::new(f.open_kv().await);
+    assert!(
+        third
+            .try_lease(&creds.key, ttl)
+            .await
+            .expect("lease")
+            .is_none(),
+        "the successor's lease survived the late release"
+    );
+    waiter.release(taken).await.expect("release");
+    assert!(
+        third
+            .try_lease(&creds.key, ttl)
+            .await
+            .expect("lease")
+            .is_some()
+    );
+}

@@ -1,4 +1,9 @@
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -23,21 +28,34 @@ use crate::{
 ///   at once the second write fails with `Conflict` instead of putting back a
 ///   refresh token the authorization server already rotated away.
 /// * **One refresher at a time.** [`refresh`](AuthStore::refresh) takes
-///   a lease (a `Create` with a short TTL) before spending the refresh token;
-///   a process that finds the lease taken waits for the winner's new
+///   a lease (a compare-and-swap `Create`) before spending the refresh
+///   token; a process that finds the lease taken waits for the winner's new
 ///   credential instead of spending the same refresh token again.
+///
+/// No clock decides who holds a lease. The lease record has no TTL: a
+/// waiter takes a lease over (by compare-and-swap on the version it saw)
+/// only after it has itself watched that same version, unchanged, for the
+/// lease TTL on its own monotonic clock. A wall-clock step on any machine,
+/// forward or back, therefore cannot hand one lease to two holders; and a
+/// holder's result is stored with compare-and-swap against the credential
+/// version it refreshed, so even a holder stalled past the TTL cannot put
+/// back a rotated-away token.
 #[derive(Clone, Debug)]
 pub struct AuthStore {
     kv: Arc<dyn KvStore>,
+    /// Lease key -> (version last seen, since when), on this process's
+    /// monotonic clock.
+    seen_leases: Arc<Mutex<HashMap<String, (Version, tokio::time::Instant)>>>,
 }
 
-/// A held right to refresh one credential, until it is released or its TTL
-/// passes.
+/// A held right to refresh one credential, until it is released, or until
+/// another process has watched it unchanged for the lease TTL.
 #[derive(Debug)]
 pub struct RefreshLease {
     key: String,
     version: Version,
-    /// When the lease lapses even if never released.
+    /// When the lease could be taken over at the earliest, by this
+    /// process's clock (informational: nobody compares clocks).
     pub expires_at: Timestamp,
 }
 
@@ -90,7 +108,27 @@ fn key_part(key: &CredentialKey) -> String {
 impl AuthStore {
     /// A store over `kv`.
     pub fn new(kv: Arc<dyn KvStore>) -> Self {
-        AuthStore { kv }
+        AuthStore {
+            kv,
+            seen_leases: Arc::default(),
+        }
+    }
+
+    /// Whether this process has watched the lease at `key` stay at
+    /// `version` for at least `ttl`.
+    fn lease_left_for(&self, key: &str, version: Version, ttl: Duration) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut seen = self.seen_leases.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() > 1024 {
+            seen.retain(|_, (_, since)| now.duration_since(*since) < ttl * 4);
+        }
+        match seen.get(key) {
+            Some((v, since)) if *v == version => now.duration_since(*since) >= ttl,
+            _ => {
+                seen.insert(key.to_owned(), (version, now));
+                false
+            }
+        }
     }
 
     fn token_key(key: &CredentialKey) -> String {
@@ -149,8 +187,9 @@ impl AuthStore {
         Ok(())
     }
 
-    /// Tries to take the refresh lease of `key` for `ttl`. `None` when another
-    /// holder has it.
+    /// Tries to take the refresh lease of `key`. `None` when another holder
+    /// has it; a lease this process has watched unchanged for `ttl` (its
+    /// holder died or hangs) is taken over by compare-and-swap.
     pub async fn try_lease(
         &self,
         key: &CredentialKey,
@@ -161,13 +200,25 @@ impl AuthStore {
             holder: hex(&random_token()?),
             taken_at: Timestamp::now(),
         };
-        match write(&*self.kv, &lease_key, &record, PutMode::Create, Some(ttl)).await {
-            Ok(version) => Ok(Some(RefreshLease {
-                key: lease_key,
-                version,
-                expires_at: record.taken_at.plus(ttl),
-            })),
-            Err(Error::AlreadyExists { .. }) => Ok(None),
+        let mode = match read::<LeaseRecord>(&*self.kv, &lease_key).await? {
+            None => PutMode::Create,
+            Some(held) if self.lease_left_for(&lease_key, held.version, ttl) => {
+                PutMode::Update(held.version)
+            }
+            Some(_) => return Ok(None),
+        };
+        match write(&*self.kv, &lease_key, &record, mode, None).await {
+            Ok(version) => {
+                if let PutMode::Update(_) = mode {
+                    warn!(issuer = %key.issuer, ?ttl, "took over a refresh lease its holder left unchanged for the lease TTL");
+                }
+                Ok(Some(RefreshLease {
+                    key: lease_key,
+                    version,
+                    expires_at: record.taken_at.plus(ttl),
+                }))
+            }
+            Err(Error::AlreadyExists { .. } | Error::Conflict { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -189,8 +240,10 @@ impl AuthStore {
     /// * Otherwise the lease is taken (held for at most `lease_ttl`),
     ///   `refresh_fn` is called with the stored credential, and its result is
     ///   stored with compare-and-swap before the lease is released.
-    /// * A process that finds the lease taken waits, up to `lease_ttl`, for
-    ///   the holder's new credential and returns it.
+    /// * A process that finds the lease taken waits for the holder's new
+    ///   credential and returns it; when the holder leaves the lease
+    ///   unchanged for `lease_ttl` (it died), the waiter takes it over. It
+    ///   gives up with [`Error::Timeout`] after twice `lease_ttl`.
     ///
     /// A failing `refresh_fn` gives [`Error::Refresh`] and leaves the stored
     /// credential as it was.
@@ -205,7 +258,8 @@ impl AuthStore {
         F: FnOnce(Credentials) -> Fut + Send,
         Fut: Future<Output = std::result::Result<Credentials, BoxError>> + Send,
     {
-        let deadline = tokio::time::Instant::now() + lease_ttl;
+        let patience = lease_ttl.saturating_mul(2);
+        let deadline = tokio::time::Instant::now() + patience;
         let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
         loop {
             let current = self.load(key).await?.ok_or_else(|| Error::NotFound {
@@ -258,7 +312,7 @@ impl AuthStore {
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     operation: "waiting for another process's credential refresh",
-                    after: lease_ttl,
+                    after: patience,
                 });
             }
             backoff.sleep_before(deadline).await;

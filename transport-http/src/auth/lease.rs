@@ -35,7 +35,8 @@ impl Drop for LeaseGuard {
 }
 
 /// rmcp's refresh guard over core's refresh lease (a compare-and-swap
-/// `Create` with a TTL): waits for another holder up to the lease TTL.
+/// `Create`, taken over only after this process watched it unchanged for
+/// the lease TTL): waits for another holder up to twice the lease TTL.
 /// None while core's refresh protocol already holds the lease.
 pub(super) async fn acquire_lease(
     shared: &Arc<Shared>,
@@ -50,7 +51,7 @@ pub(super) async fn acquire_lease(
     let key = shared
         .key(&issuer)
         .map_err(|e| store_error("credential key", e))?;
-    let deadline = tokio::time::Instant::now() + shared.lease_ttl;
+    let deadline = tokio::time::Instant::now() + shared.lease_ttl.saturating_mul(2);
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
     loop {
         match shared.store.try_lease(&key, shared.lease_ttl).await {
@@ -66,7 +67,7 @@ pub(super) async fn acquire_lease(
                 if tokio::time::Instant::now() >= deadline {
                     return Err(AuthError::CredentialStoreError(format!(
                         "another process held the refresh lease for longer than {:?}",
-                        shared.lease_ttl
+                        shared.lease_ttl.saturating_mul(2)
                     )));
                 }
                 debug!(issuer = %issuer, "refresh lease held elsewhere; waiting");
