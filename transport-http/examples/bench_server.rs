@@ -70,6 +70,60 @@ fn options() -> anyhow::Result<demo::Options> {
     demo::Options::parse(Vec::new())
 }
 
+fn pipelined() -> anyhow::Result<demo::Options> {
+    demo::Options::parse(vec!["--pipelined-events".to_owned()])
+}
+
+/// Clients, each with its own session and stream, in the concurrent run.
+const STREAMS: usize = 64;
+/// Progress notifications per client in the concurrent run.
+const EVENTS_EACH: usize = 200;
+
+/// Events per second through one server over `STREAMS` sessions at once,
+/// each calling a tool that sends `EVENTS_EACH` progress notifications.
+async fn concurrent_rate(router: axum::Router) -> anyhow::Result<f64> {
+    let (url, task) = serve(router).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut clients = Vec::with_capacity(STREAMS);
+    for _ in 0..STREAMS {
+        clients.push(
+            Counter(tx.clone())
+                .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+                .await?,
+        );
+    }
+    let start = Instant::now();
+    let mut calls = Vec::with_capacity(STREAMS);
+    for client in &clients {
+        let args = serde_json::json!({"count": EVENTS_EACH, "delay_ms": 0, "tag": "many"});
+        let serde_json::Value::Object(args) = args else {
+            unreachable!("an object literal")
+        };
+        let peer = client.peer().clone();
+        calls.push(tokio::spawn(async move {
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("slow_progress").with_arguments(args),
+            )
+            .await
+        }));
+    }
+    for _ in 0..STREAMS * EVENTS_EACH {
+        tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .context("progress did not arrive")?
+            .context("clients closed")?;
+    }
+    let rate = (STREAMS * EVENTS_EACH) as f64 / start.elapsed().as_secs_f64();
+    for call in calls {
+        call.await??;
+    }
+    for client in clients {
+        client.cancel().await?;
+    }
+    task.abort();
+    Ok(rate)
+}
+
 async fn serve(router: axum::Router) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
     use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -321,25 +375,34 @@ async fn main() -> anyhow::Result<()> {
     }
     let dir = tempfile::tempdir()?;
     let opts = options()?;
-    let file = || async {
-        anyhow::Ok(Stores::new(
-            mcp_persist_store_file::FileStore::open(dir.path().join("file")).await?,
-        ))
+    let root = dir.path().to_path_buf();
+    let file = |name: &'static str| {
+        let path = root.join(name);
+        async move {
+            anyhow::Ok(Stores::new(
+                mcp_persist_store_file::FileStore::open(path).await?,
+            ))
+        }
     };
-    let sqlite = || async {
-        anyhow::Ok(Stores::new(
-            mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("state.db")).await?,
-        ))
+    let sqlite = |name: &'static str| {
+        let path = root.join(name);
+        async move {
+            anyhow::Ok(Stores::new(
+                mcp_persist_store_sqlite::SqliteStore::open(path).await?,
+            ))
+        }
     };
     // Events need not outlive a power cut (a client that lost them starts
     // a new request): synchronous=NORMAL survives a process crash.
-    let sqlite_normal = || async {
-        let options = mcp_persist_store_sqlite::SqliteOptions::default()
-            .durability(mcp_persist_store_sqlite::Durability::Normal);
-        anyhow::Ok(Stores::new(
-            mcp_persist_store_sqlite::SqliteStore::open_with(dir.path().join("normal.db"), options)
-                .await?,
-        ))
+    let sqlite_normal = |name: &'static str| {
+        let path = root.join(name);
+        async move {
+            let options = mcp_persist_store_sqlite::SqliteOptions::default()
+                .durability(mcp_persist_store_sqlite::Durability::Normal);
+            anyhow::Ok(Stores::new(
+                mcp_persist_store_sqlite::SqliteStore::open_with(path, options).await?,
+            ))
+        }
     };
     // Redis when `cargo xtask bench` started one; each use gets its own
     // key prefix.
@@ -361,11 +424,15 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!("progress events delivered end to end ({EVENTS} per call, best of {ROUNDS})");
-    println!("{:<36} {:>12} {:>10}", "server", "events/s", "vs rmcp");
-    let baseline = progress_rate(demo::rmcp_default_router(&opts, Arc::default())).await?;
     println!(
-        "{:<36} {:>12.0} {:>10.2}",
-        "rmcp in-memory defaults", baseline, 1.0
+        "{:<36} {:>12} {:>10} {:>16} {:>10}",
+        "server", "events/s", "vs rmcp", "64 streams ev/s", "vs rmcp"
+    );
+    let baseline = progress_rate(demo::rmcp_default_router(&opts, Arc::default())).await?;
+    let baseline_many = concurrent_rate(demo::rmcp_default_router(&opts, Arc::default())).await?;
+    println!(
+        "{:<36} {:>12.0} {:>10.2} {:>16.0} {:>10.2}",
+        "rmcp in-memory defaults", baseline, 1.0, baseline_many, 1.0
     );
     let no_events = {
         let server = mcp_persist_transport_http::server::DurableServer::builder(Stores::new(
@@ -383,22 +450,59 @@ async fn main() -> anyhow::Result<()> {
         no_events,
         no_events / baseline
     );
-    for (name, stores) in [
+    let piped = pipelined()?;
+    for (name, stores, options) in [
         (
             "durable, memory event store",
             Some(Stores::new(MemoryStore::new())),
+            &opts,
         ),
-        ("durable, file event store", Some(file().await?)),
-        ("durable, sqlite event store", Some(sqlite().await?)),
+        (
+            "durable, file event store",
+            Some(file("file").await?),
+            &opts,
+        ),
+        (
+            "durable, file, pipelined",
+            Some(file("file-p").await?),
+            &piped,
+        ),
+        (
+            "durable, sqlite event store",
+            Some(sqlite("s.db").await?),
+            &opts,
+        ),
+        (
+            "durable, sqlite, pipelined",
+            Some(sqlite("sp.db").await?),
+            &piped,
+        ),
         (
             "durable, sqlite synchronous=NORMAL",
-            Some(sqlite_normal().await?),
+            Some(sqlite_normal("n.db").await?),
+            &opts,
         ),
-        ("durable, redis event store", redis().await?),
+        (
+            "durable, sqlite NORMAL, pipelined",
+            Some(sqlite_normal("np.db").await?),
+            &piped,
+        ),
+        ("durable, redis event store", redis().await?, &opts),
+        ("durable, redis, pipelined", redis().await?, &piped),
     ] {
         let Some(stores) = stores else { continue };
-        let rate = progress_rate(demo::durable_router(stores, &opts, Arc::default())?).await?;
-        println!("{name:<36} {rate:>12.0} {:>10.2}", rate / baseline);
+        let rate = progress_rate(demo::durable_router(
+            stores.clone(),
+            options,
+            Arc::default(),
+        )?)
+        .await?;
+        let many = concurrent_rate(demo::durable_router(stores, options, Arc::default())?).await?;
+        println!(
+            "{name:<36} {rate:>12.0} {:>10.2} {many:>16.0} {:>10.2}",
+            rate / baseline,
+            many / baseline_many
+        );
     }
 
     println!();
@@ -411,8 +515,8 @@ async fn main() -> anyhow::Result<()> {
     );
     for (name, stores) in [
         ("memory", Some(Stores::new(MemoryStore::new()))),
-        ("file", Some(file().await?)),
-        ("sqlite", Some(sqlite().await?)),
+        ("file", Some(file("file-r").await?)),
+        ("sqlite", Some(sqlite("r.db").await?)),
         ("redis", redis().await?),
     ] {
         let Some(stores) = stores else { continue };

@@ -30,7 +30,7 @@
 //! `--liveness-grace-ms N`, `--runs-file PATH`,
 //! `--redis-prefix P`,
 //! `--store PATH`, `--idle-ttl-ms N`, `--sse-retry-ms N`, `--tail-idle-ms N`,
-//! `--event-retention-ms N`, `--event-max N`,
+//! `--event-retention-ms N`, `--event-max N`, `--pipelined-events`,
 //! `--rmcp-defaults` (rmcp's in-memory session manager, no stores: the
 //! baseline). It prints `LISTENING <address>` once it accepts connections.
 
@@ -516,6 +516,9 @@ pub struct Options {
     pub liveness_grace: Duration,
     /// Where task operations note their starts and ends.
     pub runs_file: Option<std::path::PathBuf>,
+    /// Send events at once and commit them within 10 ms
+    /// (`EventDurability::PIPELINED`) instead of committing each first.
+    pub pipelined_events: bool,
 }
 
 impl Options {
@@ -535,6 +538,7 @@ impl Options {
             strict_sessions: false,
             liveness_grace: Duration::from_secs(3),
             runs_file: None,
+            pipelined_events: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -544,6 +548,10 @@ impl Options {
             }
             if flag == "--strict-sessions" {
                 o.strict_sessions = true;
+                continue;
+            }
+            if flag == "--pipelined-events" {
+                o.pipelined_events = true;
                 continue;
             }
             let value = args
@@ -616,6 +624,11 @@ pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<Durab
             options.event_retention,
             options.event_max,
         ))
+        .event_durability(if options.pipelined_events {
+            mcp_persist_core::EventDurability::PIPELINED
+        } else {
+            mcp_persist_core::EventDurability::Synced
+        })
         .http_config(http)
         .principal_from(|parts| {
             parts

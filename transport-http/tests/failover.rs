@@ -239,3 +239,75 @@ async fn rmcp_client_gets_the_orphan_error() -> anyhow::Result<()> {
     eprintln!("rmcp client got the orphan error {took:?} after the kill");
     Ok(())
 }
+
+/// With pipelined events, killing the writer loses at most its commit
+/// window: a client resuming after the kill either gets the stream from
+/// the event after its last one, with no gap, up to the orphan error, or,
+/// when its last event was in the lost window, 410 saying the events were
+/// lost. Never a gap, never a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db").display().to_string();
+    let args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--liveness-grace-ms",
+        "1000",
+        "--pipelined-events",
+    ];
+    let mut a = Instance::process(&args).await?;
+    let b = Instance::process(&args).await?;
+    let http = reqwest::Client::new();
+    let session = raw_initialize(&http, &a.url(), "alice").await?;
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {
+            "name": "slow_progress",
+            "arguments": { "count": 100000, "delay_ms": 1, "tag": "piped" },
+            "_meta": { "progressToken": "p-piped" }
+        }
+    });
+    let mut response = http
+        .post(a.url())
+        .header("x-demo-user", "alice")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(call.to_string())
+        .send()
+        .await?;
+    let mut body = String::new();
+    while support::event_ids(&body).len() < 200 {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("the call's stream ended early"))?;
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    a.kill().await?;
+    // The last complete event the client received.
+    let complete = &body[..body.rfind("\n\n").unwrap_or(0)];
+    let last = support::event_ids(complete).last().cloned().unwrap_or_default();
+    let seq = |id: &str| -> u64 {
+        id.split('-').nth(1).and_then(|s| s.parse().ok()).unwrap_or_default()
+    };
+    let (status, replay) = support::raw_resume(&http, &b.url(), "alice", &session, &last).await?;
+    match status {
+        410 => assert!(replay.contains("lost"), "410 without saying why: {replay}"),
+        200 => {
+            let ids = support::event_ids(&replay);
+            if let Some(first) = ids.first() {
+                assert_eq!(seq(first), seq(&last) + 1, "a gap after {last}: {first}");
+            }
+            let seqs: Vec<u64> = ids.iter().map(|i| seq(i)).collect();
+            assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "not contiguous: {seqs:?}");
+            assert!(replay.contains("re-issue"), "the orphan error ends it: {replay}");
+        }
+        other => panic!("resume answered {other}: {replay}"),
+    }
+    eprintln!("pipelined resume after the kill answered {status}");
+    Ok(())
+}

@@ -912,3 +912,49 @@ pub async fn refresh_lease_takeover_is_observed_not_timed(f: &dyn KvFixture) {
             .is_some()
     );
 }
+
+/// Pipelined events: ids come at once; a replay on the writing instance
+/// waits for the pending commits and has no gap; another instance sees
+/// every event once committed; an id whose event was never stored (lost
+/// with its writer) is refused, never answered with a gap.
+pub async fn pipelined_events_replay_whole_and_refuse_lost_ids(f: &dyn LogFixture) {
+    use crate::stores::EventDurability;
+    let config = EventLogConfig::default().with_durability(EventDurability::PIPELINED);
+    let writer = EventLog::new(f.open_kv().await, f.open_log().await, config);
+    let sid = SessionId::new("sess-pipe").expect("id");
+    let mut ids = Vec::new();
+    for n in 0..100 {
+        ids.push(
+            writer
+                .append("piped", Some(&sid), &serde_json::json!({ "n": n }))
+                .await
+                .expect("append"),
+        );
+    }
+    let seqs: Vec<u64> = ids.iter().map(|id| id.seq()).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    let replayed = writer
+        .replay_after(&ids[0].to_string(), Some(&sid))
+        .await
+        .expect("replay on the writer");
+    assert_eq!(
+        replayed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        ids[1..].to_vec()
+    );
+    let other = EventLog::new(f.open_kv().await, f.open_log().await, config);
+    let seen = other
+        .replay_after(&ids[49].to_string(), Some(&sid))
+        .await
+        .expect("replay elsewhere");
+    assert_eq!(seen.len(), 50);
+    assert_eq!(seen[0].payload, serde_json::json!({ "n": 50 }));
+    // An id past what was stored: lost, refused.
+    let last = ids.last().expect("ids").to_string();
+    let (token, rest) = last.split_once('-').expect("token");
+    let (_, stream) = rest.split_once('-').expect("seq");
+    let lost = format!("{token}-{}-{stream}", seqs.last().expect("seq") + 3);
+    match other.check(&lost, Some(&sid)).await {
+        Err(Error::NotFound { what: "events", .. }) => {}
+        other => panic!("a lost event id was not refused: {other:?}"),
+    }
+}

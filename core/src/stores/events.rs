@@ -26,6 +26,38 @@ pub struct EventLogConfig {
     /// At most about this many events are kept per stream; older ones are
     /// dropped (checked every half of this many appends).
     pub max_events_per_stream: u64,
+    /// When an event counts as stored (default [`EventDurability::Synced`]).
+    pub durability: EventDurability,
+}
+
+/// When an SSE event counts as stored, and so what a crash can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EventDurability {
+    /// The event is committed by the backend (synced to disk, for durable
+    /// backends) before its id is returned and it is sent. A crash loses
+    /// nothing that was sent.
+    #[default]
+    Synced,
+    /// The id is assigned at once by the instance writing the stream (it
+    /// owns the stream's sequence) and the event is sent at once; appends
+    /// are committed in the background, many events per commit, at most
+    /// `window` later. Replays and tails on the writing instance first wait
+    /// for that stream's pending appends, so a resuming client never sees a
+    /// gap. A crash loses at most the last window of events; a
+    /// `Last-Event-ID` inside a lost window is refused as lost (HTTP 410),
+    /// never answered with a gap or a duplicate.
+    Pipelined {
+        /// The longest an event waits for its commit.
+        window: Duration,
+    },
+}
+
+impl EventDurability {
+    /// [`Pipelined`](EventDurability::Pipelined) with the default 10 ms window.
+    pub const PIPELINED: EventDurability = EventDurability::Pipelined {
+        window: Duration::from_millis(10),
+    };
 }
 
 impl Default for EventLogConfig {
@@ -33,6 +65,7 @@ impl Default for EventLogConfig {
         EventLogConfig {
             retention: Duration::from_secs(60 * 60),
             max_events_per_stream: 10_000,
+            durability: EventDurability::Synced,
         }
     }
 }
@@ -43,7 +76,14 @@ impl EventLogConfig {
         EventLogConfig {
             retention,
             max_events_per_stream: max_events_per_stream.max(1),
+            durability: EventDurability::Synced,
         }
+    }
+
+    /// The same settings with events stored at `durability`.
+    pub fn with_durability(mut self, durability: EventDurability) -> Self {
+        self.durability = durability;
+        self
     }
 }
 
@@ -71,6 +111,22 @@ pub struct EventLog {
     config: EventLogConfig,
     streams: Arc<Mutex<HashMap<String, StreamCache>>>,
     writer: Option<Arc<str>>,
+    pipes: Arc<Mutex<HashMap<String, Pipe>>>,
+}
+
+/// The pending appends of one stream written by this instance in
+/// [`EventDurability::Pipelined`] mode.
+struct Pipe {
+    /// The sequence number the next event gets.
+    next_seq: u64,
+    /// Events with their assigned numbers, not yet handed to the backend.
+    pending: Vec<(u64, Vec<u8>)>,
+    /// Every event up to this number is committed (or known lost).
+    committed_through: u64,
+    /// A commit is scheduled or running.
+    flushing: bool,
+    /// Woken after every commit.
+    committed: Arc<tokio::sync::Notify>,
 }
 
 /// Who writes a stream and what it answers, as recorded by its writer.
@@ -117,6 +173,7 @@ impl EventLog {
             config,
             streams: Arc::default(),
             writer: None,
+            pipes: Arc::default(),
         }
     }
 
@@ -288,6 +345,10 @@ impl EventLog {
         let data = encode(&EventRecord {
             payload: payload.clone(),
         })?;
+        if let EventDurability::Pipelined { window } = self.config.durability {
+            let seq = self.pipeline(stream, data, window).await?;
+            return Ok(EventId::new(token, seq, stream));
+        }
         let seqs = self
             .log
             .append(&log_name(stream), vec![data], Some(self.config.retention))
@@ -300,6 +361,161 @@ impl EventLog {
         })?;
         self.after_append(stream).await;
         Ok(EventId::new(token, seq, stream))
+    }
+
+    /// Assigns the next number of `stream` to `data` and schedules its
+    /// commit within `window`.
+    async fn pipeline(&self, stream: &str, data: Vec<u8>, window: Duration) -> Result<u64> {
+        let known = self
+            .pipes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(stream);
+        if !known {
+            // First event of this stream here: continue after what is stored.
+            let last = self.last_stored_seq(stream).await?;
+            self.pipes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(stream.to_owned())
+                .or_insert_with(|| Pipe {
+                    next_seq: last + 1,
+                    pending: Vec::new(),
+                    committed_through: last,
+                    flushing: false,
+                    committed: Arc::default(),
+                });
+        }
+        let (seq, schedule) = {
+            let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+            let pipe = pipes.get_mut(stream).ok_or_else(|| {
+                Error::backend(self.log.backend_name(), "pipeline state vanished")
+            })?;
+            let seq = pipe.next_seq;
+            pipe.next_seq = seq.checked_add(1).ok_or_else(|| {
+                Error::corrupt(log_name(stream), "the stream's sequence number overflowed")
+            })?;
+            pipe.pending.push((seq, data));
+            let schedule = !pipe.flushing;
+            pipe.flushing = true;
+            (seq, schedule)
+        };
+        if schedule {
+            let log = self.clone();
+            let stream = stream.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(window).await;
+                log.commit_pending(&stream).await;
+            });
+        }
+        Ok(seq)
+    }
+
+    /// The number of the last event stored for `stream` (0 when none).
+    async fn last_stored_seq(&self, stream: &str) -> Result<u64> {
+        let name = log_name(stream);
+        let mut after = 0;
+        loop {
+            let records = self.log.read_after(&name, after, 1024).await?;
+            match records.last() {
+                Some(last) => after = last.seq,
+                None => return Ok(after),
+            }
+        }
+    }
+
+    /// Commits every pending event of `stream` in one append, then again
+    /// while more came meanwhile.
+    async fn commit_pending(&self, stream: &str) {
+        loop {
+            let batch = {
+                let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(pipe) = pipes.get_mut(stream) else {
+                    return;
+                };
+                if pipe.pending.is_empty() {
+                    pipe.flushing = false;
+                    pipe.committed.notify_waiters();
+                    return;
+                }
+                std::mem::take(&mut pipe.pending)
+            };
+            let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
+            let last = expected.last().copied().unwrap_or_default();
+            let data: Vec<Vec<u8>> = batch.into_iter().map(|(_, d)| d).collect();
+            let outcome = self
+                .log
+                .append(&log_name(stream), data, Some(self.config.retention))
+                .await;
+            let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(pipe) = pipes.get_mut(stream) else {
+                return;
+            };
+            match outcome {
+                Ok(seqs) if seqs == expected => {}
+                Ok(seqs) => {
+                    // Another writer appended to this stream: the numbers
+                    // sent no longer match the stored ones. Continue after
+                    // what the backend assigned; replays refuse the gap.
+                    warn!(
+                        stream,
+                        ?expected,
+                        ?seqs,
+                        "pipelined events were stored under other numbers than sent"
+                    );
+                    if let Some(stored_last) = seqs.last() {
+                        pipe.next_seq = pipe.next_seq.max(stored_last.saturating_add(1));
+                    }
+                    pipe.committed_through = pipe.next_seq.saturating_sub(1);
+                }
+                Err(e) => {
+                    warn!(stream, error = %e, events = expected.len(), "committing pipelined events failed; they are lost")
+                }
+            }
+            pipe.committed_through = pipe.committed_through.max(last);
+            pipe.committed.notify_waiters();
+        }
+    }
+
+    /// Waits until every event this instance sent for `stream` up to now is
+    /// committed (no-op unless pipelined).
+    async fn flushed(&self, stream: &str) {
+        if !matches!(self.config.durability, EventDurability::Pipelined { .. }) {
+            return;
+        }
+        loop {
+            let notify = {
+                let pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(pipe) = pipes.get(stream) else {
+                    return;
+                };
+                if pipe.committed_through + 1 >= pipe.next_seq {
+                    return;
+                }
+                pipe.committed.clone()
+            };
+            let waiting = notify.notified();
+            // Re-check after registering, so a commit in between is not missed.
+            {
+                let pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                if pipes
+                    .get(stream)
+                    .is_none_or(|p| p.committed_through + 1 >= p.next_seq)
+                {
+                    return;
+                }
+            }
+            if tokio::time::timeout(Duration::from_secs(5), waiting)
+                .await
+                .is_err()
+            {
+                warn!(
+                    stream,
+                    "pipelined events still uncommitted after 5 s; reading what is stored"
+                );
+                return;
+            }
+        }
     }
 
     async fn after_append(&self, stream: &str) {
@@ -411,6 +627,23 @@ impl EventLog {
                 detail: Some("events after this id were dropped by retention".into()),
             });
         }
+        if matches!(self.config.durability, EventDurability::Pipelined { .. }) {
+            self.flushed(id.stream()).await;
+            // The id's own event must be stored: if it is not, it was sent
+            // but lost with the instance that wrote it.
+            if id.seq() > 0 {
+                let name = log_name(id.stream());
+                let found = self.log.read_after(&name, id.seq() - 1, 1).await?;
+                if found.first().is_none_or(|r| r.seq != id.seq()) {
+                    return Err(Error::NotFound {
+                        what: "events",
+                        detail: Some(
+                            "events up to this id were lost: the instance writing them stopped before committing them; re-issue the request".into(),
+                        ),
+                    });
+                }
+            }
+        }
         Ok(id)
     }
 
@@ -461,6 +694,7 @@ impl EventLog {
     /// tail), including events another instance appends meanwhile. Empty if
     /// none came.
     pub async fn tail(&self, after: &EventId, timeout: Duration) -> Result<Vec<StoredEvent>> {
+        self.flushed(after.stream()).await;
         let name = log_name(after.stream());
         let records = self
             .log

@@ -37,7 +37,7 @@ pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, NotificationBus};
 pub use client::ClientStateStore;
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
-pub use events::{EventLog, EventLogConfig, StoredEvent, StreamOrigin};
+pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
 pub use liveness::{InstanceLease, InstanceLeases, Liveness, OwnLease};
 pub use session::ServerSessionStore;

@@ -345,11 +345,17 @@ async fn check_last_event_id(
                 "Bad Request: Last-Event-ID names an event stream of another session".into(),
             ))
         }
-        Err(Error::NotFound { what: "events", .. }) => {
-            debug!("refused a Last-Event-ID whose later events were dropped by retention");
-            Err(Refusal::Gone(
-                "Gone: the events after this Last-Event-ID have expired; the stream cannot be resumed".into(),
-            ))
+        Err(Error::NotFound {
+            what: "events",
+            detail,
+        }) => {
+            debug!(?detail, "refused a Last-Event-ID whose events are gone");
+            Err(Refusal::Gone(match detail {
+                Some(detail) if detail.contains("lost") => format!(
+                    "Gone: {detail}"
+                ),
+                _ => "Gone: the events after this Last-Event-ID have expired; the stream cannot be resumed".into(),
+            }))
         }
         Err(Error::NotFound { .. }) => {
             debug!("refused a Last-Event-ID of an unknown or expired stream");

@@ -115,6 +115,22 @@ impl DurableServerBuilder {
         self
     }
 
+    /// When an SSE event counts as stored (default
+    /// [`EventDurability::Synced`](mcp_persist_core::EventDurability::Synced):
+    /// committed, and synced on disk backends, before it is sent).
+    /// [`EventDurability::PIPELINED`](mcp_persist_core::EventDurability::PIPELINED)
+    /// sends at once and commits within 10 ms, many events per commit: a
+    /// crash of this instance loses at most that window, and a client
+    /// resuming inside it gets 410 saying so. Combine with a backend's own
+    /// level (SQLite's `Durability::Normal`: committed, not synced) to trade
+    /// durability against a power cut for speed.
+    pub fn event_durability(mut self, durability: mcp_persist_core::EventDurability) -> Self {
+        if let Some(config) = &mut self.events {
+            *config = config.with_durability(durability);
+        }
+        self
+    }
+
     /// Keeps no event log: streams cannot be resumed, as with rmcp's
     /// defaults, but sessions are still restored on any instance.
     pub fn without_events(mut self) -> Self {
