@@ -74,6 +74,37 @@ fn pipelined() -> anyhow::Result<demo::Options> {
     demo::Options::parse(vec!["--pipelined-events".to_owned()])
 }
 
+/// Warm `tools/list` requests timed per configuration.
+const WARM_REQUESTS: usize = 300;
+
+/// p50 and p99 latency of a `tools/list` on a warm session.
+async fn warm_latency(router: axum::Router) -> anyhow::Result<(Duration, Duration)> {
+    let (url, task) = serve(router).await?;
+    let http = reqwest::Client::new();
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+    });
+    let (session, _) = raw(&http, &url, None, init).await?;
+    let session = session.context("no session id")?;
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    raw(&http, &url, Some(&session), initialized).await?;
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    for _ in 0..20 {
+        raw(&http, &url, Some(&session), list.clone()).await?;
+    }
+    let mut samples = Vec::with_capacity(WARM_REQUESTS);
+    for _ in 0..WARM_REQUESTS {
+        let start = Instant::now();
+        raw(&http, &url, Some(&session), list.clone()).await?;
+        samples.push(start.elapsed());
+    }
+    task.abort();
+    samples.sort();
+    let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+    Ok((samples[samples.len() / 2], p99))
+}
+
 /// Clients, each with its own session and stream, in the concurrent run.
 const STREAMS: usize = 64;
 /// Progress notifications per client in the concurrent run.
@@ -451,6 +482,13 @@ async fn main() -> anyhow::Result<()> {
         no_events / baseline
     );
     let piped = pipelined()?;
+    let (base_p50, base_p99) = warm_latency(demo::durable_router(
+        Stores::new(MemoryStore::new()),
+        &opts,
+        Arc::default(),
+    )?)
+    .await?;
+    let mut latencies: Vec<(&str, (Duration, Duration))> = Vec::new();
     for (name, stores, options) in [
         (
             "durable, memory event store",
@@ -497,11 +535,35 @@ async fn main() -> anyhow::Result<()> {
             Arc::default(),
         )?)
         .await?;
-        let many = concurrent_rate(demo::durable_router(stores, options, Arc::default())?).await?;
+        let many = concurrent_rate(demo::durable_router(
+            stores.clone(),
+            options,
+            Arc::default(),
+        )?)
+        .await?;
+        latencies.push((
+            name,
+            warm_latency(demo::durable_router(stores, options, Arc::default())?).await?,
+        ));
         println!(
             "{name:<36} {rate:>12.0} {:>10.2} {many:>16.0} {:>10.2}",
             rate / baseline,
             many / baseline_many
+        );
+    }
+
+    println!();
+    println!(
+        "warm tools/list latency added over the in-memory event store (p50 {:.2} ms, p99 {:.2} ms; {WARM_REQUESTS} requests)",
+        base_p50.as_secs_f64() * 1e3,
+        base_p99.as_secs_f64() * 1e3
+    );
+    println!("{:<36} {:>12} {:>12}", "server", "p50 added", "p99 added");
+    for (name, (p50, p99)) in latencies {
+        println!(
+            "{name:<36} {:>9.2} ms {:>9.2} ms",
+            (p50.as_secs_f64() - base_p50.as_secs_f64()) * 1e3,
+            (p99.as_secs_f64() - base_p99.as_secs_f64()) * 1e3
         );
     }
 

@@ -290,9 +290,15 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
     a.kill().await?;
     // The last complete event the client received.
     let complete = &body[..body.rfind("\n\n").unwrap_or(0)];
-    let last = support::event_ids(complete).last().cloned().unwrap_or_default();
+    let last = support::event_ids(complete)
+        .last()
+        .cloned()
+        .unwrap_or_default();
     let seq = |id: &str| -> u64 {
-        id.split('-').nth(1).and_then(|s| s.parse().ok()).unwrap_or_default()
+        id.split('-')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_default()
     };
     let (status, replay) = support::raw_resume(&http, &b.url(), "alice", &session, &last).await?;
     match status {
@@ -303,8 +309,14 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
                 assert_eq!(seq(first), seq(&last) + 1, "a gap after {last}: {first}");
             }
             let seqs: Vec<u64> = ids.iter().map(|i| seq(i)).collect();
-            assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "not contiguous: {seqs:?}");
-            assert!(replay.contains("re-issue"), "the orphan error ends it: {replay}");
+            assert!(
+                seqs.windows(2).all(|w| w[1] == w[0] + 1),
+                "not contiguous: {seqs:?}"
+            );
+            assert!(
+                replay.contains("re-issue"),
+                "the orphan error ends it: {replay}"
+            );
         }
         other => panic!("resume answered {other}: {replay}"),
     }

@@ -127,6 +127,9 @@ struct Pipe {
     flushing: bool,
     /// Woken after every commit.
     committed: Arc<tokio::sync::Notify>,
+    /// The metadata of a stream this instance started, written with its
+    /// first commit.
+    meta: Option<StreamMeta>,
 }
 
 /// Who writes a stream and what it answers, as recorded by its writer.
@@ -188,6 +191,8 @@ impl EventLog {
     /// Records that `stream` answers the request with JSON-RPC id
     /// `request`. A stream that does not exist (yet) is left alone.
     pub async fn describe_request(&self, stream: &str, request: serde_json::Value) -> Result<()> {
+        // A pipelined stream's metadata is written with its first commit.
+        self.flushed(stream).await;
         let key = meta_key(stream);
         let key = key.as_str();
         let request = &request;
@@ -341,14 +346,15 @@ impl EventLog {
         payload: &serde_json::Value,
     ) -> Result<EventId> {
         crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
-        let token = self.stream_token(stream, session).await?;
         let data = encode(&EventRecord {
             payload: payload.clone(),
         })?;
         if let EventDurability::Pipelined { window } = self.config.durability {
-            let seq = self.pipeline(stream, data, window).await?;
+            let (token, new_meta) = self.pipelined_token(stream, session).await?;
+            let seq = self.pipeline(stream, data, window, new_meta).await?;
             return Ok(EventId::new(token, seq, stream));
         }
+        let token = self.stream_token(stream, session).await?;
         let seqs = self
             .log
             .append(&log_name(stream), vec![data], Some(self.config.retention))
@@ -363,17 +369,71 @@ impl EventLog {
         Ok(EventId::new(token, seq, stream))
     }
 
+    /// The token of `stream` for a pipelined append. A stream new to the
+    /// store gets its token here and its metadata with its first commit
+    /// (returned for [`pipeline`](Self::pipeline) to schedule), so starting
+    /// a stream costs no synchronous write either.
+    async fn pipelined_token(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+    ) -> Result<([u8; 16], Option<StreamMeta>)> {
+        let known = self
+            .pipes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(stream);
+        if known || self.cached(stream).is_some() {
+            return Ok((self.stream_token(stream, session).await?, None));
+        }
+        if read::<StreamMeta>(&*self.kv, &meta_key(stream))
+            .await?
+            .is_some()
+        {
+            return Ok((self.stream_token(stream, session).await?, None));
+        }
+        let token = random_token()?;
+        let meta = StreamMeta {
+            session: session.cloned(),
+            token: hex(&token),
+            created_at: Timestamp::now(),
+            dropped_through: 0,
+            writer: self.writer.as_deref().map(str::to_owned),
+            request: None,
+        };
+        self.cache(
+            stream,
+            StreamCache {
+                token,
+                meta_refreshed: tokio::time::Instant::now(),
+                appends_since_trim: 0,
+            },
+        );
+        debug!(stream, "new pipelined event stream");
+        Ok((token, Some(meta)))
+    }
+
     /// Assigns the next number of `stream` to `data` and schedules its
     /// commit within `window`.
-    async fn pipeline(&self, stream: &str, data: Vec<u8>, window: Duration) -> Result<u64> {
+    async fn pipeline(
+        &self,
+        stream: &str,
+        data: Vec<u8>,
+        window: Duration,
+        new_meta: Option<StreamMeta>,
+    ) -> Result<u64> {
         let known = self
             .pipes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(stream);
         if !known {
-            // First event of this stream here: continue after what is stored.
-            let last = self.last_stored_seq(stream).await?;
+            // First event of this stream here: continue after what is stored
+            // (nothing, for a stream that starts now).
+            let last = match new_meta {
+                Some(_) => 0,
+                None => self.last_stored_seq(stream).await?,
+            };
             self.pipes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -384,6 +444,7 @@ impl EventLog {
                     committed_through: last,
                     flushing: false,
                     committed: Arc::default(),
+                    meta: new_meta,
                 });
         }
         let (seq, schedule) = {
@@ -438,8 +499,23 @@ impl EventLog {
                     pipe.committed.notify_waiters();
                     return;
                 }
-                std::mem::take(&mut pipe.pending)
+                (std::mem::take(&mut pipe.pending), pipe.meta.take())
             };
+            let (batch, meta) = batch;
+            if let Some(meta) = meta {
+                let key = meta_key(stream);
+                if let Err(e) = write(
+                    &*self.kv,
+                    &key,
+                    &meta,
+                    PutMode::Create,
+                    Some(self.meta_ttl()),
+                )
+                .await
+                {
+                    warn!(stream, error = %e, "writing a pipelined stream's metadata failed; its events cannot be resumed");
+                }
+            }
             let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
             let last = expected.last().copied().unwrap_or_default();
             let data: Vec<Vec<u8>> = batch.into_iter().map(|(_, d)| d).collect();
@@ -592,6 +668,9 @@ impl EventLog {
     ///   with `what: "events"`.
     pub async fn check(&self, last_event_id: &str, session: Option<&SessionId>) -> Result<EventId> {
         let id: EventId = last_event_id.parse()?;
+        // On the writing instance, pipelined events (and a new stream's
+        // metadata) are committed before they are looked at.
+        self.flushed(id.stream()).await;
         let key = meta_key(id.stream());
         let unknown = || Error::NotFound {
             what: "event stream",
@@ -628,7 +707,6 @@ impl EventLog {
             });
         }
         if matches!(self.config.durability, EventDurability::Pipelined { .. }) {
-            self.flushed(id.stream()).await;
             // The id's own event must be stored: if it is not, it was sent
             // but lost with the instance that wrote it.
             if id.seq() > 0 {
