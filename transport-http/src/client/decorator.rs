@@ -31,6 +31,7 @@ use super::{
     modern,
     report::ClientNotice,
     state::Shared,
+    wire::http_status,
 };
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
@@ -774,13 +775,41 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
         }
         let owner = self.stream_owner(session_id, last_event_id.is_none());
-        if let Some(cursor) = self.standalone_cursor(&owner)
-            && let Some(stream) = self.resumed_or_fresh(open(Some(cursor)).await)?
-        {
-            return Ok(self.observe(stream, owner));
+        if let Some(cursor) = self.standalone_cursor(&owner) {
+            match self.resumed_or_fresh(open(Some(cursor)).await) {
+                Ok(Some(stream)) => return Ok(self.observe(stream, owner)),
+                Ok(None) => {}
+                Err(e) => return Err(self.session_gone_quietly(e, &owner)),
+            }
         }
-        let stream = open(last_event_id).await?;
-        Ok(self.observe(stream, owner))
+        match open(last_event_id).await {
+            Ok(stream) => Ok(self.observe(stream, owner)),
+            Err(e) => Err(self.session_gone_quietly(e, &owner)),
+        }
+    }
+
+    /// A GET refused with 404: the server no longer knows the session (it
+    /// restarted, or the session expired). rmcp would log that as an error
+    /// on every start after an expiry, and retry a stream that cannot come
+    /// back; told the server has no stream instead, it goes on quietly, and
+    /// its next POST meets the same 404 and re-initializes, which opens the
+    /// new session's stream.
+    fn session_gone_quietly(
+        &self,
+        error: StreamableHttpError<C::Error>,
+        owner: &StreamOwner,
+    ) -> StreamableHttpError<C::Error> {
+        if http_status(&error) != Some(404) {
+            return error;
+        }
+        let session = match owner {
+            StreamOwner::Standalone(s) => Some(s),
+            StreamOwner::Other(s) => s.as_ref(),
+            StreamOwner::Request(s, _) => Some(s),
+        };
+        info!(server = %self.shared.key(), session = ?session.map(SessionId::as_str),
+            "GET answered 404: the server no longer knows the session; the next request re-initializes");
+        StreamableHttpError::ServerDoesNotSupportSse
     }
 }
 
@@ -815,6 +844,8 @@ impl<C> DurableHttpClient<C> {
                 e @ (StreamableHttpError::AuthRequired(_)
                 | StreamableHttpError::InsufficientScope(_)),
             ) => Err(e),
+            // The session is gone, not just its events.
+            Err(e) if http_status(&e) == Some(404) => Err(e),
             Err(e) => {
                 warn!(server = %self.shared.key(), error = %e, "the server would not resume the standalone stream; opening a fresh one (messages sent meanwhile are lost)");
                 Ok(None)

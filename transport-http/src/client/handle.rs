@@ -48,13 +48,32 @@ impl ClientHandle {
     }
 
     /// How this process started: on a stored session, or fresh (and why).
-    pub fn start(&self) -> &StartKind {
-        &self.start
+    ///
+    /// A stored session the server turned out not to know any more (404,
+    /// then a real `initialize`) is reported as
+    /// [`StartKind::Replaced`], never as resumed: its server-side state is
+    /// gone.
+    pub fn start(&self) -> StartKind {
+        match &self.start {
+            StartKind::Resumed { session_id } => {
+                let current = self.session_id();
+                if current.as_ref() == Some(session_id) {
+                    self.start.clone()
+                } else {
+                    StartKind::Replaced {
+                        expired: session_id.clone(),
+                        session_id: current,
+                    }
+                }
+            }
+            other => other.clone(),
+        }
     }
 
-    /// Whether this process continues a stored session (no `initialize`).
+    /// Whether this process continues a stored session (no `initialize`),
+    /// and the server still knows it.
     pub fn resumed(&self) -> bool {
-        matches!(self.start, StartKind::Resumed { .. })
+        matches!(self.start(), StartKind::Resumed { .. })
     }
 
     /// The server's `InitializeResult` for the session in use: capabilities,
@@ -87,6 +106,8 @@ impl ClientHandle {
 
     /// The requests a previous process sent in the resumed session and never
     /// saw answered, oldest first. Collect them with [`recover`](Self::recover).
+    /// A request stays listed (and journaled) until its answer is collected
+    /// or the application [dismisses](Self::dismiss) it.
     pub fn interrupted(&self) -> Vec<InFlightRequest> {
         lock(&self.interrupted).clone()
     }
@@ -99,10 +120,19 @@ impl ClientHandle {
         self.shared.journal().flush().await;
     }
 
-    /// Collects the interrupted requests: each becomes a [`Recovery`] saying
-    /// how its answer can be had. Nothing is sent again silently: a request
-    /// that cannot be resumed is reported as lost, with its method and
-    /// params, for the application to decide.
+    /// The interrupted requests, each as a [`Recovery`] saying how its
+    /// answer can be had. Nothing is sent again silently: a request that
+    /// cannot be resumed is reported as lost, with its method and params,
+    /// for the application to decide.
+    ///
+    /// The list is not emptied: a request leaves it when its answer is
+    /// collected or when it is [dismissed](Self::dismiss), so a collection
+    /// that failed (the network was down, the timeout passed) can be tried
+    /// again with another call of `recover`.
+    ///
+    /// Collecting needs no running rmcp service: it can run before `serve`,
+    /// beside new calls, or both. Spawn it so that new calls do not wait for
+    /// old work to finish.
     pub fn recover(&self) -> Vec<Recovery> {
         let Some(session) = self.interrupted_session.clone() else {
             return Vec::new();
@@ -111,8 +141,9 @@ impl ClientHandle {
             shared: self.shared.clone(),
             wire: self.wire.clone(),
             config: self.recovery,
+            listed: self.interrupted.clone(),
         };
-        let requests = std::mem::take(&mut *lock(&self.interrupted));
+        let requests = lock(&self.interrupted).clone();
         requests
             .into_iter()
             .map(|request| Recovery::new(context.clone(), session.clone(), request))

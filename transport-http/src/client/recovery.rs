@@ -14,6 +14,7 @@ use tracing::{debug, info};
 
 use super::{
     headers::version_headers,
+    health::lock,
     state::Shared,
     wire::{SseResume, Wire, WireError},
 };
@@ -33,6 +34,17 @@ pub(crate) struct Recoverer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) config: RecoveryConfig,
+    /// The handle's list of interrupted requests: a collected one leaves it.
+    pub(crate) listed: Arc<std::sync::Mutex<Vec<InFlightRequest>>>,
+}
+
+impl Recoverer {
+    /// The answer to `request` was collected: it leaves the journal and the
+    /// handle's list.
+    fn collected(&self, session: &SessionId, request: &InFlightRequest) {
+        self.shared.journal().complete(session, request.id.clone());
+        lock(&self.listed).retain(|r| r.id != request.id);
+    }
 }
 
 /// How the answer to one interrupted request can be had.
@@ -255,10 +267,7 @@ impl ResumedRequest {
             };
             self.done = true;
             self.stream = None;
-            self.context
-                .shared
-                .journal()
-                .complete(&self.session, self.request.id.clone());
+            self.context.collected(&self.session, &self.request);
             info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
             return Some(Ok(RecoveredMessage::Answer(answer)));
         }

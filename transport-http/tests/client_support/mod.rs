@@ -217,6 +217,9 @@ pub enum Fixture {
     /// rmcp as it is, but a GET with `Last-Event-ID` gets 410 Gone (the
     /// events expired): no stream can be resumed.
     RefusesResume,
+    /// rmcp as it is, but a DELETE gets 404, as servers answer for a
+    /// session they no longer know (rmcp itself answers 202).
+    DeleteNotFound,
 }
 
 /// Whether a request names the 2026-07-28 version (header or `_meta`).
@@ -372,6 +375,12 @@ pub async fn start_server_on(
                                 return axum::response::Response::builder()
                                     .status(410)
                                     .body(axum::body::Body::from("Gone: the events expired"))
+                                    .unwrap();
+                            }
+                            Fixture::DeleteNotFound if parts.method == http::Method::DELETE => {
+                                return axum::response::Response::builder()
+                                    .status(404)
+                                    .body(axum::body::Body::from("Not Found: Session not found"))
                                     .unwrap();
                             }
                             _ => {}
