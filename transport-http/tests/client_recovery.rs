@@ -430,8 +430,8 @@ async fn interrupted_requests_without_cursor_or_with_task_are_reported_not_resen
                 );
                 kinds.push("lost");
             }
-            Recovery::Task { task_id, .. } => {
-                assert_eq!(task_id, "task-17");
+            Recovery::Task(task) => {
+                assert_eq!(task.task_id(), "task-17");
                 kinds.push("task");
             }
             other => panic!("unexpected {other:?}"),

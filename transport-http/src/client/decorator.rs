@@ -530,15 +530,18 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         if let Some(local) = self.shared.ids().take_local(wire) {
             *id = local;
             let task = match answer {
-                ServerJsonRpcMessage::Response(r) => serde_json::to_value(&r.result)
-                    .ok()
-                    .as_ref()
-                    .and_then(task_id_of),
+                ServerJsonRpcMessage::Response(r) => match &r.result {
+                    ServerResult::CreateTaskResult(created) => Some(created.task.task_id.clone()),
+                    _ => None,
+                },
                 _ => None,
             };
             let journal = self.shared.journal();
             match task {
-                Some(task) => journal.task(session, RequestId::Number(wire), task),
+                Some(task) => {
+                    debug!(server = %self.shared.key(), request = wire, %task, "answered with a task; journaling its id");
+                    journal.task(session, RequestId::Number(wire), task)
+                }
                 None => journal.complete(session, RequestId::Number(wire)),
             }
         }
@@ -599,13 +602,13 @@ fn verdict_text(profile: &ServerProfile) -> String {
     format!("{era} {}", profile.protocol_version)
 }
 
-/// The task id of a `CreateTaskResult`, if the result is one.
+/// The task id of a `CreateTaskResult` (`resultType: "task"`, the task's
+/// fields inlined), if the result is one.
 fn task_id_of(result: &Value) -> Option<String> {
-    result
-        .get("task")?
-        .get("taskId")?
-        .as_str()
-        .map(str::to_owned)
+    if result.get("resultType").and_then(Value::as_str) != Some("task") {
+        return None;
+    }
+    result.get("taskId")?.as_str().map(str::to_owned)
 }
 
 fn method_and_params(message: &ClientJsonRpcMessage) -> (String, Option<Value>) {

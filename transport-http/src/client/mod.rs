@@ -115,6 +115,9 @@ pub use self::{
     builder::{ClientStateSource, DEFAULT_ID_BLOCK, DurableClientBuilder, DurableTransport},
     decorator::DurableHttpClient,
     handle::ClientHandle,
-    recovery::{RecoveredAnswer, RecoveredMessage, Recovery, RecoveryError, ResumedRequest},
+    recovery::{
+        RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError, ResumedRequest,
+        TaskOutcome,
+    },
     report::{ClientError, ClientNotice, StartKind},
 };

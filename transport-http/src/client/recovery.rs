@@ -6,9 +6,11 @@ use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{BoxError, InFlightRequest, RequestId, SessionId};
 use rmcp::model::{
-    ErrorData, NumberOrString, ServerJsonRpcMessage, ServerNotification, ServerRequest,
-    ServerResult,
+    ClientJsonRpcMessage, ClientRequest, DetailedTask, ErrorCode, ErrorData, GetTaskParams,
+    GetTaskRequest, InputRequests, NumberOrString, ServerJsonRpcMessage, ServerNotification,
+    ServerRequest, ServerResult, TaskPayload,
 };
+use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -55,14 +57,10 @@ pub enum Recovery {
     /// notifications and its final answer are collected with `GET` and
     /// `Last-Event-ID` (see [`ResumedRequest::next`]).
     Resumable(ResumedRequest),
-    /// The request was task-augmented: poll `tasks/get` with this id.
-    /// Call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss) once the task's result is in.
-    Task {
-        /// The request as journaled.
-        request: InFlightRequest,
-        /// The task to poll.
-        task_id: String,
-    },
+    /// The server answered the request with a task (`CreateTaskResult`),
+    /// whose id was journaled: its result is collected by polling
+    /// `tasks/get` (see [`RecoveredTask::collect`]).
+    Task(RecoveredTask),
     /// Nothing to resume it from: the server may or may not have run it.
     /// Its method and params are here for the application to decide
     /// whether to send it again; then call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss).
@@ -75,7 +73,12 @@ pub enum Recovery {
 impl Recovery {
     pub(crate) fn new(context: Recoverer, session: SessionId, request: InFlightRequest) -> Self {
         if let Some(task_id) = request.task_id.clone() {
-            return Recovery::Task { request, task_id };
+            return Recovery::Task(RecoveredTask {
+                context,
+                session,
+                request,
+                task_id,
+            });
         }
         match request.last_event_id.clone() {
             Some(cursor) => Recovery::Resumable(ResumedRequest {
@@ -95,7 +98,8 @@ impl Recovery {
     pub fn request(&self) -> &InFlightRequest {
         match self {
             Recovery::Resumable(r) => &r.request,
-            Recovery::Task { request, .. } | Recovery::Lost { request } => request,
+            Recovery::Task(t) => &t.request,
+            Recovery::Lost { request } => request,
         }
     }
 }
@@ -131,6 +135,30 @@ pub enum RecoveryError {
     Timeout {
         /// How long it waited.
         after: Duration,
+    },
+    /// The server no longer knows the task the request was answered with
+    /// (it expired, or the server lost it): its result cannot be had. The
+    /// request is not sent again; it stays listed for the application to
+    /// decide (send it anew, or dismiss it).
+    #[error("the server no longer knows task {task_id}")]
+    TaskLost {
+        /// The task.
+        task_id: String,
+        /// What the server answered to `tasks/get`.
+        error: ErrorData,
+    },
+    /// The server refused `tasks/get` for another reason than an unknown
+    /// task.
+    #[error("the server refused tasks/get: {error}")]
+    Refused {
+        /// What the server answered.
+        error: ErrorData,
+    },
+    /// The server's answer was not what the request asks for.
+    #[error("unexpected answer from the server: {reason}")]
+    UnexpectedAnswer {
+        /// What was wrong with it.
+        reason: String,
     },
     /// The resume request failed.
     #[error("resuming the response stream failed")]
@@ -302,5 +330,178 @@ fn same_id(id: &NumberOrString, ours: &RequestId) -> bool {
         (NumberOrString::Number(a), RequestId::Number(b)) => a == b,
         (NumberOrString::String(a), RequestId::String(b)) => a.as_ref() == b.as_str(),
         _ => false,
+    }
+}
+
+/// Where a recovered task stands once [`RecoveredTask::collect`] returns.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per collected task; a box would only get in the way of matching"
+)]
+pub enum TaskOutcome {
+    /// The task ended: `completed` gives the original request's result
+    /// (for `tools/call`, `ServerResult::CallToolResult`), `failed` its
+    /// JSON-RPC error. The request has left the journal.
+    Answer(RecoveredAnswer),
+    /// The task was cancelled. The request has left the journal.
+    Cancelled,
+    /// The task waits for input from the client: answer these requests
+    /// with `tasks/update` (rmcp's `Peer::update_task`), then collect
+    /// again. The request stays journaled.
+    InputRequired(InputRequests),
+}
+
+/// A request the server answered with a task before the previous process
+/// stopped; its result is collected by polling `tasks/get`.
+pub struct RecoveredTask {
+    context: Recoverer,
+    session: SessionId,
+    request: InFlightRequest,
+    task_id: String,
+}
+
+impl std::fmt::Debug for RecoveredTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveredTask")
+            .field("request", &self.request)
+            .field("task_id", &self.task_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecoveredTask {
+    /// The request as journaled.
+    pub fn request(&self) -> &InFlightRequest {
+        &self.request
+    }
+
+    /// The task the server answered the request with.
+    pub fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    /// One `tasks/get` in the request's session: the task as the server
+    /// reports it now.
+    pub async fn poll(&self) -> Result<DetailedTask, RecoveryError> {
+        let current = self.context.shared.session().current();
+        let Some((session, result)) = current.filter(|(s, _)| *s == self.session) else {
+            // The session was replaced or ended: the task lived in it.
+            return Err(RecoveryError::SessionGone);
+        };
+        let wire = self.context.shared.ids().next(&session).await;
+        let message = ClientJsonRpcMessage::request(
+            ClientRequest::GetTaskRequest(GetTaskRequest::new(GetTaskParams::new(
+                self.task_id.clone(),
+            ))),
+            NumberOrString::Number(wire),
+        );
+        let answer = self
+            .context
+            .wire
+            .request(
+                Arc::from(session.as_str()),
+                message,
+                version_headers(&result),
+            )
+            .await;
+        match answer {
+            Ok(ServerJsonRpcMessage::Response(r)) => match r.result {
+                ServerResult::GetTaskResult(got) => Ok(got.task),
+                other => Err(RecoveryError::UnexpectedAnswer {
+                    reason: format!("tasks/get answered with {other:?}"),
+                }),
+            },
+            Ok(ServerJsonRpcMessage::Error(e)) if e.error.code == ErrorCode::INVALID_PARAMS => {
+                Err(RecoveryError::TaskLost {
+                    task_id: self.task_id.clone(),
+                    error: e.error,
+                })
+            }
+            Ok(ServerJsonRpcMessage::Error(e)) => Err(RecoveryError::Refused { error: e.error }),
+            Ok(other) => Err(RecoveryError::UnexpectedAnswer {
+                reason: format!("tasks/get answered with {other:?}"),
+            }),
+            Err(WireError::SessionGone) => Err(RecoveryError::SessionGone),
+            Err(WireError::Other(source)) => Err(RecoveryError::Transport { source }),
+        }
+    }
+
+    /// Polls `tasks/get` until the task ends or waits for input, honouring
+    /// the server's `pollIntervalMs` (the builder's poll interval when the
+    /// server gives none), for at most the recovery timeout.
+    ///
+    /// A task the server no longer knows is [`RecoveryError::TaskLost`]:
+    /// nothing is sent again. On an error the request stays listed, so
+    /// collecting can be tried again through another
+    /// [`recover`](super::handle::ClientHandle::recover).
+    pub async fn collect(&self) -> Result<TaskOutcome, RecoveryError> {
+        let config = self.context.config;
+        let deadline = Instant::now() + config.timeout;
+        loop {
+            let task = match tokio::time::timeout_at(deadline, self.poll()).await {
+                Ok(result) => result,
+                Err(_) => Err(RecoveryError::Timeout {
+                    after: config.timeout,
+                }),
+            };
+            let task = match task {
+                Ok(task) => task,
+                Err(e) => {
+                    info!(request = %self.request.id, task = %self.task_id, error = %e,
+                        "collecting an interrupted task failed; it stays listed");
+                    return Err(e);
+                }
+            };
+            debug!(request = %self.request.id, task = %self.task_id, status = ?task.status(), "polled an interrupted task");
+            let outcome = match task.payload {
+                TaskPayload::Completed { result } => {
+                    match serde_json::from_value::<ServerResult>(Value::Object(result)) {
+                        Ok(result) => TaskOutcome::Answer(Ok(result)),
+                        Err(e) => {
+                            return Err(RecoveryError::UnexpectedAnswer {
+                                reason: format!("the task's result does not parse: {e}"),
+                            });
+                        }
+                    }
+                }
+                TaskPayload::Failed { error } => {
+                    match serde_json::from_value::<ErrorData>(Value::Object(error)) {
+                        Ok(error) => TaskOutcome::Answer(Err(error)),
+                        Err(e) => {
+                            return Err(RecoveryError::UnexpectedAnswer {
+                                reason: format!("the task's error does not parse: {e}"),
+                            });
+                        }
+                    }
+                }
+                TaskPayload::Cancelled => TaskOutcome::Cancelled,
+                TaskPayload::InputRequired { input_requests } => {
+                    info!(request = %self.request.id, task = %self.task_id,
+                        "an interrupted task waits for input; handing it to the application");
+                    return Ok(TaskOutcome::InputRequired(input_requests));
+                }
+                _ => {
+                    let interval = task
+                        .task
+                        .poll_interval_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(config.poll_interval)
+                        .max(Duration::from_millis(10));
+                    if Instant::now() + interval >= deadline {
+                        return Err(RecoveryError::Timeout {
+                            after: config.timeout,
+                        });
+                    }
+                    tokio::time::sleep(interval).await;
+                    continue;
+                }
+            };
+            self.context.collected(&self.session, &self.request);
+            info!(request = %self.request.id, method = %self.request.method, task = %self.task_id,
+                "collected the result of an interrupted task");
+            return Ok(outcome);
+        }
     }
 }

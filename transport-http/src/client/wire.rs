@@ -6,8 +6,11 @@ use std::{collections::HashMap, sync::Arc};
 use futures::{FutureExt, future::BoxFuture, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::BoxError;
-use rmcp::transport::streamable_http_client::{
-    HttpStatusError, SseError, StreamableHttpClient, StreamableHttpError,
+use rmcp::{
+    model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
+    transport::streamable_http_client::{
+        HttpStatusError, SseError, StreamableHttpClient, StreamableHttpError,
+    },
 };
 use sse_stream::Sse;
 
@@ -29,6 +32,14 @@ pub(crate) trait Wire: Send + Sync {
         session: Arc<str>,
         headers: HashMap<HeaderName, HeaderValue>,
     ) -> BoxFuture<'static, Result<(), WireError>>;
+    /// Sends one request in `session` and reads its answer (from a JSON
+    /// body, or the first answer on an SSE stream).
+    fn request(
+        &self,
+        session: Arc<str>,
+        message: ClientJsonRpcMessage,
+        headers: HashMap<HeaderName, HeaderValue>,
+    ) -> BoxFuture<'static, Result<ServerJsonRpcMessage, WireError>>;
 }
 
 /// Why a call of the handle's own failed.
@@ -105,6 +116,25 @@ impl<C: StreamableHttpClient> Wire for WireClient<C> {
                 .get_stream(uri, Some(session), Some(last_event_id), auth, headers)
                 .await
                 .map_err(WireError::from)
+        }
+        .boxed()
+    }
+
+    fn request(
+        &self,
+        session: Arc<str>,
+        message: ClientJsonRpcMessage,
+        headers: HashMap<HeaderName, HeaderValue>,
+    ) -> BoxFuture<'static, Result<ServerJsonRpcMessage, WireError>> {
+        let client = lock(&self.inner).clone();
+        let uri = self.uri.clone();
+        let auth = self.auth_header.clone();
+        async move {
+            let response = client
+                .post_message(uri, message, Some(session), auth, headers)
+                .await?;
+            let (answer, _) = response.expect_initialized::<C::Error>().await?;
+            Ok(answer)
         }
         .boxed()
     }
