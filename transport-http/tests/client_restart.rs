@@ -18,7 +18,7 @@ use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
     model::{
         CallToolRequestParams, NumberOrString, ProgressNotificationParam, ProgressToken,
-        RequestMetaObject, ResourceUpdatedNotificationParam, ServerNotification,
+        RequestMetaObject, ResourceUpdatedNotificationParam,
     },
     service::NotificationContext,
 };
@@ -42,6 +42,9 @@ fn main() {
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
     }
+    eprintln!("overlapping calls across a SIGKILL ...");
+    runtime.block_on(overlap_story());
+    eprintln!("overlapping calls across a SIGKILL: ok");
     eprintln!("standalone stream across a SIGKILL ...");
     runtime.block_on(standalone_story(Fixture::Rmcp));
     eprintln!("standalone stream across a SIGKILL: ok");
@@ -98,6 +101,23 @@ impl ClientHandler for Progress {
         _context: NotificationContext<RoleClient>,
     ) {
         let _ = self.0.send(params.progress);
+    }
+}
+
+/// Sends the progress token of every progress notification the handler
+/// gets, as JSON.
+#[derive(Clone)]
+struct Tokens(tokio::sync::mpsc::UnboundedSender<Value>);
+
+impl ClientHandler for Tokens {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self
+            .0
+            .send(serde_json::to_value(&params.progress_token).expect("json"));
     }
 }
 
@@ -168,9 +188,7 @@ async fn child(role: &str) {
                         let progress = seen
                             .iter()
                             .filter_map(|m| match m {
-                                RecoveredMessage::Notification(
-                                    ServerNotification::ProgressNotification(n),
-                                ) => Some(n.params.progress),
+                                RecoveredMessage::Progress(p) => Some(p.progress),
                                 _ => None,
                             })
                             .collect::<Vec<_>>();
@@ -192,6 +210,55 @@ async fn child(role: &str) {
             }
             handle.flush().await;
             say(json!({"interrupted_after": handle.interrupted().len(), "done": true}));
+            client.cancel().await.expect("close");
+        }
+        "overlap" => {
+            // Recovery runs beside new calls; this process's own slow call
+            // is its third request, as the killed process's was, so rmcp
+            // gives it the same progress token as that one.
+            let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+            let client = Tokens(tx).serve(transport).await.expect("serve");
+            let recoveries = handle.recover();
+            let recovering = tokio::spawn(async move {
+                let mut tokens = Vec::new();
+                let mut answered = false;
+                for recovery in recoveries {
+                    if let Recovery::Resumable(resumed) = recovery {
+                        let (seen, answer) = resumed.collect().await.expect("recovered");
+                        answered = answer.is_ok();
+                        for message in seen {
+                            if let RecoveredMessage::Progress(p) = message {
+                                tokens.push(serde_json::to_value(&p.progress_token).expect("json"));
+                            }
+                        }
+                    }
+                }
+                (tokens, answered)
+            });
+            client.list_tools(None).await.expect("list");
+            client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(json!({"n": 2}).as_object().cloned().expect("object")),
+                )
+                .await
+                .expect("echo");
+            client
+                .call_tool(CallToolRequestParams::new("slow"))
+                .await
+                .expect("slow");
+            let (recovered, answered) = recovering.await.expect("recovery task");
+            // Notifications reach the handler concurrently: let them land.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut handler = Vec::new();
+            while let Ok(token) = progress.try_recv() {
+                handler.push(token);
+            }
+            say(json!({
+                "handler_tokens": handler,
+                "recovered_tokens": recovered,
+                "recovered_answer": answered,
+            }));
             client.cancel().await.expect("close");
         }
         "listen" => {
@@ -346,6 +413,54 @@ async fn user_story(backend: &str) {
             .await
             .contains_key(session.as_str())
     );
+}
+
+/// A process killed in the middle of a slow call with progress; the next
+/// process resumes the session and calls the same tool while the old call
+/// still runs on the server. The server sees two different progress
+/// tokens in the one session, the new call's progress reaches the new
+/// process's handler with the token rmcp knows, and the old call's
+/// recovered progress carries the token its application gave it.
+async fn overlap_story() {
+    let server = client_support::start_server(8).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+
+    let mut first = Child::spawn("first", &server.url, "sqlite", &dir_s);
+    let ready = first.line().await;
+    assert_eq!(ready["ready"], true);
+    first.child.start_kill().expect("SIGKILL");
+    first.child.wait().await.expect("reaped");
+
+    let mut second = Child::spawn("overlap", &server.url, "sqlite", &dir_s);
+    let report = second.line().await;
+    second.child.wait().await.expect("second exits");
+
+    let tokens = server.stats.progress_tokens.lock().expect("lock").clone();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    assert_eq!(tokens[0].0, tokens[1].0, "one session: {tokens:?}");
+    assert_ne!(
+        tokens[0].1, tokens[1].1,
+        "two calls in flight in one session shared a progress token"
+    );
+
+    let handler: Vec<&Value> = report["handler_tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .collect();
+    assert_eq!(handler.len(), 8, "the new call's progress: {report}");
+    assert!(handler.iter().all(|t| *t == handler[0]), "{report}");
+    assert_ne!(*handler[0], json!("slow-work"), "{report}");
+    let recovered = report["recovered_tokens"].as_array().expect("tokens");
+    assert!(!recovered.is_empty(), "{report}");
+    assert!(
+        recovered.iter().all(|t| *t == json!("slow-work")),
+        "the old call's progress carries its application's token: {report}"
+    );
+    assert_eq!(report["recovered_answer"], true, "{report}");
+    assert_eq!(server.stats.runs_of("slow"), 2);
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
 }
 
 /// The session's standalone GET stream outlives a SIGKILL: a client killed

@@ -11,8 +11,8 @@ use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{InFlightRequest, ProtocolEra, RequestId, ServerProfile, SessionId};
 use rmcp::{
     model::{
-        ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, NumberOrString,
-        ServerJsonRpcMessage, ServerResult,
+        ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, GetMeta,
+        NumberOrString, ProgressToken, ServerJsonRpcMessage, ServerResult,
     },
     transport::{
         common::http_header::HEADER_MCP_METHOD,
@@ -329,8 +329,31 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         let wire = self.shared.ids().next(&session).await;
         request.id = NumberOrString::Number(wire);
         self.shared.ids().map(local, wire);
+        // rmcp's own progress token (a per-process counter that starts at 0
+        // in every process) is set on the request envelope and wins over
+        // one the application put in the params. Taken off, the params show
+        // the application's view, which is what is journaled.
+        let rmcp_token = take_envelope_progress_token(request);
+        let (method, params) = method_and_params(&message);
+        if let ClientJsonRpcMessage::Request(request) = &mut message
+            && let Some(rmcp_token) = rmcp_token
+        {
+            // On the wire the token is the wire id: unique within the
+            // session across restarts, as wire ids are. Progress comes back
+            // with the token the application knows: its own, else rmcp's.
+            let local = params
+                .as_ref()
+                .and_then(|p| p.get("_meta"))
+                .and_then(|m| m.get("progressToken"))
+                .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok())
+                .unwrap_or(rmcp_token);
+            self.shared.ids().map_progress(wire, local);
+            request
+                .request
+                .get_meta_mut()
+                .set_progress_token(ProgressToken(NumberOrString::Number(wire)));
+        }
         if self.shared.health().persisting() {
-            let (method, params) = method_and_params(&message);
             self.shared.journal().record(
                 &session,
                 InFlightRequest::new(RequestId::Number(wire), method, params),
@@ -569,6 +592,13 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     StreamOwner::Other(s) => s.as_ref(),
                 };
                 if let Some(data) = event.data.as_deref()
+                    && data.contains("notifications/progress")
+                    && let Some(text) = progress_back(&shared, data)
+                {
+                    event.data = Some(text);
+                    return Ok(event);
+                }
+                if let Some(data) = event.data.as_deref()
                     && (data.contains("\"result\"") || data.contains("\"error\""))
                     && let Ok(mut value) = serde_json::from_str::<Value>(data)
                     && value.get("method").is_none()
@@ -610,6 +640,33 @@ fn task_id_of(result: &Value) -> Option<String> {
     }
     result.get("taskId")?.as_str().map(str::to_owned)
 }
+
+/// Takes the progress token rmcp set on a request's envelope (its `_meta`
+/// extension), if any.
+fn take_envelope_progress_token(
+    request: &mut rmcp::model::JsonRpcRequest<ClientRequest>,
+) -> Option<ProgressToken> {
+    let meta = request.request.get_meta_mut();
+    let token = meta.get_progress_token()?;
+    meta.0.0.remove(PROGRESS_TOKEN);
+    Some(token)
+}
+
+/// A progress notification with the wire token of a request in flight,
+/// rewritten with the token the application knows.
+fn progress_back(shared: &Shared, data: &str) -> Option<String> {
+    let mut value = serde_json::from_str::<Value>(data).ok()?;
+    if value.get("method").and_then(Value::as_str) != Some("notifications/progress") {
+        return None;
+    }
+    let token = value.get("params")?.get(PROGRESS_TOKEN)?.clone();
+    let wire = serde_json::from_value::<ProgressToken>(token).ok()?;
+    let local = shared.ids().local_progress(&wire)?;
+    value["params"][PROGRESS_TOKEN] = serde_json::to_value(&local).ok()?;
+    serde_json::to_string(&value).ok()
+}
+
+const PROGRESS_TOKEN: &str = "progressToken";
 
 fn method_and_params(message: &ClientJsonRpcMessage) -> (String, Option<Value>) {
     match serde_json::to_value(message) {

@@ -7,8 +7,8 @@ use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{BoxError, InFlightRequest, RequestId, SessionId};
 use rmcp::model::{
     ClientJsonRpcMessage, ClientRequest, DetailedTask, ErrorCode, ErrorData, GetTaskParams,
-    GetTaskRequest, InputRequests, NumberOrString, ServerJsonRpcMessage, ServerNotification,
-    ServerRequest, ServerResult, TaskPayload,
+    GetTaskRequest, InputRequests, NumberOrString, ProgressNotificationParam, ProgressToken,
+    ServerJsonRpcMessage, ServerNotification, ServerRequest, ServerResult, TaskPayload,
 };
 use serde_json::Value;
 use tokio::time::Instant;
@@ -113,7 +113,11 @@ pub type RecoveredAnswer = Result<ServerResult, ErrorData>;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RecoveredMessage {
-    /// A notification sent on the request's stream (progress, log, ...).
+    /// Progress of the request, with the progress token the application
+    /// gave the request (rmcp's token of the previous process when the
+    /// application gave none: that number means nothing to this process).
+    Progress(ProgressNotificationParam),
+    /// Another notification sent on the request's stream (log, ...).
     Notification(ServerNotification),
     /// A request the server sent on the request's stream (sampling,
     /// elicitation, ...). It can no longer be answered on the old stream's
@@ -276,7 +280,12 @@ impl ResumedRequest {
             };
             let answer = match message {
                 ServerJsonRpcMessage::Notification(n) => {
-                    return Some(Ok(RecoveredMessage::Notification(n.notification)));
+                    return Some(Ok(match n.notification {
+                        ServerNotification::ProgressNotification(p) => {
+                            RecoveredMessage::Progress(self.progress_back(p.params))
+                        }
+                        other => RecoveredMessage::Notification(other),
+                    }));
                 }
                 ServerJsonRpcMessage::Request(r) => {
                     return Some(Ok(RecoveredMessage::ServerRequest(r.request)));
@@ -315,6 +324,29 @@ impl ResumedRequest {
         Err(RecoveryError::Timeout {
             after: self.context.config.timeout,
         })
+    }
+
+    /// Progress sent with the request's wire token (its wire id), given
+    /// the token the application put in the request's params back.
+    fn progress_back(&self, mut progress: ProgressNotificationParam) -> ProgressNotificationParam {
+        let wire = ProgressToken(match &self.request.id {
+            RequestId::Number(n) => NumberOrString::Number(*n),
+            RequestId::String(s) => NumberOrString::String(s.as_str().into()),
+        });
+        if progress.progress_token != wire {
+            return progress;
+        }
+        if let Some(own) = self
+            .request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get("progressToken"))
+            .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok())
+        {
+            progress.progress_token = own;
+        }
+        progress
     }
 
     fn headers(&self) -> HashMap<HeaderName, HeaderValue> {

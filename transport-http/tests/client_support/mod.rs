@@ -34,6 +34,8 @@ pub struct Stats {
     pub runs: Mutex<HashMap<String, usize>>,
     /// (session id, JSON-RPC id, method) of every request a handler got.
     pub requests: Mutex<Vec<(String, String, String)>>,
+    /// (session id, progress token as JSON) of every `slow` call.
+    pub progress_tokens: Mutex<Vec<(String, String)>>,
 }
 
 impl Stats {
@@ -148,6 +150,11 @@ impl ServerHandler for Counting {
             "echo" => serde_json::to_string(&request.arguments).unwrap(),
             "slow" => {
                 let token = context.meta.get_progress_token();
+                self.stats
+                    .progress_tokens
+                    .lock()
+                    .unwrap()
+                    .push((session_of(&context), serde_json::to_string(&token).unwrap()));
                 for step in 1..=self.slow_steps {
                     if let Some(token) = &token {
                         let _ = context
