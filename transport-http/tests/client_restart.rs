@@ -27,6 +27,86 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "MCP_PERSIST_CLIENT_CHILD";
 
+/// The client example of the crate's README, verbatim (checked by
+/// `readme_example_is_this_one`), run by the `readme` child.
+mod readme {
+    // README example: begin
+    use mcp_persist_core::Stores;
+    use mcp_persist_transport_http::client::{DurableClientBuilder, Recovery, TaskOutcome};
+    use rmcp::{ServiceExt, model::CallToolRequestParams};
+
+    async fn run(url: &str, stores: &Stores) -> Result<(), Box<dyn std::error::Error>> {
+        let (transport, handle) = DurableClientBuilder::new(url, stores).build().await?;
+        // After a restart: the stored server facts, before any network call.
+        if let Some(info) = handle.initialize_result() {
+            println!("{} {}", info.server_info.name, info.server_info.version);
+        }
+        let client = ().serve(transport).await?; // no `initialize` on a stored session
+        // The answers the previous process never saw, collected beside new calls.
+        let mut recovering = Vec::new();
+        for recovery in handle.recover() {
+            let handle = handle.clone();
+            recovering.push(tokio::spawn(async move {
+                match recovery {
+                    Recovery::Resumable(resumed) => match resumed.collect().await {
+                        // rmcp's ServerResult (or ErrorData), after the progress missed.
+                        Ok((_missed, answer)) => println!("recovered: {answer:?}"),
+                        // Still listed: `handle.recover()` again retries.
+                        Err(error) => println!("not now: {error}"),
+                    },
+                    Recovery::Task(task) => match task.collect().await {
+                        Ok(TaskOutcome::Answer(answer)) => println!("task: {answer:?}"),
+                        Ok(other) => println!("task: {other:?}"),
+                        Err(error) => println!("task not now: {error}"),
+                    },
+                    // The server may or may not have run it: the application decides.
+                    Recovery::Lost { request } => {
+                        println!("lost: {} {:?}", request.method, request.params);
+                        handle.dismiss(&request);
+                    }
+                    _ => {}
+                }
+            }));
+        }
+        let echo = client.call_tool(CallToolRequestParams::new("echo")).await?;
+        println!("new call: {echo:?}");
+        for task in recovering {
+            task.await?;
+        }
+        handle.flush().await; // collected answers leave the store before the process does
+        client.cancel().await?; // keeps the session; `handle.end_session()` ends it
+        Ok(())
+    }
+    // README example: end
+
+    /// The example, for the child that runs it.
+    pub(super) async fn example(url: &str, stores: &Stores) -> Result<(), String> {
+        run(url, stores).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The README's client example is the one this file runs.
+fn readme_example_is_this_one() {
+    let source = include_str!("client_restart.rs");
+    let begin = source
+        .find("// README example: begin\n")
+        .expect("begin marker");
+    let end = source
+        .find("    // README example: end")
+        .expect("end marker");
+    let region = &source[begin + "// README example: begin\n".len()..end];
+    let unindented: String = region
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let readme = include_str!("../README.md");
+    assert!(
+        readme.contains(&unindented),
+        "the README's client example and tests/client_restart.rs differ"
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -37,6 +117,10 @@ fn main() {
         runtime.block_on(child(&role));
         return;
     }
+    readme_example_is_this_one();
+    eprintln!("the README's example after a SIGKILL ...");
+    runtime.block_on(readme_story());
+    eprintln!("the README's example after a SIGKILL: ok");
     for backend in ["sqlite", "file"] {
         eprintln!("user story on the {backend} store ...");
         runtime.block_on(user_story(backend));
@@ -261,6 +345,17 @@ async fn child(role: &str) {
             }));
             client.cancel().await.expect("close");
         }
+        "readme" => {
+            drop((transport, handle));
+            readme::example(&url, &stores)
+                .await
+                .expect("the README example");
+            let (_, after) = DurableClientBuilder::new(&url, &stores)
+                .build()
+                .await
+                .expect("build");
+            say(json!({"readme_done": true, "interrupted_after": after.interrupted().len()}));
+        }
         "listen" => {
             // Starts the announcements on the first run; a resumed run only
             // listens. Prints each message number; never exits by itself.
@@ -318,6 +413,21 @@ impl Child {
             .expect("read child")
             .expect("child printed a line");
         serde_json::from_str(&line).expect("child prints JSON")
+    }
+
+    /// Reads lines until a JSON one, keeping the others.
+    async fn until_json(&mut self, text: &mut Vec<String>) -> Value {
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+                .await
+                .expect("child answered in time")
+                .expect("read child")
+                .expect("child printed a line");
+            match serde_json::from_str::<Value>(&line) {
+                Ok(value) if value.is_object() => return value,
+                _ => text.push(line),
+            }
+        }
     }
 
     /// Reads until a listening child says it is listening, keeping the
@@ -413,6 +523,40 @@ async fn user_story(backend: &str) {
             .await
             .contains_key(session.as_str())
     );
+}
+
+/// The README's example, run by a process after a SIGKILL: it collects
+/// the killed process's slow call beside a new call, the tool running once.
+async fn readme_story() {
+    let server = client_support::start_server(8).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+
+    let mut first = Child::spawn("first", &server.url, "sqlite", &dir_s);
+    let ready = first.line().await;
+    assert_eq!(ready["ready"], true);
+    first.child.start_kill().expect("SIGKILL");
+    first.child.wait().await.expect("reaped");
+
+    let mut second = Child::spawn("readme", &server.url, "sqlite", &dir_s);
+    let mut printed = Vec::new();
+    let done = second.until_json(&mut printed).await;
+    second.child.wait().await.expect("second exits");
+    assert_eq!(done["readme_done"], true);
+    assert_eq!(done["interrupted_after"], 0, "{printed:?}");
+    assert!(
+        printed
+            .iter()
+            .any(|l| l.starts_with("recovered: Ok(") && l.contains("slow done")),
+        "{printed:?}"
+    );
+    // The new call was answered before the old one's recovery ended.
+    let new_call = printed.iter().position(|l| l.starts_with("new call:"));
+    let recovered = printed.iter().position(|l| l.starts_with("recovered:"));
+    assert!(new_call.is_some() && new_call < recovered, "{printed:?}");
+    assert_eq!(server.stats.runs_of("slow"), 1, "the slow tool ran once");
+    assert_eq!(server.stats.runs_of("echo"), 2);
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
 }
 
 /// A process killed in the middle of a slow call with progress; the next
