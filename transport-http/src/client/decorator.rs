@@ -837,14 +837,26 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         let owner = self.stream_owner(session_id, last_event_id.is_none());
         if let Some(cursor) = self.standalone_cursor(&owner) {
             match self.resumed_or_fresh(open(Some(cursor)).await) {
-                Ok(Some(stream)) => return Ok(self.observe(stream, owner)),
+                Ok(Some(stream)) => return Ok(self.follow(stream, owner)),
                 Ok(None) => {}
                 Err(e) => return Err(self.session_gone_quietly(e, &owner)),
             }
         }
         match open(last_event_id).await {
-            Ok(stream) => Ok(self.observe(stream, owner)),
+            Ok(stream) => Ok(self.follow(stream, owner)),
             Err(e) => Err(self.session_gone_quietly(e, &owner)),
+        }
+    }
+
+    /// A GET stream, observed; the standalone one also carries the
+    /// messages the handle delivers (recovered notifications).
+    fn follow(&self, stream: SseStream, owner: StreamOwner) -> SseStream {
+        let standalone = matches!(owner, StreamOwner::Standalone(_));
+        let stream = self.observe(stream, owner);
+        if standalone {
+            self.shared.inbox().merge(stream)
+        } else {
+            stream
         }
     }
 

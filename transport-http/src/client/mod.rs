@@ -114,6 +114,7 @@ mod handle;
 mod headers;
 mod health;
 mod ids;
+mod inbox;
 mod journal;
 mod modern;
 mod recovery;

@@ -89,6 +89,7 @@ impl Recovery {
                 stream: None,
                 deadline: None,
                 done: false,
+                deliver: false,
             }),
             None => Recovery::Lost { request },
         }
@@ -183,6 +184,7 @@ pub struct ResumedRequest {
     stream: Option<SseResume>,
     deadline: Option<Instant>,
     done: bool,
+    deliver: bool,
 }
 
 impl std::fmt::Debug for ResumedRequest {
@@ -198,6 +200,18 @@ impl ResumedRequest {
     /// The request as journaled (wire id, method, params, cursor).
     pub fn request(&self) -> &InFlightRequest {
         &self.request
+    }
+
+    /// Also hands each recovered notification (progress with the
+    /// application's token, logs, ...) to the running rmcp client's
+    /// handler, as if it had arrived live, on the session's standalone
+    /// stream. They are still returned by [`next`](Self::next) and
+    /// [`collect`](Self::collect). Nothing reaches the handler while no
+    /// rmcp client runs on the transport, or when the server offers no
+    /// standalone stream (rmcp then opens none); they wait until it opens.
+    pub fn deliver_to_client(mut self) -> Self {
+        self.deliver = true;
+        self
     }
 
     /// The next message of the request's stream after the stored cursor:
@@ -280,12 +294,28 @@ impl ResumedRequest {
             };
             let answer = match message {
                 ServerJsonRpcMessage::Notification(n) => {
-                    return Some(Ok(match n.notification {
+                    let message = match n.notification {
                         ServerNotification::ProgressNotification(p) => {
-                            RecoveredMessage::Progress(self.progress_back(p.params))
+                            let progress = self.progress_back(p.params);
+                            if self.deliver {
+                                self.deliver(&serde_json::json!({
+                                    "jsonrpc": "2.0",
+                                    "method": "notifications/progress",
+                                    "params": progress,
+                                }));
+                            }
+                            RecoveredMessage::Progress(progress)
                         }
-                        other => RecoveredMessage::Notification(other),
-                    }));
+                        other => {
+                            if self.deliver
+                                && let Ok(raw) = serde_json::from_str::<Value>(&data)
+                            {
+                                self.deliver(&raw);
+                            }
+                            RecoveredMessage::Notification(other)
+                        }
+                    };
+                    return Some(Ok(message));
                 }
                 ServerJsonRpcMessage::Request(r) => {
                     return Some(Ok(RecoveredMessage::ServerRequest(r.request)));
@@ -324,6 +354,14 @@ impl ResumedRequest {
         Err(RecoveryError::Timeout {
             after: self.context.config.timeout,
         })
+    }
+
+    /// Hands a notification to the running rmcp client's handler.
+    fn deliver(&self, message: &Value) {
+        if let Ok(text) = serde_json::to_string(message) {
+            debug!(request = %self.request.id, "delivering a recovered notification to the client's handler");
+            self.context.shared.inbox().deliver(text);
+        }
     }
 
     /// Progress sent with the request's wire token (its wire id), given
