@@ -459,3 +459,57 @@ async fn a_task_the_server_no_longer_knows_is_lost_and_not_sent_again() {
         "nothing sent again"
     );
 }
+
+#[tokio::test]
+async fn a_task_polled_to_its_end_by_the_application_leaves_the_journal() {
+    let server = start_server().await;
+    let stores = Stores::new(SqliteStore::open_in_memory().await.expect("sqlite"));
+    let (transport, handle) = DurableClientBuilder::new(&server.url, &stores)
+        .build()
+        .await
+        .expect("build");
+    let client = tasks_client().serve(transport).await.expect("serve");
+    let CallToolResponse::Task(created) = client
+        .peer()
+        .call_tool_once(CallToolRequestParams::new("long"))
+        .await
+        .expect("call")
+    else {
+        panic!("expected a task");
+    };
+    handle.flush().await;
+    let key = ServerKey::new(&server.url, "default").expect("key");
+    let session = handle.session_id().expect("session");
+    let journaled = stores
+        .client_state()
+        .inflight(&key, &session)
+        .await
+        .expect("read");
+    assert_eq!(journaled.len(), 1, "journaled with its task id");
+    assert_eq!(
+        journaled[0].task_id.as_deref(),
+        Some(created.task.task_id.as_str())
+    );
+    loop {
+        let got = client
+            .peer()
+            .get_task(GetTaskParams::new(created.task.task_id.clone()))
+            .await
+            .expect("tasks/get");
+        if got.task.status().is_terminal() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    handle.flush().await;
+    assert!(
+        stores
+            .client_state()
+            .inflight(&key, &session)
+            .await
+            .expect("read")
+            .is_empty(),
+        "a task the application saw end is not interrupted work"
+    );
+    client.cancel().await.expect("close");
+}

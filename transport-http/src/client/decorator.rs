@@ -371,6 +371,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 Err(error)
             }
             Ok(StreamableHttpPostResponse::Json(mut answer, sid)) => {
+                if let ServerJsonRpcMessage::Response(r) = &answer
+                    && let ServerResult::GetTaskResult(got) = &r.result
+                    && got.task.status().is_terminal()
+                {
+                    self.task_ended(&session, got.task.task.task_id.clone());
+                }
                 self.answer_back(&session, &mut answer);
                 self.check_legacy_verdict(&session, &mut answer);
                 Ok(StreamableHttpPostResponse::Json(answer, sid))
@@ -539,6 +545,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         }
     }
 
+    /// The application's own `tasks/get` saw the task end.
+    fn task_ended(&self, session: &SessionId, task: String) {
+        debug!(server = %self.shared.key(), %task, "tasks/get says the task ended; its request leaves the journal");
+        self.shared.journal().task_done(session, task);
+    }
+
     /// Gives a JSON answer its rmcp id back and closes its journal entry.
     fn answer_back(&self, session: &SessionId, answer: &mut ServerJsonRpcMessage) {
         let id = match answer {
@@ -606,6 +618,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     && let Some(local) = shared.ids().take_local(wire)
                 {
                     value["id"] = local.into_json_value();
+                    if let Some(session) = session
+                        && let Some(task) = value.get("result").and_then(ended_task_id)
+                    {
+                        debug!(%task, "tasks/get says the task ended; its request leaves the journal");
+                        journal.task_done(session, task);
+                    }
                     if let Some(session) = session {
                         match value.get("result").and_then(task_id_of) {
                             Some(task) => journal.task(session, RequestId::Number(wire), task),
@@ -630,6 +648,19 @@ fn verdict_text(profile: &ServerProfile) -> String {
         _ => "unknown",
     };
     format!("{era} {}", profile.protocol_version)
+}
+
+/// The task id of a `tasks/get` answer whose task ended (completed,
+/// failed or cancelled).
+fn ended_task_id(result: &Value) -> Option<String> {
+    if result.get("resultType").and_then(Value::as_str) == Some("task") {
+        return None;
+    }
+    let status = result.get("status")?.as_str()?;
+    if !matches!(status, "completed" | "failed" | "cancelled") {
+        return None;
+    }
+    result.get("taskId")?.as_str().map(str::to_owned)
 }
 
 /// The task id of a `CreateTaskResult` (`resultType: "task"`, the task's
