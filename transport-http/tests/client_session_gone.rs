@@ -9,7 +9,7 @@ mod client_support;
 
 use std::{
     io::Write,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
 
@@ -73,12 +73,13 @@ async fn forgotten_session_case(fixture: Fixture) {
     let interrupted = session_with_interrupted_call(&server.url, &store).await;
     let server = restart(server, fixture).await;
 
-    let (_transport, handle) = DurableClientBuilder::new(&server.url, store.clone())
+    let (transport, handle) = DurableClientBuilder::new(&server.url, store.clone())
         .recovery_timing(Duration::from_secs(10), Duration::from_millis(50))
         .build()
         .await
         .expect("build");
     assert!(handle.resumed(), "the stored session is offered");
+    let stale = handle.session_id().expect("stored session");
     assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
 
     // Collecting: the server's 404 on the resuming GET is `SessionGone`.
@@ -97,9 +98,39 @@ async fn forgotten_session_case(fixture: Fixture) {
         assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
     }
 
-    // Ending a session the server no longer knows is what was asked for.
+    // The stored session is known to be gone: no longer offered.
+    assert_eq!(handle.session_id(), None);
+    assert!(!handle.resumed());
+    assert!(
+        matches!(handle.start(), StartKind::Replaced { ref expired, session_id: None } if *expired == stale),
+        "{:?}",
+        handle.start()
+    );
+    // So `serve` initializes at once instead of first meeting a 404.
+    let client = ().serve(transport).await.expect("serve");
+    client.call_tool(echo(3)).await.expect("echo");
+    let fresh = handle.session_id().expect("a new session");
+    assert_ne!(fresh, stale);
+    assert_eq!(
+        handle.start(),
+        StartKind::Replaced {
+            expired: stale.clone(),
+            session_id: Some(fresh)
+        }
+    );
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+    client.cancel().await.expect("close");
+    // Ending it: whatever the server answers to the DELETE (rmcp 202, or a
+    // 404 from a server that forgot it), the session is ended.
     handle.end_session().await.expect("end_session succeeds");
     assert_eq!(handle.session_id(), None);
+    // A session the server had already forgotten ends without a word too.
+    let (_transport, gone) = DurableClientBuilder::new(&server.url, store.clone())
+        .build()
+        .await
+        .expect("build");
+    assert_eq!(gone.start(), StartKind::Fresh);
+    gone.end_session().await.expect("nothing to end");
 
     // The next process starts fresh, with one real initialize.
     let (transport, handle) = DurableClientBuilder::new(&server.url, store.clone())
@@ -109,13 +140,7 @@ async fn forgotten_session_case(fixture: Fixture) {
     assert_eq!(handle.start(), StartKind::Fresh);
     let client = ().serve(transport).await.expect("serve");
     client.call_tool(echo(2)).await.expect("echo");
-    assert_eq!(
-        server
-            .stats
-            .initializes
-            .load(std::sync::atomic::Ordering::SeqCst),
-        1
-    );
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 2);
     client.cancel().await.expect("close");
 }
 

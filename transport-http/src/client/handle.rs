@@ -55,15 +55,10 @@ impl ClientHandle {
     /// gone.
     pub fn start(&self) -> StartKind {
         match &self.start {
-            StartKind::Resumed { session_id } => {
-                let current = self.session_id();
-                if current.as_ref() == Some(session_id) {
-                    self.start.clone()
-                } else {
-                    StartKind::Replaced {
-                        expired: session_id.clone(),
-                        session_id: current,
-                    }
+            StartKind::Resumed { session_id } if self.shared.session().expired_here(session_id) => {
+                StartKind::Replaced {
+                    expired: session_id.clone(),
+                    session_id: self.session_id(),
                 }
             }
             other => other.clone(),
@@ -162,11 +157,15 @@ impl ClientHandle {
     }
 
     /// Ends the session: sends `DELETE` to the server and forgets the stored
-    /// session and its journal. Call it after closing the rmcp client; while
+    /// session and its journal. A session the server no longer knows (a 404
+    /// to the `DELETE`, or earlier) counts as ended: that is no error. Call it after closing the rmcp client; while
     /// the rmcp client runs, dropping or closing it keeps the session for the
     /// next process.
     pub async fn end_session(&self) -> Result<(), ClientError> {
         let Some((session, result)) = self.shared.session().current() else {
+            // Already gone (the server answered 404): only make sure the
+            // store has forgotten it too.
+            self.flush().await;
             return Ok(());
         };
         self.shared.session().set_ending(true);

@@ -41,6 +41,14 @@ pub(crate) struct Recoverer {
 }
 
 impl Recoverer {
+    /// The server answered 404 for `session`: if it is the one in use, it
+    /// is forgotten as after a 404 on any request (the next request, or
+    /// rmcp's `initialize` if the client is not serving yet, starts a new
+    /// session).
+    fn session_gone(&self, session: &SessionId) {
+        self.shared.on_expired(session);
+    }
+
     /// The answer to `request` was collected: it leaves the journal and the
     /// handle's list.
     fn collected(&self, session: &SessionId, request: &InFlightRequest) {
@@ -255,6 +263,7 @@ impl ResumedRequest {
                     }
                     Ok(Err(WireError::SessionGone)) => {
                         self.done = true;
+                        self.context.session_gone(&self.session);
                         return Some(Err(RecoveryError::SessionGone));
                     }
                     Ok(Err(WireError::Other(source))) => {
@@ -493,7 +502,10 @@ impl RecoveredTask {
             Ok(other) => Err(RecoveryError::UnexpectedAnswer {
                 reason: format!("tasks/get answered with {other:?}"),
             }),
-            Err(WireError::SessionGone) => Err(RecoveryError::SessionGone),
+            Err(WireError::SessionGone) => {
+                self.context.session_gone(&self.session);
+                Err(RecoveryError::SessionGone)
+            }
             Err(WireError::Other(source)) => Err(RecoveryError::Transport { source }),
         }
     }
