@@ -513,3 +513,75 @@ async fn a_task_polled_to_its_end_by_the_application_leaves_the_journal() {
     );
     client.cancel().await.expect("close");
 }
+
+/// The same against a server spoken to in the 2026-07-28 revision, which
+/// has no sessions: the task is journaled all the same, and a new process
+/// collects it through its running client.
+#[tokio::test]
+async fn a_task_of_a_server_without_sessions_is_collected_after_a_restart() {
+    let server = start_server().await;
+    let stores = Stores::new(SqliteStore::open_in_memory().await.expect("sqlite"));
+    let modern = || rmcp::service::ClientLifecycleMode::Discover {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+    };
+    let (transport, handle) = DurableClientBuilder::new(&server.url, &stores)
+        .build()
+        .await
+        .expect("build");
+    let client =
+        rmcp::service::ClientServiceExt::serve_with_lifecycle(tasks_client(), transport, modern())
+            .await
+            .expect("serve");
+    let CallToolResponse::Task(created) = client
+        .peer()
+        .call_tool_once(CallToolRequestParams::new("long"))
+        .await
+        .expect("call")
+    else {
+        panic!("expected a task");
+    };
+    assert_eq!(handle.session_id(), None, "no session in this revision");
+    handle.flush().await;
+    client.cancel().await.expect("close");
+
+    let (transport, handle) = DurableClientBuilder::new(&server.url, &stores)
+        .recovery_timing(Duration::from_secs(10), Duration::from_millis(20))
+        .build()
+        .await
+        .expect("build");
+    let interrupted = handle.interrupted();
+    assert_eq!(interrupted.len(), 1, "{interrupted:?}");
+    assert_eq!(interrupted[0].method, "tools/call");
+    assert_eq!(
+        interrupted[0].task_id.as_deref(),
+        Some(created.task.task_id.as_str())
+    );
+    let client =
+        rmcp::service::ClientServiceExt::serve_with_lifecycle(tasks_client(), transport, modern())
+            .await
+            .expect("serve");
+    let Some(Recovery::Task(task)) = handle.recover().into_iter().next() else {
+        panic!("expected a task");
+    };
+    assert!(matches!(
+        task.collect().await,
+        Err(RecoveryError::NeedsClient)
+    ));
+    let outcome = task.collect_with(client.peer()).await.expect("collect");
+    let TaskOutcome::Answer(Ok(result)) = outcome else {
+        panic!("expected a result, got {outcome:?}");
+    };
+    assert_eq!(text_of(&result), "long done");
+    handle.flush().await;
+    assert!(handle.interrupted().is_empty());
+    let (_transport, after) = DurableClientBuilder::new(&server.url, &stores)
+        .build()
+        .await
+        .expect("build");
+    assert!(
+        after.interrupted().is_empty(),
+        "collected tasks leave the store"
+    );
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), 1);
+    client.cancel().await.expect("close");
+}

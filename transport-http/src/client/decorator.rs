@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     headers::{header_name, is_routing_header},
+    journal::sessionless,
     modern,
     report::ClientNotice,
     state::Shared,
@@ -267,9 +268,65 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             warn!(server = %self.shared.key(), "not sending a session id to a server judged modern");
         }
         let post = post.without_session();
+        let call = self.task_eligible(&message);
         let original = message.clone();
         let response = post.clone().send(&self.inner, message).await;
-        self.check_modern_verdict(response, original, post).await
+        let response = self.check_modern_verdict(response, original, post).await;
+        self.watch_tasks(response, call)
+    }
+
+    /// A `tools/call` to a server without sessions, as the journal would
+    /// keep it if the server answers it with a task.
+    fn task_eligible(&self, message: &ClientJsonRpcMessage) -> Option<ModernCall> {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return None;
+        };
+        if !matches!(request.request, ClientRequest::CallToolRequest(_))
+            || !self.shared.health().persisting()
+        {
+            return None;
+        }
+        let (method, params) = method_and_params(message);
+        Some(ModernCall {
+            local: request.id.clone(),
+            method,
+            params,
+        })
+    }
+
+    /// Follows the answers of a server without sessions: a `tools/call`
+    /// answered with a task is journaled with its task id (a restarted
+    /// process collects it), and a `tasks/get` reporting a task ended
+    /// takes it out again.
+    fn watch_tasks(
+        &self,
+        response: PostResult<C::Error>,
+        call: Option<ModernCall>,
+    ) -> PostResult<C::Error> {
+        match response {
+            Ok(StreamableHttpPostResponse::Json(answer, sid)) => {
+                if let Ok(value) = serde_json::to_value(&answer) {
+                    watch_answer(&self.shared, &value, call.as_ref());
+                }
+                Ok(StreamableHttpPostResponse::Json(answer, sid))
+            }
+            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
+                let shared = self.shared.clone();
+                let stream = stream
+                    .inspect(move |item| {
+                        if let Ok(event) = item
+                            && let Some(data) = event.data.as_deref()
+                            && data.contains("\"result\"")
+                            && let Ok(value) = serde_json::from_str::<Value>(data)
+                        {
+                            watch_answer(&shared, &value, call.as_ref());
+                        }
+                    })
+                    .boxed();
+                Ok(StreamableHttpPostResponse::Sse(stream, sid))
+            }
+            other => other,
+        }
     }
 
     /// [`Route::Initialize`].
@@ -638,6 +695,56 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             })
             .boxed()
     }
+}
+
+/// A `tools/call` sent to a server without sessions.
+struct ModernCall {
+    /// rmcp's id (not renumbered: there is no session to be unique in).
+    local: NumberOrString,
+    method: String,
+    params: Option<Value>,
+}
+
+/// Journals `call` if `answer` gives it a task; closes the journal entry
+/// of a task `answer` (to a `tasks/get`) reports ended.
+fn watch_answer(shared: &Shared, answer: &Value, call: Option<&ModernCall>) {
+    let Some(result) = answer.get("result") else {
+        return;
+    };
+    let journal = shared.journal();
+    if let Some(task) = ended_task_id(result) {
+        debug!(server = %shared.key(), %task, "tasks/get says the task ended; its request leaves the journal");
+        journal.task_done(&sessionless(), task);
+        return;
+    }
+    let Some(call) = call else { return };
+    let Some(task) = task_id_of(result) else {
+        return;
+    };
+    if answer.get("id") != serde_json::to_value(&call.local).ok().as_ref() {
+        return;
+    }
+    let mut record = InFlightRequest::new(
+        RequestId::String(format!("{}-{}", process_tag(), call.local)),
+        call.method.clone(),
+        call.params.clone(),
+    );
+    record.task_id = Some(task.clone());
+    info!(server = %shared.key(), %task, "answered with a task; journaling it so a restarted process can collect it");
+    journal.record(&sessionless(), record);
+}
+
+/// Distinguishes this process's journal entries for a server without
+/// sessions from those of earlier processes (rmcp numbers from 0 in each).
+fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        format!("p{:x}{:x}", std::process::id(), nanos)
+    })
 }
 
 /// A verdict as the application reads it: `modern 2026-07-28`.

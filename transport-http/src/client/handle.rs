@@ -3,6 +3,9 @@
 use std::sync::Arc;
 
 use mcp_persist_core::{InFlightRequest, ServerKey, SessionId};
+
+/// The interrupted requests and the session each was sent in.
+pub(crate) type Listed = Arc<std::sync::Mutex<Vec<(SessionId, InFlightRequest)>>>;
 use rmcp::model::InitializeResult;
 use tokio::sync::broadcast;
 use tracing::info;
@@ -26,9 +29,10 @@ pub struct ClientHandle {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) start: StartKind,
-    pub(crate) interrupted: Arc<std::sync::Mutex<Vec<InFlightRequest>>>,
-    /// The session the interrupted requests were sent in.
-    pub(crate) interrupted_session: Option<SessionId>,
+    /// The interrupted requests, each with the session it was sent in
+    /// (the [sessionless](super::journal::sessionless) journal for a server
+    /// without sessions).
+    pub(crate) interrupted: Listed,
     pub(crate) recovery: RecoveryConfig,
 }
 
@@ -104,7 +108,10 @@ impl ClientHandle {
     /// A request stays listed (and journaled) until its answer is collected
     /// or the application [dismisses](Self::dismiss) it.
     pub fn interrupted(&self) -> Vec<InFlightRequest> {
-        lock(&self.interrupted).clone()
+        lock(&self.interrupted)
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 
     /// Waits until every change made so far (new session, journal entries,
@@ -129,9 +136,6 @@ impl ClientHandle {
     /// beside new calls, or both. Spawn it so that new calls do not wait for
     /// old work to finish.
     pub fn recover(&self) -> Vec<Recovery> {
-        let Some(session) = self.interrupted_session.clone() else {
-            return Vec::new();
-        };
         let context = Recoverer {
             shared: self.shared.clone(),
             wire: self.wire.clone(),
@@ -141,7 +145,7 @@ impl ClientHandle {
         let requests = lock(&self.interrupted).clone();
         requests
             .into_iter()
-            .map(|request| Recovery::new(context.clone(), session.clone(), request))
+            .map(|(session, request)| Recovery::new(context.clone(), session, request))
             .collect()
     }
 
@@ -150,10 +154,15 @@ impl ClientHandle {
     /// [`Recovery::Task`] whose result is in). A resumed request leaves the
     /// journal by itself when its answer is read.
     pub fn dismiss(&self, request: &InFlightRequest) {
-        if let Some(session) = &self.interrupted_session {
-            self.shared.journal().complete(session, request.id.clone());
-        }
-        lock(&self.interrupted).retain(|r| r.id != request.id);
+        let mut listed = lock(&self.interrupted);
+        listed.retain(|(session, r)| {
+            if r.id == request.id {
+                self.shared.journal().complete(session, r.id.clone());
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Ends the session: sends `DELETE` to the server and forgets the stored

@@ -20,6 +20,14 @@ use super::health::Health;
 /// (request streams are keyed by their request id).
 pub(crate) const STANDALONE_STREAM: &str = "standalone";
 
+/// The journal of requests to a server without sessions (2026-07-28):
+/// kept under this pseudo session, which no server can name (server
+/// session ids are never this word in practice, and a stored legacy
+/// session's journal is keyed by its own id).
+pub(crate) fn sessionless() -> SessionId {
+    SessionId::new("sessionless".to_owned()).expect("a valid session id")
+}
+
 /// One change for the store, in the order the client made it.
 #[derive(Debug)]
 enum Op {

@@ -27,7 +27,10 @@
 //!   [`ClientHandle::recover`]: resumed with `GET` and `Last-Event-ID`
 //!   (missed progress and notifications, then the final answer, in rmcp's
 //!   types), or, for a call the server answered with a task, by polling
-//!   `tasks/get` ([`RecoveredTask`]), or reported as lost with method and
+//!   `tasks/get` ([`RecoveredTask`]; a server spoken to in the 2026-07-28
+//!   revision has no sessions, and its task calls are journaled all the
+//!   same, to be collected through the running client with
+//!   [`RecoveredTask::collect_with`]), or reported as lost with method and
 //!   params. Nothing is sent again without the application deciding so. A
 //!   request stays listed until its answer is collected or it is
 //!   [dismissed](ClientHandle::dismiss); a server that forgot the session

@@ -10,6 +10,7 @@ use rmcp::model::{
     GetTaskRequest, InputRequests, NumberOrString, ProgressNotificationParam, ProgressToken,
     ServerJsonRpcMessage, ServerNotification, ServerRequest, ServerResult, TaskPayload,
 };
+use rmcp::{RoleClient, ServiceError, service::Peer};
 use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -17,6 +18,7 @@ use tracing::{debug, info};
 use super::{
     headers::version_headers,
     health::lock,
+    journal::sessionless,
     state::Shared,
     wire::{SseResume, Wire, WireError},
 };
@@ -37,7 +39,7 @@ pub(crate) struct Recoverer {
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) config: RecoveryConfig,
     /// The handle's list of interrupted requests: a collected one leaves it.
-    pub(crate) listed: Arc<std::sync::Mutex<Vec<InFlightRequest>>>,
+    pub(crate) listed: super::handle::Listed,
 }
 
 impl Recoverer {
@@ -53,7 +55,7 @@ impl Recoverer {
     /// handle's list.
     fn collected(&self, session: &SessionId, request: &InFlightRequest) {
         self.shared.journal().complete(session, request.id.clone());
-        lock(&self.listed).retain(|r| r.id != request.id);
+        lock(&self.listed).retain(|(s, r)| !(r.id == request.id && s == session));
     }
 }
 
@@ -160,6 +162,10 @@ pub enum RecoveryError {
         /// What the server answered to `tasks/get`.
         error: ErrorData,
     },
+    /// A task of a server without sessions is polled through the running
+    /// rmcp client: use [`RecoveredTask::collect_with`].
+    #[error("this task is collected through the running client (collect_with)")]
+    NeedsClient,
     /// The server refused `tasks/get` for another reason than an unknown
     /// task.
     #[error("the server refused tasks/get: {error}")]
@@ -462,8 +468,13 @@ impl RecoveredTask {
     }
 
     /// One `tasks/get` in the request's session: the task as the server
-    /// reports it now.
+    /// reports it now. A task of a server without sessions is polled
+    /// through the running rmcp client instead: see
+    /// [`poll_with`](Self::poll_with).
     pub async fn poll(&self) -> Result<DetailedTask, RecoveryError> {
+        if self.session == sessionless() {
+            return Err(RecoveryError::NeedsClient);
+        }
         let current = self.context.shared.session().current();
         let Some((session, result)) = current.filter(|(s, _)| *s == self.session) else {
             // The session was replaced or ended: the task lived in it.
@@ -510,6 +521,41 @@ impl RecoveredTask {
         }
     }
 
+    /// One `tasks/get` through the running rmcp client (which sends it with
+    /// everything the server's protocol version asks of a request): for a
+    /// task of a server without sessions, or any other.
+    pub async fn poll_with(
+        &self,
+        client: &Peer<RoleClient>,
+    ) -> Result<DetailedTask, RecoveryError> {
+        match client
+            .get_task(GetTaskParams::new(self.task_id.clone()))
+            .await
+        {
+            Ok(got) => Ok(got.task),
+            Err(ServiceError::McpError(error)) if error.code == ErrorCode::INVALID_PARAMS => {
+                Err(RecoveryError::TaskLost {
+                    task_id: self.task_id.clone(),
+                    error,
+                })
+            }
+            Err(ServiceError::McpError(error)) => Err(RecoveryError::Refused { error }),
+            Err(other) => Err(RecoveryError::Transport {
+                source: Box::new(other),
+            }),
+        }
+    }
+
+    /// [`collect`](Self::collect) through the running rmcp client (see
+    /// [`poll_with`](Self::poll_with)); the way to collect a task of a
+    /// server without sessions.
+    pub async fn collect_with(
+        &self,
+        client: &Peer<RoleClient>,
+    ) -> Result<TaskOutcome, RecoveryError> {
+        self.collect_by(Some(client)).await
+    }
+
     /// Polls `tasks/get` until the task ends or waits for input, honouring
     /// the server's `pollIntervalMs` (the builder's poll interval when the
     /// server gives none), for at most the recovery timeout.
@@ -519,10 +565,23 @@ impl RecoveredTask {
     /// collecting can be tried again through another
     /// [`recover`](super::handle::ClientHandle::recover).
     pub async fn collect(&self) -> Result<TaskOutcome, RecoveryError> {
+        self.collect_by(None).await
+    }
+
+    async fn collect_by(
+        &self,
+        client: Option<&Peer<RoleClient>>,
+    ) -> Result<TaskOutcome, RecoveryError> {
         let config = self.context.config;
         let deadline = Instant::now() + config.timeout;
         loop {
-            let task = match tokio::time::timeout_at(deadline, self.poll()).await {
+            let poll = async {
+                match client {
+                    Some(client) => self.poll_with(client).await,
+                    None => self.poll().await,
+                }
+            };
+            let task = match tokio::time::timeout_at(deadline, poll).await {
                 Ok(result) => result,
                 Err(_) => Err(RecoveryError::Timeout {
                     after: config.timeout,
