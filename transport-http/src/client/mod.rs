@@ -39,7 +39,10 @@
 //! * **Progress tokens never repeat within a session.** rmcp numbers them
 //!   from 0 in every process too; the decorator sends each request's wire
 //!   id as its token and gives progress back with the application's own
-//!   token (the one in the request's params), or rmcp's.
+//!   token (the one in the request's params), or rmcp's. (rmcp's
+//!   `reset_timeout_on_progress` watches rmcp's token, so a request that
+//!   sets its own token and relies on that option should leave the token
+//!   to rmcp.)
 //! * **Server messages are not lost either.** The last event id of the
 //!   session's standalone GET stream (server notifications and requests
 //!   outside any request) is stored too; the first GET of a restarted process
