@@ -163,7 +163,7 @@ async fn main() -> Result<()> {
                     }
                     Recovery::Task(task) => {
                         let id = task.request().id.clone();
-                        match task.collect().await? {
+                        match task.collect_with(client.peer()).await? {
                             TaskOutcome::Answer(Ok(result)) => {
                                 println!("request {id}: answer {}", serde_json::to_string(&result)?)
                             }
