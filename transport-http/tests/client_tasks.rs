@@ -222,9 +222,25 @@ async fn child_process() {
         .build()
         .await
         .expect("build");
+    let modern = role.starts_with("modern");
+    let serve = |transport| async move {
+        if modern {
+            rmcp::service::ClientServiceExt::serve_with_lifecycle(
+                tasks_client(),
+                transport,
+                rmcp::service::ClientLifecycleMode::Discover {
+                    preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+                },
+            )
+            .await
+            .expect("serve")
+        } else {
+            tasks_client().serve(transport).await.expect("serve")
+        }
+    };
     match role.as_str() {
-        "first" => {
-            let client = tasks_client().serve(transport).await.expect("serve");
+        "first" | "modern_first" => {
+            let client = serve(transport).await;
             let response = client
                 .peer()
                 .call_tool_once(CallToolRequestParams::new("long"))
@@ -237,6 +253,34 @@ async fn child_process() {
             println!("{}", json!({"task_id": created.task.task_id}));
             // Killed here, before it ever polls.
             std::future::pending::<()>().await;
+        }
+        "modern_second" => {
+            let client = serve(transport).await;
+            println!(
+                "{}",
+                json!({"interrupted": handle.interrupted().iter().map(|r| json!({
+                    "method": r.method, "task_id": r.task_id,
+                })).collect::<Vec<_>>()})
+            );
+            for recovery in handle.recover() {
+                let Recovery::Task(task) = recovery else {
+                    panic!("expected a task: {recovery:?}");
+                };
+                let outcome = task.collect_with(client.peer()).await.expect("collected");
+                let TaskOutcome::Answer(Ok(result)) = outcome else {
+                    panic!("expected a result: {outcome:?}");
+                };
+                println!(
+                    "{}",
+                    json!({"task_id": task.task_id(), "text": text_of(&result)})
+                );
+            }
+            handle.flush().await;
+            println!(
+                "{}",
+                json!({"interrupted_after": handle.interrupted().len()})
+            );
+            client.cancel().await.expect("close");
         }
         "second" => {
             let interrupted = handle.interrupted();
@@ -322,6 +366,17 @@ impl Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_result_is_collected_after_a_sigkill_without_calling_again() {
+    crash_story("").await;
+}
+
+/// The same with the 2026-07-28 revision: no session, the task journaled
+/// all the same, collected through the new process's running client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessionless_task_result_is_collected_after_a_sigkill() {
+    crash_story("modern_").await;
+}
+
+async fn crash_story(prefix: &str) {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
@@ -329,13 +384,13 @@ async fn task_result_is_collected_after_a_sigkill_without_calling_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
 
-    let mut first = Child::spawn("first", &server.url, &dir_s);
+    let mut first = Child::spawn(&format!("{prefix}first"), &server.url, &dir_s);
     let created = first.json().await;
     let task_id = created["task_id"].as_str().expect("task id").to_owned();
     first.child.start_kill().expect("SIGKILL");
     first.child.wait().await.expect("reaped");
 
-    let mut second = Child::spawn("second", &server.url, &dir_s);
+    let mut second = Child::spawn(&format!("{prefix}second"), &server.url, &dir_s);
     let listed = second.json().await;
     let interrupted = listed["interrupted"].as_array().expect("list");
     assert_eq!(interrupted.len(), 1, "{listed}");
