@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use mcp_persist_core::{KvStore, Stores};
-use mcp_persist_transport_http::client::{DurableClientBuilder, RecoveredMessage, Recovery};
+use mcp_persist_transport_http::client::{
+    DurableClientBuilder, RecoveredMessage, Recovery, TaskOutcome,
+};
 use rmcp::{ServiceExt, model::CallToolRequestParams};
 
 struct Args {
@@ -159,8 +161,22 @@ async fn main() -> Result<()> {
                             Err(error) => println!("request {id}: error {error}"),
                         }
                     }
-                    Recovery::Task { request, task_id } => {
-                        println!("request {}: poll task {task_id}", request.id);
+                    Recovery::Task(task) => {
+                        let id = task.request().id.clone();
+                        match task.collect_with(client.peer()).await? {
+                            TaskOutcome::Answer(Ok(result)) => {
+                                println!("request {id}: answer {}", serde_json::to_string(&result)?)
+                            }
+                            TaskOutcome::Answer(Err(error)) => {
+                                println!("request {id}: error {error}")
+                            }
+                            TaskOutcome::InputRequired(requests) => println!(
+                                "request {id}: task {} waits for input {}",
+                                task.task_id(),
+                                serde_json::to_string(&requests)?
+                            ),
+                            other => println!("request {id}: task ended: {other:?}"),
+                        }
                     }
                     Recovery::Lost { request } => {
                         println!(

@@ -43,7 +43,7 @@ async fn run_client(
     }
     handle.flush().await;
     client.cancel().await.expect("close");
-    (handle.start().clone(), handle.notices())
+    (handle.start(), handle.notices())
 }
 
 #[tokio::test]
@@ -154,14 +154,14 @@ async fn state_is_kept_per_endpoint_and_profile() {
         .build()
         .await
         .expect("build");
-    assert_eq!(handle.start(), &StartKind::Fresh);
+    assert_eq!(handle.start(), StartKind::Fresh);
     // ...and so does another endpoint with the same profile.
     let other_url = server.url.replace("/mcp", "/other");
     let (_, handle) = DurableClientBuilder::new(&other_url, store.clone())
         .build()
         .await
         .expect("build");
-    assert_eq!(handle.start(), &StartKind::Fresh);
+    assert_eq!(handle.start(), StartKind::Fresh);
     // The recorded one resumes.
     let (_, handle) = DurableClientBuilder::new(&server.url, store.clone())
         .build()
@@ -218,7 +218,7 @@ async fn bad_state_case(
     assert_eq!(sessions.len(), 2, "{sessions:?}");
     assert!(sessions.iter().all(|s| s.is_ascii() && !s.contains(' ')));
     assert_eq!(sessions[0], old_session);
-    (handle.start().clone(), handle.notices(), old_session)
+    (handle.start(), handle.notices(), old_session)
 }
 
 #[tokio::test]
@@ -430,8 +430,8 @@ async fn interrupted_requests_without_cursor_or_with_task_are_reported_not_resen
                 );
                 kinds.push("lost");
             }
-            Recovery::Task { task_id, .. } => {
-                assert_eq!(task_id, "task-17");
+            Recovery::Task(task) => {
+                assert_eq!(task.task_id(), "task-17");
                 kinds.push("task");
             }
             other => panic!("unexpected {other:?}"),

@@ -18,7 +18,7 @@ use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
     model::{
         CallToolRequestParams, NumberOrString, ProgressNotificationParam, ProgressToken,
-        RequestMetaObject, ResourceUpdatedNotificationParam, ServerNotification,
+        RequestMetaObject, ResourceUpdatedNotificationParam,
     },
     service::NotificationContext,
 };
@@ -26,6 +26,86 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CHILD_ENV: &str = "MCP_PERSIST_CLIENT_CHILD";
+
+/// The client example of the crate's README, verbatim (checked by
+/// `readme_example_is_this_one`), run by the `readme` child.
+mod readme {
+    // README example: begin
+    use mcp_persist_core::Stores;
+    use mcp_persist_transport_http::client::{DurableClientBuilder, Recovery, TaskOutcome};
+    use rmcp::{ServiceExt, model::CallToolRequestParams};
+
+    async fn run(url: &str, stores: &Stores) -> Result<(), Box<dyn std::error::Error>> {
+        let (transport, handle) = DurableClientBuilder::new(url, stores).build().await?;
+        // After a restart: the stored server facts, before any network call.
+        if let Some(info) = handle.initialize_result() {
+            println!("{} {}", info.server_info.name, info.server_info.version);
+        }
+        let client = ().serve(transport).await?; // no `initialize` on a stored session
+        // The answers the previous process never saw, collected beside new calls.
+        let mut recovering = Vec::new();
+        for recovery in handle.recover() {
+            let handle = handle.clone();
+            recovering.push(tokio::spawn(async move {
+                match recovery {
+                    Recovery::Resumable(resumed) => match resumed.collect().await {
+                        // rmcp's ServerResult (or ErrorData), after the progress missed.
+                        Ok((_missed, answer)) => println!("recovered: {answer:?}"),
+                        // Still listed: `handle.recover()` again retries.
+                        Err(error) => println!("not now: {error}"),
+                    },
+                    Recovery::Task(task) => match task.collect().await {
+                        Ok(TaskOutcome::Answer(answer)) => println!("task: {answer:?}"),
+                        Ok(other) => println!("task: {other:?}"),
+                        Err(error) => println!("task not now: {error}"),
+                    },
+                    // The server may or may not have run it: the application decides.
+                    Recovery::Lost { request } => {
+                        println!("lost: {} {:?}", request.method, request.params);
+                        handle.dismiss(&request);
+                    }
+                    _ => {}
+                }
+            }));
+        }
+        let echo = client.call_tool(CallToolRequestParams::new("echo")).await?;
+        println!("new call: {echo:?}");
+        for task in recovering {
+            task.await?;
+        }
+        handle.flush().await; // collected answers leave the store before the process does
+        client.cancel().await?; // keeps the session; `handle.end_session()` ends it
+        Ok(())
+    }
+    // README example: end
+
+    /// The example, for the child that runs it.
+    pub(super) async fn example(url: &str, stores: &Stores) -> Result<(), String> {
+        run(url, stores).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The README's client example is the one this file runs.
+fn readme_example_is_this_one() {
+    let source = include_str!("client_restart.rs");
+    let begin = source
+        .find("// README example: begin\n")
+        .expect("begin marker");
+    let end = source
+        .find("    // README example: end")
+        .expect("end marker");
+    let region = &source[begin + "// README example: begin\n".len()..end];
+    let unindented: String = region
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let readme = include_str!("../README.md");
+    assert!(
+        readme.contains(&unindented),
+        "the README's client example and tests/client_restart.rs differ"
+    );
+}
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -37,11 +117,18 @@ fn main() {
         runtime.block_on(child(&role));
         return;
     }
+    readme_example_is_this_one();
+    eprintln!("the README's example after a SIGKILL ...");
+    runtime.block_on(readme_story());
+    eprintln!("the README's example after a SIGKILL: ok");
     for backend in ["sqlite", "file"] {
         eprintln!("user story on the {backend} store ...");
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
     }
+    eprintln!("overlapping calls across a SIGKILL ...");
+    runtime.block_on(overlap_story());
+    eprintln!("overlapping calls across a SIGKILL: ok");
     eprintln!("standalone stream across a SIGKILL ...");
     runtime.block_on(standalone_story(Fixture::Rmcp));
     eprintln!("standalone stream across a SIGKILL: ok");
@@ -98,6 +185,23 @@ impl ClientHandler for Progress {
         _context: NotificationContext<RoleClient>,
     ) {
         let _ = self.0.send(params.progress);
+    }
+}
+
+/// Sends the progress token of every progress notification the handler
+/// gets, as JSON.
+#[derive(Clone)]
+struct Tokens(tokio::sync::mpsc::UnboundedSender<Value>);
+
+impl ClientHandler for Tokens {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self
+            .0
+            .send(serde_json::to_value(&params.progress_token).expect("json"));
     }
 }
 
@@ -168,9 +272,7 @@ async fn child(role: &str) {
                         let progress = seen
                             .iter()
                             .filter_map(|m| match m {
-                                RecoveredMessage::Notification(
-                                    ServerNotification::ProgressNotification(n),
-                                ) => Some(n.params.progress),
+                                RecoveredMessage::Progress(p) => Some(p.progress),
                                 _ => None,
                             })
                             .collect::<Vec<_>>();
@@ -193,6 +295,70 @@ async fn child(role: &str) {
             handle.flush().await;
             say(json!({"interrupted_after": handle.interrupted().len(), "done": true}));
             client.cancel().await.expect("close");
+        }
+        "overlap" => {
+            // Recovery runs beside new calls; this process's own slow call
+            // is its third request, as the killed process's was, so rmcp
+            // gives it the same progress token as that one.
+            let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+            let client = Tokens(tx).serve(transport).await.expect("serve");
+            let recoveries = handle.recover();
+            let recovering = tokio::spawn(async move {
+                let mut tokens = Vec::new();
+                let mut answered = false;
+                for recovery in recoveries {
+                    if let Recovery::Resumable(resumed) = recovery {
+                        let (seen, answer) = resumed
+                            .deliver_to_client()
+                            .collect()
+                            .await
+                            .expect("recovered");
+                        answered = answer.is_ok();
+                        for message in seen {
+                            if let RecoveredMessage::Progress(p) = message {
+                                tokens.push(serde_json::to_value(&p.progress_token).expect("json"));
+                            }
+                        }
+                    }
+                }
+                (tokens, answered)
+            });
+            client.list_tools(None).await.expect("list");
+            client
+                .call_tool(
+                    CallToolRequestParams::new("echo")
+                        .with_arguments(json!({"n": 2}).as_object().cloned().expect("object")),
+                )
+                .await
+                .expect("echo");
+            client
+                .call_tool(CallToolRequestParams::new("slow"))
+                .await
+                .expect("slow");
+            let (recovered, answered) = recovering.await.expect("recovery task");
+            // Notifications reach the handler concurrently: let them land.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut handler = Vec::new();
+            while let Ok(token) = progress.try_recv() {
+                handler.push(token);
+            }
+            say(json!({
+                "handler_tokens": handler,
+                "recovered_tokens": recovered,
+                "recovered_answer": answered,
+            }));
+            client.cancel().await.expect("close");
+        }
+        "readme" => {
+            drop((transport, handle));
+            readme::example(&url, &stores)
+                .await
+                .expect("the README example");
+            let (_, after) = DurableClientBuilder::new(&url, &stores)
+                .build()
+                .await
+                .expect("build");
+            say(json!({"readme_done": true, "interrupted_after": after.interrupted().len()}));
         }
         "listen" => {
             // Starts the announcements on the first run; a resumed run only
@@ -251,6 +417,21 @@ impl Child {
             .expect("read child")
             .expect("child printed a line");
         serde_json::from_str(&line).expect("child prints JSON")
+    }
+
+    /// Reads lines until a JSON one, keeping the others.
+    async fn until_json(&mut self, text: &mut Vec<String>) -> Value {
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+                .await
+                .expect("child answered in time")
+                .expect("read child")
+                .expect("child printed a line");
+            match serde_json::from_str::<Value>(&line) {
+                Ok(value) if value.is_object() => return value,
+                _ => text.push(line),
+            }
+        }
     }
 
     /// Reads until a listening child says it is listening, keeping the
@@ -346,6 +527,93 @@ async fn user_story(backend: &str) {
             .await
             .contains_key(session.as_str())
     );
+}
+
+/// The README's example, run by a process after a SIGKILL: it collects
+/// the killed process's slow call beside a new call, the tool running once.
+async fn readme_story() {
+    let server = client_support::start_server(8).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+
+    let mut first = Child::spawn("first", &server.url, "sqlite", &dir_s);
+    let ready = first.line().await;
+    assert_eq!(ready["ready"], true);
+    first.child.start_kill().expect("SIGKILL");
+    first.child.wait().await.expect("reaped");
+
+    let mut second = Child::spawn("readme", &server.url, "sqlite", &dir_s);
+    let mut printed = Vec::new();
+    let done = second.until_json(&mut printed).await;
+    second.child.wait().await.expect("second exits");
+    assert_eq!(done["readme_done"], true);
+    assert_eq!(done["interrupted_after"], 0, "{printed:?}");
+    assert!(
+        printed
+            .iter()
+            .any(|l| l.starts_with("recovered: Ok(") && l.contains("slow done")),
+        "{printed:?}"
+    );
+    // The new call was answered before the old one's recovery ended.
+    let new_call = printed.iter().position(|l| l.starts_with("new call:"));
+    let recovered = printed.iter().position(|l| l.starts_with("recovered:"));
+    assert!(new_call.is_some() && new_call < recovered, "{printed:?}");
+    assert_eq!(server.stats.runs_of("slow"), 1, "the slow tool ran once");
+    assert_eq!(server.stats.runs_of("echo"), 2);
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+}
+
+/// A process killed in the middle of a slow call with progress; the next
+/// process resumes the session and calls the same tool while the old call
+/// still runs on the server. The server sees two different progress
+/// tokens in the one session, the new call's progress reaches the new
+/// process's handler with the token rmcp knows, and the old call's
+/// recovered progress carries the token its application gave it, both
+/// from `collect` and, delivered, in the handler.
+async fn overlap_story() {
+    let server = client_support::start_server(8).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+
+    let mut first = Child::spawn("first", &server.url, "sqlite", &dir_s);
+    let ready = first.line().await;
+    assert_eq!(ready["ready"], true);
+    first.child.start_kill().expect("SIGKILL");
+    first.child.wait().await.expect("reaped");
+
+    let mut second = Child::spawn("overlap", &server.url, "sqlite", &dir_s);
+    let report = second.line().await;
+    second.child.wait().await.expect("second exits");
+
+    let tokens = server.stats.progress_tokens.lock().expect("lock").clone();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    assert_eq!(tokens[0].0, tokens[1].0, "one session: {tokens:?}");
+    assert_ne!(
+        tokens[0].1, tokens[1].1,
+        "two calls in flight in one session shared a progress token"
+    );
+
+    let (delivered, own): (Vec<&Value>, Vec<&Value>) = report["handler_tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .partition(|t| **t == json!("slow-work"));
+    assert_eq!(own.len(), 8, "the new call's progress: {report}");
+    assert!(own.iter().all(|t| *t == own[0]), "{report}");
+    let recovered = report["recovered_tokens"].as_array().expect("tokens");
+    assert!(!recovered.is_empty(), "{report}");
+    assert!(
+        recovered.iter().all(|t| *t == json!("slow-work")),
+        "the old call's progress carries its application's token: {report}"
+    );
+    assert_eq!(
+        delivered.len(),
+        recovered.len(),
+        "recovered progress reaches the handler too: {report}"
+    );
+    assert_eq!(report["recovered_answer"], true, "{report}");
+    assert_eq!(server.stats.runs_of("slow"), 2);
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
 }
 
 /// The session's standalone GET stream outlives a SIGKILL: a client killed

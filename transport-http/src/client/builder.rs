@@ -183,6 +183,16 @@ impl DurableClientBuilder {
         ));
 
         let (start, interrupted, interrupted_session) = load(&shared, &self.store).await;
+        let mut listed: Vec<_> = match interrupted_session {
+            Some(session) => interrupted
+                .into_iter()
+                .map(|r| (session.clone(), r))
+                .collect(),
+            None => Vec::new(),
+        };
+        if !matches!(start, StartKind::InMemory { .. }) {
+            listed.extend(sessionless_journal(&self.store, &key).await);
+        }
         match &start {
             StartKind::FreshAfterBadState { reason } => {
                 health.notify(ClientNotice::BadStoredState {
@@ -206,8 +216,7 @@ impl DurableClientBuilder {
             shared: shared.clone(),
             wire,
             start,
-            interrupted: Arc::new(std::sync::Mutex::new(interrupted)),
-            interrupted_session,
+            interrupted: Arc::new(std::sync::Mutex::new(listed)),
             recovery: self.recovery,
         };
         let transport = StreamableHttpClientTransport::with_client(
@@ -319,6 +328,27 @@ async fn load(
         interrupted,
         Some(session_id),
     )
+}
+
+/// The requests to a server without sessions that a previous process saw
+/// answered with a task and never saw end.
+async fn sessionless_journal(
+    store: &ClientStateStore,
+    key: &ServerKey,
+) -> Vec<(mcp_persist_core::SessionId, InFlightRequest)> {
+    let session = journal::sessionless();
+    match store.inflight(key, &session).await {
+        Ok(list) => {
+            if !list.is_empty() {
+                info!(server = %key, tasks = list.len(), "tasks of a server without sessions to collect");
+            }
+            list.into_iter().map(|r| (session.clone(), r)).collect()
+        }
+        Err(e) => {
+            warn!(server = %key, error = %e, "the journal of tasks cannot be read");
+            Vec::new()
+        }
+    }
 }
 
 fn memory_ids(stored: &LegacySession, block: u32) -> Range<i64> {

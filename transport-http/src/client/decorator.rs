@@ -11,8 +11,8 @@ use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{InFlightRequest, ProtocolEra, RequestId, ServerProfile, SessionId};
 use rmcp::{
     model::{
-        ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, NumberOrString,
-        ServerJsonRpcMessage, ServerResult,
+        ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorCode, GetMeta,
+        NumberOrString, ProgressToken, ServerJsonRpcMessage, ServerResult,
     },
     transport::{
         common::http_header::HEADER_MCP_METHOD,
@@ -28,9 +28,11 @@ use tracing::{debug, info, warn};
 
 use super::{
     headers::{header_name, is_routing_header},
+    journal::sessionless,
     modern,
     report::ClientNotice,
     state::Shared,
+    wire::http_status,
 };
 
 type SseStream = BoxStream<'static, Result<Sse, SseError>>;
@@ -266,9 +268,65 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             warn!(server = %self.shared.key(), "not sending a session id to a server judged modern");
         }
         let post = post.without_session();
+        let call = self.task_eligible(&message);
         let original = message.clone();
         let response = post.clone().send(&self.inner, message).await;
-        self.check_modern_verdict(response, original, post).await
+        let response = self.check_modern_verdict(response, original, post).await;
+        self.watch_tasks(response, call)
+    }
+
+    /// A `tools/call` to a server without sessions, as the journal would
+    /// keep it if the server answers it with a task.
+    fn task_eligible(&self, message: &ClientJsonRpcMessage) -> Option<ModernCall> {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return None;
+        };
+        if !matches!(request.request, ClientRequest::CallToolRequest(_))
+            || !self.shared.health().persisting()
+        {
+            return None;
+        }
+        let (method, params) = method_and_params(message);
+        Some(ModernCall {
+            local: request.id.clone(),
+            method,
+            params,
+        })
+    }
+
+    /// Follows the answers of a server without sessions: a `tools/call`
+    /// answered with a task is journaled with its task id (a restarted
+    /// process collects it), and a `tasks/get` reporting a task ended
+    /// takes it out again.
+    fn watch_tasks(
+        &self,
+        response: PostResult<C::Error>,
+        call: Option<ModernCall>,
+    ) -> PostResult<C::Error> {
+        match response {
+            Ok(StreamableHttpPostResponse::Json(answer, sid)) => {
+                if let Ok(value) = serde_json::to_value(&answer) {
+                    watch_answer(&self.shared, &value, call.as_ref());
+                }
+                Ok(StreamableHttpPostResponse::Json(answer, sid))
+            }
+            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
+                let shared = self.shared.clone();
+                let stream = stream
+                    .inspect(move |item| {
+                        if let Ok(event) = item
+                            && let Some(data) = event.data.as_deref()
+                            && data.contains("\"result\"")
+                            && let Ok(value) = serde_json::from_str::<Value>(data)
+                        {
+                            watch_answer(&shared, &value, call.as_ref());
+                        }
+                    })
+                    .boxed();
+                Ok(StreamableHttpPostResponse::Sse(stream, sid))
+            }
+            other => other,
+        }
     }
 
     /// [`Route::Initialize`].
@@ -328,8 +386,31 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         let wire = self.shared.ids().next(&session).await;
         request.id = NumberOrString::Number(wire);
         self.shared.ids().map(local, wire);
+        // rmcp's own progress token (a per-process counter that starts at 0
+        // in every process) is set on the request envelope and wins over
+        // one the application put in the params. Taken off, the params show
+        // the application's view, which is what is journaled.
+        let rmcp_token = take_envelope_progress_token(request);
+        let (method, params) = method_and_params(&message);
+        if let ClientJsonRpcMessage::Request(request) = &mut message
+            && let Some(rmcp_token) = rmcp_token
+        {
+            // On the wire the token is the wire id: unique within the
+            // session across restarts, as wire ids are. Progress comes back
+            // with the token the application knows: its own, else rmcp's.
+            let local = params
+                .as_ref()
+                .and_then(|p| p.get("_meta"))
+                .and_then(|m| m.get("progressToken"))
+                .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok())
+                .unwrap_or(rmcp_token);
+            self.shared.ids().map_progress(wire, local);
+            request
+                .request
+                .get_meta_mut()
+                .set_progress_token(ProgressToken(NumberOrString::Number(wire)));
+        }
         if self.shared.health().persisting() {
-            let (method, params) = method_and_params(&message);
             self.shared.journal().record(
                 &session,
                 InFlightRequest::new(RequestId::Number(wire), method, params),
@@ -347,6 +428,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 Err(error)
             }
             Ok(StreamableHttpPostResponse::Json(mut answer, sid)) => {
+                if let ServerJsonRpcMessage::Response(r) = &answer
+                    && let ServerResult::GetTaskResult(got) = &r.result
+                    && got.task.status().is_terminal()
+                {
+                    self.task_ended(&session, got.task.task.task_id.clone());
+                }
                 self.answer_back(&session, &mut answer);
                 self.check_legacy_verdict(&session, &mut answer);
                 Ok(StreamableHttpPostResponse::Json(answer, sid))
@@ -515,6 +602,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         }
     }
 
+    /// The application's own `tasks/get` saw the task end.
+    fn task_ended(&self, session: &SessionId, task: String) {
+        debug!(server = %self.shared.key(), %task, "tasks/get says the task ended; its request leaves the journal");
+        self.shared.journal().task_done(session, task);
+    }
+
     /// Gives a JSON answer its rmcp id back and closes its journal entry.
     fn answer_back(&self, session: &SessionId, answer: &mut ServerJsonRpcMessage) {
         let id = match answer {
@@ -529,15 +622,18 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         if let Some(local) = self.shared.ids().take_local(wire) {
             *id = local;
             let task = match answer {
-                ServerJsonRpcMessage::Response(r) => serde_json::to_value(&r.result)
-                    .ok()
-                    .as_ref()
-                    .and_then(task_id_of),
+                ServerJsonRpcMessage::Response(r) => match &r.result {
+                    ServerResult::CreateTaskResult(created) => Some(created.task.task_id.clone()),
+                    _ => None,
+                },
                 _ => None,
             };
             let journal = self.shared.journal();
             match task {
-                Some(task) => journal.task(session, RequestId::Number(wire), task),
+                Some(task) => {
+                    debug!(server = %self.shared.key(), request = wire, %task, "answered with a task; journaling its id");
+                    journal.task(session, RequestId::Number(wire), task)
+                }
                 None => journal.complete(session, RequestId::Number(wire)),
             }
         }
@@ -565,6 +661,13 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     StreamOwner::Other(s) => s.as_ref(),
                 };
                 if let Some(data) = event.data.as_deref()
+                    && data.contains("notifications/progress")
+                    && let Some(text) = progress_back(&shared, data)
+                {
+                    event.data = Some(text);
+                    return Ok(event);
+                }
+                if let Some(data) = event.data.as_deref()
                     && (data.contains("\"result\"") || data.contains("\"error\""))
                     && let Ok(mut value) = serde_json::from_str::<Value>(data)
                     && value.get("method").is_none()
@@ -572,6 +675,12 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                     && let Some(local) = shared.ids().take_local(wire)
                 {
                     value["id"] = local.into_json_value();
+                    if let Some(session) = session
+                        && let Some(task) = value.get("result").and_then(ended_task_id)
+                    {
+                        debug!(%task, "tasks/get says the task ended; its request leaves the journal");
+                        journal.task_done(session, task);
+                    }
                     if let Some(session) = session {
                         match value.get("result").and_then(task_id_of) {
                             Some(task) => journal.task(session, RequestId::Number(wire), task),
@@ -588,6 +697,56 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
     }
 }
 
+/// A `tools/call` sent to a server without sessions.
+struct ModernCall {
+    /// rmcp's id (not renumbered: there is no session to be unique in).
+    local: NumberOrString,
+    method: String,
+    params: Option<Value>,
+}
+
+/// Journals `call` if `answer` gives it a task; closes the journal entry
+/// of a task `answer` (to a `tasks/get`) reports ended.
+fn watch_answer(shared: &Shared, answer: &Value, call: Option<&ModernCall>) {
+    let Some(result) = answer.get("result") else {
+        return;
+    };
+    let journal = shared.journal();
+    if let Some(task) = ended_task_id(result) {
+        debug!(server = %shared.key(), %task, "tasks/get says the task ended; its request leaves the journal");
+        journal.task_done(&sessionless(), task);
+        return;
+    }
+    let Some(call) = call else { return };
+    let Some(task) = task_id_of(result) else {
+        return;
+    };
+    if answer.get("id") != serde_json::to_value(&call.local).ok().as_ref() {
+        return;
+    }
+    let mut record = InFlightRequest::new(
+        RequestId::String(format!("{}-{}", process_tag(), call.local)),
+        call.method.clone(),
+        call.params.clone(),
+    );
+    record.task_id = Some(task.clone());
+    info!(server = %shared.key(), %task, "answered with a task; journaling it so a restarted process can collect it");
+    journal.record(&sessionless(), record);
+}
+
+/// Distinguishes this process's journal entries for a server without
+/// sessions from those of earlier processes (rmcp numbers from 0 in each).
+fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        format!("p{:x}{:x}", std::process::id(), nanos)
+    })
+}
+
 /// A verdict as the application reads it: `modern 2026-07-28`.
 fn verdict_text(profile: &ServerProfile) -> String {
     let era = match profile.era {
@@ -598,14 +757,54 @@ fn verdict_text(profile: &ServerProfile) -> String {
     format!("{era} {}", profile.protocol_version)
 }
 
-/// The task id of a `CreateTaskResult`, if the result is one.
-fn task_id_of(result: &Value) -> Option<String> {
-    result
-        .get("task")?
-        .get("taskId")?
-        .as_str()
-        .map(str::to_owned)
+/// The task id of a `tasks/get` answer whose task ended (completed,
+/// failed or cancelled).
+fn ended_task_id(result: &Value) -> Option<String> {
+    if result.get("resultType").and_then(Value::as_str) == Some("task") {
+        return None;
+    }
+    let status = result.get("status")?.as_str()?;
+    if !matches!(status, "completed" | "failed" | "cancelled") {
+        return None;
+    }
+    result.get("taskId")?.as_str().map(str::to_owned)
 }
+
+/// The task id of a `CreateTaskResult` (`resultType: "task"`, the task's
+/// fields inlined), if the result is one.
+fn task_id_of(result: &Value) -> Option<String> {
+    if result.get("resultType").and_then(Value::as_str) != Some("task") {
+        return None;
+    }
+    result.get("taskId")?.as_str().map(str::to_owned)
+}
+
+/// Takes the progress token rmcp set on a request's envelope (its `_meta`
+/// extension), if any.
+fn take_envelope_progress_token(
+    request: &mut rmcp::model::JsonRpcRequest<ClientRequest>,
+) -> Option<ProgressToken> {
+    let meta = request.request.get_meta_mut();
+    let token = meta.get_progress_token()?;
+    meta.0.0.remove(PROGRESS_TOKEN);
+    Some(token)
+}
+
+/// A progress notification with the wire token of a request in flight,
+/// rewritten with the token the application knows.
+fn progress_back(shared: &Shared, data: &str) -> Option<String> {
+    let mut value = serde_json::from_str::<Value>(data).ok()?;
+    if value.get("method").and_then(Value::as_str) != Some("notifications/progress") {
+        return None;
+    }
+    let token = value.get("params")?.get(PROGRESS_TOKEN)?.clone();
+    let wire = serde_json::from_value::<ProgressToken>(token).ok()?;
+    let local = shared.ids().local_progress(&wire)?;
+    value["params"][PROGRESS_TOKEN] = serde_json::to_value(&local).ok()?;
+    serde_json::to_string(&value).ok()
+}
+
+const PROGRESS_TOKEN: &str = "progressToken";
 
 fn method_and_params(message: &ClientJsonRpcMessage) -> (String, Option<Value>) {
     match serde_json::to_value(message) {
@@ -774,13 +973,53 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
         }
         let owner = self.stream_owner(session_id, last_event_id.is_none());
-        if let Some(cursor) = self.standalone_cursor(&owner)
-            && let Some(stream) = self.resumed_or_fresh(open(Some(cursor)).await)?
-        {
-            return Ok(self.observe(stream, owner));
+        if let Some(cursor) = self.standalone_cursor(&owner) {
+            match self.resumed_or_fresh(open(Some(cursor)).await) {
+                Ok(Some(stream)) => return Ok(self.follow(stream, owner)),
+                Ok(None) => {}
+                Err(e) => return Err(self.session_gone_quietly(e, &owner)),
+            }
         }
-        let stream = open(last_event_id).await?;
-        Ok(self.observe(stream, owner))
+        match open(last_event_id).await {
+            Ok(stream) => Ok(self.follow(stream, owner)),
+            Err(e) => Err(self.session_gone_quietly(e, &owner)),
+        }
+    }
+
+    /// A GET stream, observed; the standalone one also carries the
+    /// messages the handle delivers (recovered notifications).
+    fn follow(&self, stream: SseStream, owner: StreamOwner) -> SseStream {
+        let standalone = matches!(owner, StreamOwner::Standalone(_));
+        let stream = self.observe(stream, owner);
+        if standalone {
+            self.shared.inbox().merge(stream)
+        } else {
+            stream
+        }
+    }
+
+    /// A GET refused with 404: the server no longer knows the session (it
+    /// restarted, or the session expired). rmcp would log that as an error
+    /// on every start after an expiry, and retry a stream that cannot come
+    /// back; told the server has no stream instead, it goes on quietly, and
+    /// its next POST meets the same 404 and re-initializes, which opens the
+    /// new session's stream.
+    fn session_gone_quietly(
+        &self,
+        error: StreamableHttpError<C::Error>,
+        owner: &StreamOwner,
+    ) -> StreamableHttpError<C::Error> {
+        if http_status(&error) != Some(404) {
+            return error;
+        }
+        let session = match owner {
+            StreamOwner::Standalone(s) => Some(s),
+            StreamOwner::Other(s) => s.as_ref(),
+            StreamOwner::Request(s, _) => Some(s),
+        };
+        info!(server = %self.shared.key(), session = ?session.map(SessionId::as_str),
+            "GET answered 404: the server no longer knows the session; the next request re-initializes");
+        StreamableHttpError::ServerDoesNotSupportSse
     }
 }
 
@@ -815,6 +1054,8 @@ impl<C> DurableHttpClient<C> {
                 e @ (StreamableHttpError::AuthRequired(_)
                 | StreamableHttpError::InsufficientScope(_)),
             ) => Err(e),
+            // The session is gone, not just its events.
+            Err(e) if http_status(&e) == Some(404) => Err(e),
             Err(e) => {
                 warn!(server = %self.shared.key(), error = %e, "the server would not resume the standalone stream; opening a fresh one (messages sent meanwhile are lost)");
                 Ok(None)

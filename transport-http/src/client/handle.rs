@@ -3,6 +3,9 @@
 use std::sync::Arc;
 
 use mcp_persist_core::{InFlightRequest, ServerKey, SessionId};
+
+/// The interrupted requests and the session each was sent in.
+pub(crate) type Listed = Arc<std::sync::Mutex<Vec<(SessionId, InFlightRequest)>>>;
 use rmcp::model::InitializeResult;
 use tokio::sync::broadcast;
 use tracing::info;
@@ -26,9 +29,10 @@ pub struct ClientHandle {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) start: StartKind,
-    pub(crate) interrupted: Arc<std::sync::Mutex<Vec<InFlightRequest>>>,
-    /// The session the interrupted requests were sent in.
-    pub(crate) interrupted_session: Option<SessionId>,
+    /// The interrupted requests, each with the session it was sent in
+    /// (the [sessionless](super::journal::sessionless) journal for a server
+    /// without sessions).
+    pub(crate) interrupted: Listed,
     pub(crate) recovery: RecoveryConfig,
 }
 
@@ -48,13 +52,27 @@ impl ClientHandle {
     }
 
     /// How this process started: on a stored session, or fresh (and why).
-    pub fn start(&self) -> &StartKind {
-        &self.start
+    ///
+    /// A stored session the server turned out not to know any more (404,
+    /// then a real `initialize`) is reported as
+    /// [`StartKind::Replaced`], never as resumed: its server-side state is
+    /// gone.
+    pub fn start(&self) -> StartKind {
+        match &self.start {
+            StartKind::Resumed { session_id } if self.shared.session().expired_here(session_id) => {
+                StartKind::Replaced {
+                    expired: session_id.clone(),
+                    session_id: self.session_id(),
+                }
+            }
+            other => other.clone(),
+        }
     }
 
-    /// Whether this process continues a stored session (no `initialize`).
+    /// Whether this process continues a stored session (no `initialize`),
+    /// and the server still knows it.
     pub fn resumed(&self) -> bool {
-        matches!(self.start, StartKind::Resumed { .. })
+        matches!(self.start(), StartKind::Resumed { .. })
     }
 
     /// The server's `InitializeResult` for the session in use: capabilities,
@@ -87,8 +105,13 @@ impl ClientHandle {
 
     /// The requests a previous process sent in the resumed session and never
     /// saw answered, oldest first. Collect them with [`recover`](Self::recover).
+    /// A request stays listed (and journaled) until its answer is collected
+    /// or the application [dismisses](Self::dismiss) it.
     pub fn interrupted(&self) -> Vec<InFlightRequest> {
-        lock(&self.interrupted).clone()
+        lock(&self.interrupted)
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 
     /// Waits until every change made so far (new session, journal entries,
@@ -99,23 +122,30 @@ impl ClientHandle {
         self.shared.journal().flush().await;
     }
 
-    /// Collects the interrupted requests: each becomes a [`Recovery`] saying
-    /// how its answer can be had. Nothing is sent again silently: a request
-    /// that cannot be resumed is reported as lost, with its method and
-    /// params, for the application to decide.
+    /// The interrupted requests, each as a [`Recovery`] saying how its
+    /// answer can be had. Nothing is sent again silently: a request that
+    /// cannot be resumed is reported as lost, with its method and params,
+    /// for the application to decide.
+    ///
+    /// The list is not emptied: a request leaves it when its answer is
+    /// collected or when it is [dismissed](Self::dismiss), so a collection
+    /// that failed (the network was down, the timeout passed) can be tried
+    /// again with another call of `recover`.
+    ///
+    /// Collecting needs no running rmcp service: it can run before `serve`,
+    /// beside new calls, or both. Spawn it so that new calls do not wait for
+    /// old work to finish.
     pub fn recover(&self) -> Vec<Recovery> {
-        let Some(session) = self.interrupted_session.clone() else {
-            return Vec::new();
-        };
         let context = Recoverer {
             shared: self.shared.clone(),
             wire: self.wire.clone(),
             config: self.recovery,
+            listed: self.interrupted.clone(),
         };
-        let requests = std::mem::take(&mut *lock(&self.interrupted));
+        let requests = lock(&self.interrupted).clone();
         requests
             .into_iter()
-            .map(|request| Recovery::new(context.clone(), session.clone(), request))
+            .map(|(session, request)| Recovery::new(context.clone(), session, request))
             .collect()
     }
 
@@ -124,18 +154,27 @@ impl ClientHandle {
     /// [`Recovery::Task`] whose result is in). A resumed request leaves the
     /// journal by itself when its answer is read.
     pub fn dismiss(&self, request: &InFlightRequest) {
-        if let Some(session) = &self.interrupted_session {
-            self.shared.journal().complete(session, request.id.clone());
-        }
-        lock(&self.interrupted).retain(|r| r.id != request.id);
+        let mut listed = lock(&self.interrupted);
+        listed.retain(|(session, r)| {
+            if r.id == request.id {
+                self.shared.journal().complete(session, r.id.clone());
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Ends the session: sends `DELETE` to the server and forgets the stored
-    /// session and its journal. Call it after closing the rmcp client; while
+    /// session and its journal. A session the server no longer knows (a 404
+    /// to the `DELETE`, or earlier) counts as ended: that is no error. Call it after closing the rmcp client; while
     /// the rmcp client runs, dropping or closing it keeps the session for the
     /// next process.
     pub async fn end_session(&self) -> Result<(), ClientError> {
         let Some((session, result)) = self.shared.session().current() else {
+            // Already gone (the server answered 404): only make sure the
+            // store has forgotten it too.
+            self.flush().await;
             return Ok(());
         };
         self.shared.session().set_ending(true);

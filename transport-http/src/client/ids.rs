@@ -4,7 +4,7 @@
 use std::{collections::HashMap, ops::Range, sync::Arc, sync::Mutex};
 
 use mcp_persist_core::{ClientStateStore, ServerKey, SessionId};
-use rmcp::model::NumberOrString;
+use rmcp::model::{NumberOrString, ProgressToken};
 use tracing::warn;
 
 use super::health::{Health, lock};
@@ -34,6 +34,9 @@ impl IdBlocks {
 struct IdMap {
     wire_to_local: HashMap<i64, NumberOrString>,
     local_to_wire: HashMap<NumberOrString, i64>,
+    /// The progress token the application knows, by the wire id of the
+    /// request whose wire token is that id.
+    progress: HashMap<i64, ProgressToken>,
 }
 
 /// The wire ids of one client: reserved blocks, and which rmcp id each
@@ -161,9 +164,25 @@ impl WireIds {
     /// The rmcp id of an answer that went out as `wire`, forgetting the pair.
     pub(crate) fn take_local(&self, wire: i64) -> Option<NumberOrString> {
         let mut map = lock(&self.map);
+        map.progress.remove(&wire);
         let local = map.wire_to_local.remove(&wire)?;
         map.local_to_wire.remove(&local);
         Some(local)
+    }
+
+    /// Remembers that the request sent as `wire` carries the progress token
+    /// `wire` on the wire and `local` in the application.
+    pub(crate) fn map_progress(&self, wire: i64, local: ProgressToken) {
+        lock(&self.map).progress.insert(wire, local);
+    }
+
+    /// The application's progress token for a wire token, if it is one of
+    /// a request in flight.
+    pub(crate) fn local_progress(&self, wire: &ProgressToken) -> Option<ProgressToken> {
+        let NumberOrString::Number(n) = wire.0 else {
+            return None;
+        };
+        lock(&self.map).progress.get(&n).cloned()
     }
 
     /// The wire id rmcp's `local` went out as, if it is in flight.

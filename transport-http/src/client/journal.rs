@@ -20,6 +20,14 @@ use super::health::Health;
 /// (request streams are keyed by their request id).
 pub(crate) const STANDALONE_STREAM: &str = "standalone";
 
+/// The journal of requests to a server without sessions (2026-07-28):
+/// kept under this pseudo session, which no server can name (server
+/// session ids are never this word in practice, and a stored legacy
+/// session's journal is keyed by its own id).
+pub(crate) fn sessionless() -> SessionId {
+    SessionId::new("sessionless".to_owned()).expect("a valid session id")
+}
+
 /// One change for the store, in the order the client made it.
 #[derive(Debug)]
 enum Op {
@@ -36,6 +44,9 @@ enum Op {
     Task(SessionId, RequestId, String),
     /// A request was answered (or failed to send).
     Complete(SessionId, RequestId),
+    /// `tasks/get` reported this task ended: the request answered with it
+    /// is done.
+    TaskDone(SessionId, String),
     /// An SSE event id arrived on the standalone GET stream.
     Standalone(SessionId, String),
     /// The era verdict, version and discover cache for the server.
@@ -121,6 +132,12 @@ impl JournalTx {
     /// The task id a task-augmented request was answered with.
     pub(crate) fn task(&self, session: &SessionId, id: RequestId, task: String) {
         self.send(Op::Task(session.clone(), id, task));
+    }
+
+    /// The application saw the task end (through its own `tasks/get`):
+    /// the request answered with it leaves the journal.
+    pub(crate) fn task_done(&self, session: &SessionId, task: String) {
+        self.send(Op::TaskDone(session.clone(), task));
     }
 
     /// The last SSE event id seen on the session's standalone GET stream.
@@ -217,6 +234,13 @@ impl Writer {
                         // Journaled by an earlier process: delete it from the store.
                         None => self.deletes.push((sid, id)),
                     },
+                    Op::TaskDone(sid, task) => {
+                        for ((s, _), e) in self.entries.iter_mut() {
+                            if *s == sid && e.record.task_id.as_deref() == Some(task.as_str()) {
+                                e.completed = true;
+                            }
+                        }
+                    }
                     Op::Standalone(sid, event) => {
                         self.standalone.insert(sid, event);
                     }

@@ -25,9 +25,24 @@
 //!   stream. A restarted process lists them with
 //!   [`ClientHandle::interrupted`] and collects them with
 //!   [`ClientHandle::recover`]: resumed with `GET` and `Last-Event-ID`
-//!   (missed notifications, then the final answer), or reported with a task
-//!   id to poll, or reported as lost with method and params. Nothing is sent
-//!   again without the application deciding so.
+//!   (missed progress and notifications, then the final answer, in rmcp's
+//!   types), or, for a call the server answered with a task, by polling
+//!   `tasks/get` ([`RecoveredTask`]; a server spoken to in the 2026-07-28
+//!   revision has no sessions, and its task calls are journaled all the
+//!   same, to be collected through the running client with
+//!   [`RecoveredTask::collect_with`]), or reported as lost with method and
+//!   params. Nothing is sent again without the application deciding so. A
+//!   request stays listed until its answer is collected or it is
+//!   [dismissed](ClientHandle::dismiss); a server that forgot the session
+//!   gives [`RecoveryError::SessionGone`], whatever error shape rmcp's HTTP
+//!   client used for its 404.
+//! * **Progress tokens never repeat within a session.** rmcp numbers them
+//!   from 0 in every process too; the decorator sends each request's wire
+//!   id as its token and gives progress back with the application's own
+//!   token (the one in the request's params), or rmcp's. (rmcp's
+//!   `reset_timeout_on_progress` watches rmcp's token, so a request that
+//!   sets its own token and relies on that option should leave the token
+//!   to rmcp.)
 //! * **Server messages are not lost either.** The last event id of the
 //!   session's standalone GET stream (server notifications and requests
 //!   outside any request) is stored too; the first GET of a restarted process
@@ -45,8 +60,11 @@
 //! * **A lost session is said so.** On a 404 for the stored session the
 //!   client forgets it, lets rmcp re-initialize, stores the new session, and
 //!   tells the application through [`ClientNotice::SessionExpired`] and
-//!   [`ClientNotice::NewSession`] (and a `tracing` warning): the server-side
-//!   state of the old session is gone.
+//!   [`ClientNotice::NewSession`] (and a `tracing` warning), and
+//!   [`ClientHandle::start`] says [`StartKind::Replaced`]: the server-side
+//!   state of the old session is gone. A standalone GET answered 404 is not
+//!   an error (rmcp would log one on every start after an expiry); the next
+//!   request re-initializes.
 //! * **A stale era verdict is re-probed once.** A request sent under the
 //!   stored verdict and refused as an unsupported protocol version (-32022,
 //!   -32004, -32001 in a JSON answer; nothing else is taken as proof) makes
@@ -102,6 +120,7 @@ mod handle;
 mod headers;
 mod health;
 mod ids;
+mod inbox;
 mod journal;
 mod modern;
 mod recovery;
@@ -115,6 +134,9 @@ pub use self::{
     builder::{ClientStateSource, DEFAULT_ID_BLOCK, DurableClientBuilder, DurableTransport},
     decorator::DurableHttpClient,
     handle::ClientHandle,
-    recovery::{RecoveredAnswer, RecoveredMessage, Recovery, RecoveryError, ResumedRequest},
+    recovery::{
+        RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError, ResumedRequest,
+        TaskOutcome,
+    },
     report::{ClientError, ClientNotice, StartKind},
 };

@@ -6,14 +6,19 @@ use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::{BoxError, InFlightRequest, RequestId, SessionId};
 use rmcp::model::{
-    ErrorData, NumberOrString, ServerJsonRpcMessage, ServerNotification, ServerRequest,
-    ServerResult,
+    ClientJsonRpcMessage, ClientRequest, DetailedTask, ErrorCode, ErrorData, GetTaskParams,
+    GetTaskRequest, InputRequests, NumberOrString, ProgressNotificationParam, ProgressToken,
+    ServerJsonRpcMessage, ServerNotification, ServerRequest, ServerResult, TaskPayload,
 };
+use rmcp::{RoleClient, ServiceError, service::Peer};
+use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{
     headers::version_headers,
+    health::lock,
+    journal::sessionless,
     state::Shared,
     wire::{SseResume, Wire, WireError},
 };
@@ -33,6 +38,25 @@ pub(crate) struct Recoverer {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) config: RecoveryConfig,
+    /// The handle's list of interrupted requests: a collected one leaves it.
+    pub(crate) listed: super::handle::Listed,
+}
+
+impl Recoverer {
+    /// The server answered 404 for `session`: if it is the one in use, it
+    /// is forgotten as after a 404 on any request (the next request, or
+    /// rmcp's `initialize` if the client is not serving yet, starts a new
+    /// session).
+    fn session_gone(&self, session: &SessionId) {
+        self.shared.on_expired(session);
+    }
+
+    /// The answer to `request` was collected: it leaves the journal and the
+    /// handle's list.
+    fn collected(&self, session: &SessionId, request: &InFlightRequest) {
+        self.shared.journal().complete(session, request.id.clone());
+        lock(&self.listed).retain(|(s, r)| !(r.id == request.id && s == session));
+    }
 }
 
 /// How the answer to one interrupted request can be had.
@@ -43,14 +67,10 @@ pub enum Recovery {
     /// notifications and its final answer are collected with `GET` and
     /// `Last-Event-ID` (see [`ResumedRequest::next`]).
     Resumable(ResumedRequest),
-    /// The request was task-augmented: poll `tasks/get` with this id.
-    /// Call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss) once the task's result is in.
-    Task {
-        /// The request as journaled.
-        request: InFlightRequest,
-        /// The task to poll.
-        task_id: String,
-    },
+    /// The server answered the request with a task (`CreateTaskResult`),
+    /// whose id was journaled: its result is collected by polling
+    /// `tasks/get` (see [`RecoveredTask::collect`]).
+    Task(RecoveredTask),
     /// Nothing to resume it from: the server may or may not have run it.
     /// Its method and params are here for the application to decide
     /// whether to send it again; then call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss).
@@ -63,7 +83,12 @@ pub enum Recovery {
 impl Recovery {
     pub(crate) fn new(context: Recoverer, session: SessionId, request: InFlightRequest) -> Self {
         if let Some(task_id) = request.task_id.clone() {
-            return Recovery::Task { request, task_id };
+            return Recovery::Task(RecoveredTask {
+                context,
+                session,
+                request,
+                task_id,
+            });
         }
         match request.last_event_id.clone() {
             Some(cursor) => Recovery::Resumable(ResumedRequest {
@@ -74,6 +99,7 @@ impl Recovery {
                 stream: None,
                 deadline: None,
                 done: false,
+                deliver: false,
             }),
             None => Recovery::Lost { request },
         }
@@ -83,7 +109,8 @@ impl Recovery {
     pub fn request(&self) -> &InFlightRequest {
         match self {
             Recovery::Resumable(r) => &r.request,
-            Recovery::Task { request, .. } | Recovery::Lost { request } => request,
+            Recovery::Task(t) => &t.request,
+            Recovery::Lost { request } => request,
         }
     }
 }
@@ -97,7 +124,11 @@ pub type RecoveredAnswer = Result<ServerResult, ErrorData>;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RecoveredMessage {
-    /// A notification sent on the request's stream (progress, log, ...).
+    /// Progress of the request, with the progress token the application
+    /// gave the request (rmcp's token of the previous process when the
+    /// application gave none: that number means nothing to this process).
+    Progress(ProgressNotificationParam),
+    /// Another notification sent on the request's stream (log, ...).
     Notification(ServerNotification),
     /// A request the server sent on the request's stream (sampling,
     /// elicitation, ...). It can no longer be answered on the old stream's
@@ -120,6 +151,34 @@ pub enum RecoveryError {
         /// How long it waited.
         after: Duration,
     },
+    /// The server no longer knows the task the request was answered with
+    /// (it expired, or the server lost it): its result cannot be had. The
+    /// request is not sent again; it stays listed for the application to
+    /// decide (send it anew, or dismiss it).
+    #[error("the server no longer knows task {task_id}")]
+    TaskLost {
+        /// The task.
+        task_id: String,
+        /// What the server answered to `tasks/get`.
+        error: ErrorData,
+    },
+    /// A task of a server without sessions is polled through the running
+    /// rmcp client: use [`RecoveredTask::collect_with`].
+    #[error("this task is collected through the running client (collect_with)")]
+    NeedsClient,
+    /// The server refused `tasks/get` for another reason than an unknown
+    /// task.
+    #[error("the server refused tasks/get: {error}")]
+    Refused {
+        /// What the server answered.
+        error: ErrorData,
+    },
+    /// The server's answer was not what the request asks for.
+    #[error("unexpected answer from the server: {reason}")]
+    UnexpectedAnswer {
+        /// What was wrong with it.
+        reason: String,
+    },
     /// The resume request failed.
     #[error("resuming the response stream failed")]
     Transport {
@@ -139,6 +198,7 @@ pub struct ResumedRequest {
     stream: Option<SseResume>,
     deadline: Option<Instant>,
     done: bool,
+    deliver: bool,
 }
 
 impl std::fmt::Debug for ResumedRequest {
@@ -154,6 +214,18 @@ impl ResumedRequest {
     /// The request as journaled (wire id, method, params, cursor).
     pub fn request(&self) -> &InFlightRequest {
         &self.request
+    }
+
+    /// Also hands each recovered notification (progress with the
+    /// application's token, logs, ...) to the running rmcp client's
+    /// handler, as if it had arrived live, on the session's standalone
+    /// stream. They are still returned by [`next`](Self::next) and
+    /// [`collect`](Self::collect). Nothing reaches the handler while no
+    /// rmcp client runs on the transport, or when the server offers no
+    /// standalone stream (rmcp then opens none); they wait until it opens.
+    pub fn deliver_to_client(mut self) -> Self {
+        self.deliver = true;
+        self
     }
 
     /// The next message of the request's stream after the stored cursor:
@@ -197,6 +269,7 @@ impl ResumedRequest {
                     }
                     Ok(Err(WireError::SessionGone)) => {
                         self.done = true;
+                        self.context.session_gone(&self.session);
                         return Some(Err(RecoveryError::SessionGone));
                     }
                     Ok(Err(WireError::Other(source))) => {
@@ -236,7 +309,28 @@ impl ResumedRequest {
             };
             let answer = match message {
                 ServerJsonRpcMessage::Notification(n) => {
-                    return Some(Ok(RecoveredMessage::Notification(n.notification)));
+                    let message = match n.notification {
+                        ServerNotification::ProgressNotification(p) => {
+                            let progress = self.progress_back(p.params);
+                            if self.deliver {
+                                self.deliver(&serde_json::json!({
+                                    "jsonrpc": "2.0",
+                                    "method": "notifications/progress",
+                                    "params": progress,
+                                }));
+                            }
+                            RecoveredMessage::Progress(progress)
+                        }
+                        other => {
+                            if self.deliver
+                                && let Ok(raw) = serde_json::from_str::<Value>(&data)
+                            {
+                                self.deliver(&raw);
+                            }
+                            RecoveredMessage::Notification(other)
+                        }
+                    };
+                    return Some(Ok(message));
                 }
                 ServerJsonRpcMessage::Request(r) => {
                     return Some(Ok(RecoveredMessage::ServerRequest(r.request)));
@@ -255,10 +349,7 @@ impl ResumedRequest {
             };
             self.done = true;
             self.stream = None;
-            self.context
-                .shared
-                .journal()
-                .complete(&self.session, self.request.id.clone());
+            self.context.collected(&self.session, &self.request);
             info!(request = %self.request.id, method = %self.request.method, "collected the answer of an interrupted request");
             return Some(Ok(RecoveredMessage::Answer(answer)));
         }
@@ -280,6 +371,37 @@ impl ResumedRequest {
         })
     }
 
+    /// Hands a notification to the running rmcp client's handler.
+    fn deliver(&self, message: &Value) {
+        if let Ok(text) = serde_json::to_string(message) {
+            debug!(request = %self.request.id, "delivering a recovered notification to the client's handler");
+            self.context.shared.inbox().deliver(text);
+        }
+    }
+
+    /// Progress sent with the request's wire token (its wire id), given
+    /// the token the application put in the request's params back.
+    fn progress_back(&self, mut progress: ProgressNotificationParam) -> ProgressNotificationParam {
+        let wire = ProgressToken(match &self.request.id {
+            RequestId::Number(n) => NumberOrString::Number(*n),
+            RequestId::String(s) => NumberOrString::String(s.as_str().into()),
+        });
+        if progress.progress_token != wire {
+            return progress;
+        }
+        if let Some(own) = self
+            .request
+            .params
+            .as_ref()
+            .and_then(|p| p.get("_meta"))
+            .and_then(|m| m.get("progressToken"))
+            .and_then(|t| serde_json::from_value::<ProgressToken>(t.clone()).ok())
+        {
+            progress.progress_token = own;
+        }
+        progress
+    }
+
     fn headers(&self) -> HashMap<HeaderName, HeaderValue> {
         match self.context.shared.session().current() {
             Some((_, result)) => version_headers(&result),
@@ -293,5 +415,234 @@ fn same_id(id: &NumberOrString, ours: &RequestId) -> bool {
         (NumberOrString::Number(a), RequestId::Number(b)) => a == b,
         (NumberOrString::String(a), RequestId::String(b)) => a.as_ref() == b.as_str(),
         _ => false,
+    }
+}
+
+/// Where a recovered task stands once [`RecoveredTask::collect`] returns.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per collected task; a box would only get in the way of matching"
+)]
+pub enum TaskOutcome {
+    /// The task ended: `completed` gives the original request's result
+    /// (for `tools/call`, `ServerResult::CallToolResult`), `failed` its
+    /// JSON-RPC error. The request has left the journal.
+    Answer(RecoveredAnswer),
+    /// The task was cancelled. The request has left the journal.
+    Cancelled,
+    /// The task waits for input from the client: answer these requests
+    /// with `tasks/update` (rmcp's `Peer::update_task`), then collect
+    /// again. The request stays journaled.
+    InputRequired(InputRequests),
+}
+
+/// A request the server answered with a task before the previous process
+/// stopped; its result is collected by polling `tasks/get`.
+pub struct RecoveredTask {
+    context: Recoverer,
+    session: SessionId,
+    request: InFlightRequest,
+    task_id: String,
+}
+
+impl std::fmt::Debug for RecoveredTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveredTask")
+            .field("request", &self.request)
+            .field("task_id", &self.task_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecoveredTask {
+    /// The request as journaled.
+    pub fn request(&self) -> &InFlightRequest {
+        &self.request
+    }
+
+    /// The task the server answered the request with.
+    pub fn task_id(&self) -> &str {
+        &self.task_id
+    }
+
+    /// One `tasks/get` in the request's session: the task as the server
+    /// reports it now. A task of a server without sessions is polled
+    /// through the running rmcp client instead: see
+    /// [`poll_with`](Self::poll_with).
+    pub async fn poll(&self) -> Result<DetailedTask, RecoveryError> {
+        if self.session == sessionless() {
+            return Err(RecoveryError::NeedsClient);
+        }
+        let current = self.context.shared.session().current();
+        let Some((session, result)) = current.filter(|(s, _)| *s == self.session) else {
+            // The session was replaced or ended: the task lived in it.
+            return Err(RecoveryError::SessionGone);
+        };
+        let wire = self.context.shared.ids().next(&session).await;
+        let message = ClientJsonRpcMessage::request(
+            ClientRequest::GetTaskRequest(GetTaskRequest::new(GetTaskParams::new(
+                self.task_id.clone(),
+            ))),
+            NumberOrString::Number(wire),
+        );
+        let answer = self
+            .context
+            .wire
+            .request(
+                Arc::from(session.as_str()),
+                message,
+                version_headers(&result),
+            )
+            .await;
+        match answer {
+            Ok(ServerJsonRpcMessage::Response(r)) => match r.result {
+                ServerResult::GetTaskResult(got) => Ok(got.task),
+                other => Err(RecoveryError::UnexpectedAnswer {
+                    reason: format!("tasks/get answered with {other:?}"),
+                }),
+            },
+            Ok(ServerJsonRpcMessage::Error(e)) if e.error.code == ErrorCode::INVALID_PARAMS => {
+                Err(RecoveryError::TaskLost {
+                    task_id: self.task_id.clone(),
+                    error: e.error,
+                })
+            }
+            Ok(ServerJsonRpcMessage::Error(e)) => Err(RecoveryError::Refused { error: e.error }),
+            Ok(other) => Err(RecoveryError::UnexpectedAnswer {
+                reason: format!("tasks/get answered with {other:?}"),
+            }),
+            Err(WireError::SessionGone) => {
+                self.context.session_gone(&self.session);
+                Err(RecoveryError::SessionGone)
+            }
+            Err(WireError::Other(source)) => Err(RecoveryError::Transport { source }),
+        }
+    }
+
+    /// One `tasks/get` through the running rmcp client (which sends it with
+    /// everything the server's protocol version asks of a request): for a
+    /// task of a server without sessions, or any other.
+    pub async fn poll_with(
+        &self,
+        client: &Peer<RoleClient>,
+    ) -> Result<DetailedTask, RecoveryError> {
+        match client
+            .get_task(GetTaskParams::new(self.task_id.clone()))
+            .await
+        {
+            Ok(got) => Ok(got.task),
+            Err(ServiceError::McpError(error)) if error.code == ErrorCode::INVALID_PARAMS => {
+                Err(RecoveryError::TaskLost {
+                    task_id: self.task_id.clone(),
+                    error,
+                })
+            }
+            Err(ServiceError::McpError(error)) => Err(RecoveryError::Refused { error }),
+            Err(other) => Err(RecoveryError::Transport {
+                source: Box::new(other),
+            }),
+        }
+    }
+
+    /// [`collect`](Self::collect) through the running rmcp client (see
+    /// [`poll_with`](Self::poll_with)); the way to collect a task of a
+    /// server without sessions.
+    pub async fn collect_with(
+        &self,
+        client: &Peer<RoleClient>,
+    ) -> Result<TaskOutcome, RecoveryError> {
+        self.collect_by(Some(client)).await
+    }
+
+    /// Polls `tasks/get` until the task ends or waits for input, honouring
+    /// the server's `pollIntervalMs` (the builder's poll interval when the
+    /// server gives none), for at most the recovery timeout.
+    ///
+    /// A task the server no longer knows is [`RecoveryError::TaskLost`]:
+    /// nothing is sent again. On an error the request stays listed, so
+    /// collecting can be tried again through another
+    /// [`recover`](super::handle::ClientHandle::recover).
+    pub async fn collect(&self) -> Result<TaskOutcome, RecoveryError> {
+        self.collect_by(None).await
+    }
+
+    async fn collect_by(
+        &self,
+        client: Option<&Peer<RoleClient>>,
+    ) -> Result<TaskOutcome, RecoveryError> {
+        let config = self.context.config;
+        let deadline = Instant::now() + config.timeout;
+        loop {
+            let poll = async {
+                match client {
+                    Some(client) => self.poll_with(client).await,
+                    None => self.poll().await,
+                }
+            };
+            let task = match tokio::time::timeout_at(deadline, poll).await {
+                Ok(result) => result,
+                Err(_) => Err(RecoveryError::Timeout {
+                    after: config.timeout,
+                }),
+            };
+            let task = match task {
+                Ok(task) => task,
+                Err(e) => {
+                    info!(request = %self.request.id, task = %self.task_id, error = %e,
+                        "collecting an interrupted task failed; it stays listed");
+                    return Err(e);
+                }
+            };
+            debug!(request = %self.request.id, task = %self.task_id, status = ?task.status(), "polled an interrupted task");
+            let outcome = match task.payload {
+                TaskPayload::Completed { result } => {
+                    match serde_json::from_value::<ServerResult>(Value::Object(result)) {
+                        Ok(result) => TaskOutcome::Answer(Ok(result)),
+                        Err(e) => {
+                            return Err(RecoveryError::UnexpectedAnswer {
+                                reason: format!("the task's result does not parse: {e}"),
+                            });
+                        }
+                    }
+                }
+                TaskPayload::Failed { error } => {
+                    match serde_json::from_value::<ErrorData>(Value::Object(error)) {
+                        Ok(error) => TaskOutcome::Answer(Err(error)),
+                        Err(e) => {
+                            return Err(RecoveryError::UnexpectedAnswer {
+                                reason: format!("the task's error does not parse: {e}"),
+                            });
+                        }
+                    }
+                }
+                TaskPayload::Cancelled => TaskOutcome::Cancelled,
+                TaskPayload::InputRequired { input_requests } => {
+                    info!(request = %self.request.id, task = %self.task_id,
+                        "an interrupted task waits for input; handing it to the application");
+                    return Ok(TaskOutcome::InputRequired(input_requests));
+                }
+                _ => {
+                    let interval = task
+                        .task
+                        .poll_interval_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(config.poll_interval)
+                        .max(Duration::from_millis(10));
+                    if Instant::now() + interval >= deadline {
+                        return Err(RecoveryError::Timeout {
+                            after: config.timeout,
+                        });
+                    }
+                    tokio::time::sleep(interval).await;
+                    continue;
+                }
+            };
+            self.context.collected(&self.session, &self.request);
+            info!(request = %self.request.id, method = %self.request.method, task = %self.task_id,
+                "collected the result of an interrupted task");
+            return Ok(outcome);
+        }
     }
 }

@@ -12,6 +12,16 @@ pub enum StartKind {
         /// The session continued.
         session_id: SessionId,
     },
+    /// A stored session was resumed, but the server no longer knew it (it
+    /// answered 404): a real `initialize` replaced it, and the old
+    /// session's server-side state is gone.
+    Replaced {
+        /// The stored session the server no longer knew.
+        expired: SessionId,
+        /// The session that replaced it (`None` until the new `initialize`
+        /// has been answered).
+        session_id: Option<SessionId>,
+    },
     /// Nothing was stored for this server and profile.
     Fresh,
     /// Stored state was unusable and was not used; the reason says why.

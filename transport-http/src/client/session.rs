@@ -25,6 +25,8 @@ struct Slot {
     current: Option<(SessionId, InitializeResult)>,
     /// The session a 404 ended, until a new one replaces it.
     expired: Option<SessionId>,
+    /// Every session a 404 ended in this process.
+    gone: Vec<SessionId>,
     /// Set when the application ends the session: lets the DELETE through.
     ending: bool,
     /// The last event id the previous process saw on the session's
@@ -116,9 +118,15 @@ impl SessionState {
         if was {
             slot.current = None;
             slot.expired = Some(session_id.clone());
+            slot.gone.push(session_id.clone());
         }
         slot.seed = None;
         was
+    }
+
+    /// Whether the server answered 404 for `session_id` in this process.
+    pub(crate) fn expired_here(&self, session_id: &SessionId) -> bool {
+        lock(&self.slot).gone.contains(session_id)
     }
 
     /// The session was ended: nothing is current any more.

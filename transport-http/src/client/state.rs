@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use super::{
     health::Health,
     ids::WireIds,
+    inbox::Inbox,
     journal::JournalTx,
     report::ClientNotice,
     session::{Seed, SessionState},
@@ -29,6 +30,7 @@ pub(crate) struct Shared {
     session: SessionState,
     verdict: Verdict,
     ids: Arc<WireIds>,
+    inbox: Inbox,
 }
 
 impl Shared {
@@ -43,6 +45,7 @@ impl Shared {
             ids: Arc::new(WireIds::new(key.clone(), store, health.clone(), id_block)),
             verdict: Verdict::new(journal.clone()),
             session: SessionState::default(),
+            inbox: Inbox::new(),
             key,
             health,
             journal,
@@ -72,6 +75,11 @@ impl Shared {
     /// The era verdict.
     pub(crate) fn verdict(&self) -> &Verdict {
         &self.verdict
+    }
+
+    /// Messages for the running rmcp client's handler.
+    pub(crate) fn inbox(&self) -> &Inbox {
+        &self.inbox
     }
 
     /// The request ids on the wire.

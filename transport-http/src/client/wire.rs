@@ -6,8 +6,11 @@ use std::{collections::HashMap, sync::Arc};
 use futures::{FutureExt, future::BoxFuture, stream::BoxStream};
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::BoxError;
-use rmcp::transport::streamable_http_client::{
-    SseError, StreamableHttpClient, StreamableHttpError,
+use rmcp::{
+    model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
+    transport::streamable_http_client::{
+        HttpStatusError, SseError, StreamableHttpClient, StreamableHttpError,
+    },
 };
 use sse_stream::Sse;
 
@@ -29,6 +32,14 @@ pub(crate) trait Wire: Send + Sync {
         session: Arc<str>,
         headers: HashMap<HeaderName, HeaderValue>,
     ) -> BoxFuture<'static, Result<(), WireError>>;
+    /// Sends one request in `session` and reads its answer (from a JSON
+    /// body, or the first answer on an SSE stream).
+    fn request(
+        &self,
+        session: Arc<str>,
+        message: ClientJsonRpcMessage,
+        headers: HashMap<HeaderName, HeaderValue>,
+    ) -> BoxFuture<'static, Result<ServerJsonRpcMessage, WireError>>;
 }
 
 /// Why a call of the handle's own failed.
@@ -42,16 +53,46 @@ pub(crate) enum WireError {
 
 impl<E: std::error::Error + Send + Sync + 'static> From<StreamableHttpError<E>> for WireError {
     fn from(e: StreamableHttpError<E>) -> Self {
-        match e {
-            StreamableHttpError::SessionExpired => WireError::SessionGone,
-            // rmcp maps a 404 to `SessionExpired` on POST only; a GET's 404
-            // comes back as an unexpected response.
-            StreamableHttpError::UnexpectedServerResponse(ref m) if m.contains("404") => {
-                WireError::SessionGone
-            }
-            other => WireError::Other(Box::new(other)),
+        if http_status(&e) == Some(404) {
+            return WireError::SessionGone;
         }
+        WireError::Other(Box::new(e))
     }
+}
+
+/// The HTTP status behind an error of rmcp's HTTP client, where the error
+/// carries one: a POST's 404 (`SessionExpired`), a backend's status
+/// metadata, or, for a GET or DELETE, the reqwest error inside `Client`
+/// (rmcp's reqwest client turns those statuses into
+/// `reqwest::Error::status`). Read from the error's values, never from its
+/// text.
+pub(crate) fn http_status<E: std::error::Error + Send + Sync + 'static>(
+    e: &StreamableHttpError<E>,
+) -> Option<u16> {
+    match e {
+        StreamableHttpError::SessionExpired => Some(404),
+        StreamableHttpError::HttpStatus(status) => Some(status.status),
+        StreamableHttpError::Client(inner) => status_in_chain(inner),
+        _ => None,
+    }
+}
+
+/// The first HTTP status found walking an error and its sources.
+fn status_in_chain(error: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(status) = e
+            .downcast_ref::<reqwest::Error>()
+            .and_then(reqwest::Error::status)
+        {
+            return Some(status.as_u16());
+        }
+        if let Some(status) = e.downcast_ref::<HttpStatusError>() {
+            return Some(status.status);
+        }
+        next = e.source();
+    }
+    None
 }
 
 pub(crate) struct WireClient<C> {
@@ -75,6 +116,25 @@ impl<C: StreamableHttpClient> Wire for WireClient<C> {
                 .get_stream(uri, Some(session), Some(last_event_id), auth, headers)
                 .await
                 .map_err(WireError::from)
+        }
+        .boxed()
+    }
+
+    fn request(
+        &self,
+        session: Arc<str>,
+        message: ClientJsonRpcMessage,
+        headers: HashMap<HeaderName, HeaderValue>,
+    ) -> BoxFuture<'static, Result<ServerJsonRpcMessage, WireError>> {
+        let client = lock(&self.inner).clone();
+        let uri = self.uri.clone();
+        let auth = self.auth_header.clone();
+        async move {
+            let response = client
+                .post_message(uri, message, Some(session), auth, headers)
+                .await?;
+            let (answer, _) = response.expect_initialized::<C::Error>().await?;
+            Ok(answer)
         }
         .boxed()
     }

@@ -34,6 +34,8 @@ pub struct Stats {
     pub runs: Mutex<HashMap<String, usize>>,
     /// (session id, JSON-RPC id, method) of every request a handler got.
     pub requests: Mutex<Vec<(String, String, String)>>,
+    /// (session id, progress token as JSON) of every `slow` call.
+    pub progress_tokens: Mutex<Vec<(String, String)>>,
 }
 
 impl Stats {
@@ -148,6 +150,11 @@ impl ServerHandler for Counting {
             "echo" => serde_json::to_string(&request.arguments).unwrap(),
             "slow" => {
                 let token = context.meta.get_progress_token();
+                self.stats
+                    .progress_tokens
+                    .lock()
+                    .unwrap()
+                    .push((session_of(&context), serde_json::to_string(&token).unwrap()));
                 for step in 1..=self.slow_steps {
                     if let Some(token) = &token {
                         let _ = context
@@ -217,6 +224,9 @@ pub enum Fixture {
     /// rmcp as it is, but a GET with `Last-Event-ID` gets 410 Gone (the
     /// events expired): no stream can be resumed.
     RefusesResume,
+    /// rmcp as it is, but a DELETE gets 404, as servers answer for a
+    /// session they no longer know (rmcp itself answers 202).
+    DeleteNotFound,
 }
 
 /// Whether a request names the 2026-07-28 version (header or `_meta`).
@@ -372,6 +382,12 @@ pub async fn start_server_on(
                                 return axum::response::Response::builder()
                                     .status(410)
                                     .body(axum::body::Body::from("Gone: the events expired"))
+                                    .unwrap();
+                            }
+                            Fixture::DeleteNotFound if parts.method == http::Method::DELETE => {
+                                return axum::response::Response::builder()
+                                    .status(404)
+                                    .body(axum::body::Body::from("Not Found: Session not found"))
                                     .unwrap();
                             }
                             _ => {}
