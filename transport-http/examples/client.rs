@@ -9,6 +9,7 @@
 //!   status                 what is stored for the server (no network call)
 //!   tools                  list the server's tools
 //!   call <tool> [json]     call a tool with JSON arguments
+//!   task <tool> [json]     call a tool that runs as a task, and poll it to its end
 //!   recover                collect the answers of requests a previous run left in flight
 //!   end                    end the session (DELETE) and forget it
 //! ```
@@ -23,7 +24,27 @@ use mcp_persist_core::{KvStore, Stores};
 use mcp_persist_transport_http::client::{
     DurableClientBuilder, RecoveredMessage, Recovery, TaskOutcome,
 };
-use rmcp::{ServiceExt, model::CallToolRequestParams};
+use rmcp::{
+    ClientHandler, ServiceExt,
+    model::{
+        CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, GetTaskParams,
+        Implementation,
+    },
+};
+
+/// The demo client's handler: it declares the tasks extension, so servers
+/// may answer its tool calls with tasks.
+#[derive(Clone)]
+struct DemoClient;
+
+impl ClientHandler for DemoClient {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::builder().enable_tasks().build(),
+            Implementation::new("mcp-persist-demo-client", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
 
 struct Args {
     url: String,
@@ -49,7 +70,7 @@ fn parse_args() -> Result<Args> {
             "-h" | "--help" => {
                 println!(
                     "usage: client --url URL --store PATH [--backend sqlite|file] [--profile NAME] \
-                     status|tools|call <tool> [json]|recover|end"
+                     status|tools|call <tool> [json]|task <tool> [json]|recover|end"
                 );
                 std::process::exit(0);
             }
@@ -122,7 +143,7 @@ async fn main() -> Result<()> {
         _ => {}
     }
 
-    let client = ().serve(transport).await?;
+    let client = DemoClient.serve(transport).await?;
     match command.as_slice() {
         ["tools"] => {
             for tool in client.list_all_tools().await? {
@@ -143,6 +164,52 @@ async fn main() -> Result<()> {
             let result = client.call_tool(params).await?;
             println!("{}", serde_json::to_string(&result)?);
         }
+        ["task", tool, rest @ ..] => {
+            let mut params = CallToolRequestParams::new(tool.to_string());
+            if let Some(json) = rest.first() {
+                let value: serde_json::Value = serde_json::from_str(json)?;
+                params = params.with_arguments(
+                    value
+                        .as_object()
+                        .cloned()
+                        .context("arguments must be a JSON object")?,
+                );
+            }
+            match client.peer().call_tool_once(params).await? {
+                CallToolResponse::Task(created) => {
+                    // The task id is in the journal before anything else.
+                    handle.flush().await;
+                    let id = created.task.task_id.clone();
+                    println!("task {id} created");
+                    loop {
+                        let got = client
+                            .peer()
+                            .get_task(GetTaskParams::new(id.clone()))
+                            .await?;
+                        let status = got.task.status();
+                        println!(
+                            "task {id}: {status:?} {}",
+                            got.task.task.status_message.clone().unwrap_or_default()
+                        );
+                        if status.is_terminal() {
+                            println!("task {id}: final {}", serde_json::to_string(&got)?);
+                            break;
+                        }
+                        let every = got
+                            .task
+                            .task
+                            .poll_interval_ms
+                            .unwrap_or(500)
+                            .clamp(50, 5_000);
+                        tokio::time::sleep(std::time::Duration::from_millis(every)).await;
+                    }
+                }
+                CallToolResponse::Complete(result) => {
+                    println!("{}", serde_json::to_string(&result)?);
+                }
+                other => println!("not a task: {other:?}"),
+            }
+        }
         ["recover"] => {
             for recovery in handle.recover() {
                 match recovery {
@@ -150,8 +217,14 @@ async fn main() -> Result<()> {
                         let id = resumed.request().id.clone();
                         let (seen, answer) = resumed.collect().await?;
                         for message in seen {
-                            if let RecoveredMessage::Notification(n) = message {
-                                println!("request {id}: missed {}", serde_json::to_string(&n)?);
+                            match message {
+                                RecoveredMessage::Progress(p) => {
+                                    println!("request {id}: missed {}", serde_json::to_string(&p)?)
+                                }
+                                RecoveredMessage::Notification(n) => {
+                                    println!("request {id}: missed {}", serde_json::to_string(&n)?)
+                                }
+                                _ => {}
                             }
                         }
                         match answer {

@@ -11,7 +11,11 @@
 //! 4. while the client is away again, server instance A finishes a long call
 //!    into the shared store and is killed with SIGKILL;
 //! 5. instance B on the same store and port serves the session without a new
-//!    `initialize` and replays the events the client had not received.
+//!    `initialize` and replays the events the client had not received;
+//! 6. the 2026-07-28 chapter: a client starts a task on instance A and is
+//!    killed; A is killed; restarted, the client collects the task's result
+//!    from instance B, which took the task over when A's lease lapsed and
+//!    ran it again.
 //!
 //! Every step checks what it shows; the command exits non-zero if one fails.
 
@@ -199,7 +203,7 @@ impl Demo {
         drop(server_a);
         self.say("server A: killed with SIGKILL");
 
-        let _server_b = self.start_server("B")?;
+        let server_b = self.start_server("B")?;
         self.say("client restarted against B: resumes the call from the shared event log");
         let recovered = self.client(&["recover"])?;
         let (replayed, answered) = recovery_counts(&recovered);
@@ -228,6 +232,8 @@ impl Demo {
             stats.1.to_string(),
         );
         self.row("server failover: events replayed", replayed.to_string());
+        drop(server_b);
+        self.task_chapter()?;
         self.row(
             "total time",
             format!("{:.1}s", self.started.elapsed().as_secs_f64()),
@@ -235,7 +241,83 @@ impl Demo {
         Ok(())
     }
 
+    /// A task on instance A; the client and A killed; the result collected
+    /// from instance B.
+    fn task_chapter(&mut self) -> Result<()> {
+        println!();
+        self.say("2026-07-28: durable tasks");
+        let server_a = self.start_server_with("A", &["--liveness-grace-ms", "1000"])?;
+        self.say("client: starts long_job as a task (30 steps of 100 ms) and polls it");
+        let mut child = Running(
+            self.client_command(&[
+                "--profile",
+                "tasks",
+                "task",
+                "long_job",
+                r#"{"steps":30,"step_ms":100,"tag":"demo"}"#,
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the client's task call")?,
+        );
+        let stdout = child.0.stdout.take().context("client stdout")?;
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let created = rx
+            .recv_timeout(Duration::from_secs(30))
+            .context("the client did not report a created task")?;
+        ensure!(
+            created.contains("created"),
+            "unexpected client output: {created}"
+        );
+        let task_id = created
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        self.say(&format!(
+            "client: task {task_id} created on A (committed before the answer)"
+        ));
+        self.wait("the task runs on A", Duration::from_millis(1200));
+        drop(child);
+        self.say("client: killed with SIGKILL while polling");
+        drop(server_a);
+        self.say("server A: killed with SIGKILL in the middle of the task");
+        let _server_b = self.start_server_with("B", &["--liveness-grace-ms", "1000"])?;
+        let killed = Instant::now();
+        self.say("client restarted: collects the task by polling tasks/get on B");
+        let recovered = self.client(&["--profile", "tasks", "recover"])?;
+        for line in recovered.lines() {
+            println!(
+                "           | {}",
+                line.chars().take(160).collect::<String>()
+            );
+        }
+        ensure!(
+            recovered.contains(": answer ") && recovered.contains("(run 2)"),
+            "the task's result was not collected from B:\n{recovered}"
+        );
+        self.say(&format!(
+            "server B: took the task over when A's lease lapsed, ran it again and answered ({:.1}s after the restart)",
+            killed.elapsed().as_secs_f64()
+        ));
+        self.row("task failover: result collected from B", "yes");
+        self.row(
+            "task failover: runs",
+            "2 (A killed mid-way; B ran it to completion)",
+        );
+        Ok(())
+    }
+
     fn start_server(&self, name: &str) -> Result<Running> {
+        self.start_server_with(name, &[])
+    }
+
+    fn start_server_with(&self, name: &str, extra: &[&str]) -> Result<Running> {
         let mut child = Command::new(self.bin.join("server"))
             .args([
                 "--port",
@@ -245,6 +327,7 @@ impl Demo {
                 "--store",
             ])
             .arg(self.folder.join("server.db"))
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
