@@ -323,3 +323,71 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
     eprintln!("pipelined resume after the kill answered {status}");
     Ok(())
 }
+
+/// The durable client, restarted after the instance running its call was
+/// killed, reports the call as lost (`RecoveryError::Orphaned`), keeps it
+/// listed for the application, and does not send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_client_reports_an_orphaned_call_as_lost() -> anyhow::Result<()> {
+    use mcp_persist_transport_http::client::{DurableClientBuilder, Recovery, RecoveryError};
+    use rmcp::ServiceExt as _;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db").display().to_string();
+    let args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--liveness-grace-ms",
+        "1000",
+    ];
+    let mut a = Instance::process(&args).await?;
+    let b = Instance::process(&args).await?;
+    let balancer = support::Balancer::new(a.addr()).await?;
+    let client_store =
+        mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("client.db")).await?;
+    let stores = Stores::new(client_store);
+    let (transport, handle) = DurableClientBuilder::new(balancer.url(), &stores)
+        .build()
+        .await?;
+    let client = ().serve(transport).await?;
+    let call = tokio::spawn({
+        let peer = client.peer().clone();
+        async move {
+            let args = serde_json::json!({ "count": 1000, "delay_ms": 50, "tag": "lost" });
+            let serde_json::Value::Object(args) = args else {
+                unreachable!("an object literal")
+            };
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("slow_progress").with_arguments(args),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    handle.flush().await;
+    // The client process goes away mid-call, then the instance dies.
+    call.abort();
+    drop(client);
+    drop(handle);
+    a.kill().await?;
+    balancer.switch(b.addr());
+    balancer.cut();
+    let (_transport, handle) = DurableClientBuilder::new(balancer.url(), &stores)
+        .build()
+        .await?;
+    let mut outcomes = Vec::new();
+    for recovery in handle.recover() {
+        match recovery {
+            Recovery::Resumable(resumed) => outcomes.push(resumed.collect().await.map(|_| ())),
+            other => panic!("expected a resumable call, got {other:?}"),
+        }
+    }
+    assert_eq!(outcomes.len(), 1, "one interrupted call");
+    match &outcomes[0] {
+        Err(RecoveryError::Orphaned { .. }) => {}
+        other => panic!("expected the call reported as lost, got {other:?}"),
+    }
+    assert_eq!(handle.interrupted().len(), 1, "a lost call stays listed");
+    Ok(())
+}

@@ -166,6 +166,17 @@ pub enum RecoveryError {
     /// rmcp client: use [`RecoveredTask::collect_with`].
     #[error("this task is collected through the running client (collect_with)")]
     NeedsClient,
+    /// The server instance running the request stopped before it answered
+    /// (a durable mcp-persist server ends such a stream with an error
+    /// saying so). The request is lost: it is not sent again and stays
+    /// listed, for the application to re-issue or dismiss.
+    #[error("the server instance running the request stopped before it answered; re-issue it")]
+    Orphaned {
+        /// The instance that stopped, when the server said.
+        instance: Option<String>,
+        /// What the server answered.
+        error: ErrorData,
+    },
     /// The server refused `tasks/get` for another reason than an unknown
     /// task.
     #[error("the server refused tasks/get: {error}")]
@@ -343,6 +354,22 @@ impl ResumedRequest {
                         .as_ref()
                         .is_some_and(|id| same_id(id, &self.request.id)) =>
                 {
+                    if let Some(data) = e.error.data.as_ref()
+                        && data.get("reason").and_then(Value::as_str) == Some("orphaned")
+                    {
+                        // Lost with the instance that ran it: keep it listed.
+                        self.done = true;
+                        self.stream = None;
+                        let instance = data
+                            .get("instance")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned);
+                        info!(request = %self.request.id, ?instance, "the instance running an interrupted request stopped; it is lost");
+                        return Some(Err(RecoveryError::Orphaned {
+                            instance,
+                            error: e.error,
+                        }));
+                    }
                     Err(e.error)
                 }
                 _ => continue,
