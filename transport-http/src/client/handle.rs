@@ -4,8 +4,7 @@ use std::sync::Arc;
 
 use mcp_persist_core::{InFlightRequest, ServerKey, SessionId};
 
-/// The interrupted requests and the session each was sent in.
-pub(crate) type Listed = Arc<std::sync::Mutex<Vec<(SessionId, InFlightRequest)>>>;
+pub(crate) use super::recovery::Listed;
 use rmcp::model::InitializeResult;
 use tokio::sync::broadcast;
 use tracing::info;

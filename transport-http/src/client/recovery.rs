@@ -15,6 +15,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+/// The interrupted requests and the session each was sent in.
+pub(crate) type Listed = Arc<std::sync::Mutex<Vec<(SessionId, InFlightRequest)>>>;
+
 use super::{
     headers::version_headers,
     health::lock,
@@ -39,7 +42,7 @@ pub(crate) struct Recoverer {
     pub(crate) wire: Arc<dyn Wire>,
     pub(crate) config: RecoveryConfig,
     /// The handle's list of interrupted requests: a collected one leaves it.
-    pub(crate) listed: super::handle::Listed,
+    pub(crate) listed: Listed,
 }
 
 impl Recoverer {
