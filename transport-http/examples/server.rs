@@ -189,6 +189,18 @@ fn schema(value: serde_json::Value) -> Arc<serde_json::Map<String, serde_json::V
     }
 }
 
+/// The arguments of `long_job` and `fragile_job`.
+fn job_schema() -> Arc<serde_json::Map<String, serde_json::Value>> {
+    schema(serde_json::json!({
+        "type": "object",
+        "properties": {
+            "steps": {"type": "integer"},
+            "step_ms": {"type": "integer"},
+            "tag": {"type": "string"}
+        }
+    }))
+}
+
 fn tools() -> Vec<Tool> {
     vec![
         Tool::new(
@@ -218,26 +230,12 @@ fn tools() -> Vec<Tool> {
         Tool::new(
             "long_job",
             "A task of `steps` steps of `step_ms`; another instance runs it again if this one dies.",
-            schema(serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "steps": {"type": "integer"},
-                    "step_ms": {"type": "integer"},
-                    "tag": {"type": "string"}
-                }
-            })),
+            job_schema(),
         ),
         Tool::new(
             "fragile_job",
             "Like long_job, but it fails when its instance dies.",
-            schema(serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "steps": {"type": "integer"},
-                    "step_ms": {"type": "integer"},
-                    "tag": {"type": "string"}
-                }
-            })),
+            job_schema(),
         ),
         Tool::new(
             "ask_name",

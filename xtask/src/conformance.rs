@@ -384,31 +384,14 @@ impl Suite {
                 "\n==> installing {SUITE_PACKAGE}@{SUITE_VERSION} and {NODE_PACKAGE}@{NODE_VERSION} into {}",
                 prefix.display()
             );
-            fs::create_dir_all(&prefix)
-                .with_context(|| format!("creating {}", prefix.display()))?;
-            let status = Command::new("npm")
-                .arg("install")
-                .arg("--prefix")
-                .arg(&prefix)
-                .args([
-                    "--save-exact",
-                    "--no-audit",
-                    "--no-fund",
-                    "--loglevel=error",
-                ])
-                .arg(format!("{NODE_PACKAGE}@{NODE_VERSION}"))
-                .arg(format!("{SUITE_PACKAGE}@{SUITE_VERSION}"))
-                .status()
-                .context(
-                    "running npm to install the conformance suite: install Node.js and npm \
-                     (any version; the suite brings its own Node 22), then retry",
-                )?;
-            if !status.success() {
-                bail!(
-                    "npm could not install the conformance suite ({status}); check the network \
-                     reaches the npm registry, then retry"
-                );
-            }
+            crate::npm_install(
+                &prefix,
+                &[
+                    format!("{NODE_PACKAGE}@{NODE_VERSION}"),
+                    format!("{SUITE_PACKAGE}@{SUITE_VERSION}"),
+                ],
+                "the conformance suite (it brings its own Node 22)",
+            )?;
         }
         if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
             bail!(

@@ -94,27 +94,14 @@ fn install() -> Result<(PathBuf, PathBuf)> {
         && node.is_file())
     {
         println!("==> installing {SDK_PACKAGE}@{SDK_VERSION} and {NODE_PACKAGE}@{NODE_VERSION}");
-        fs::create_dir_all(&prefix).with_context(|| format!("creating {}", prefix.display()))?;
-        let status = Command::new("npm")
-            .arg("install")
-            .arg("--prefix")
-            .arg(&prefix)
-            .args([
-                "--save-exact",
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-            ])
-            .arg(format!("{NODE_PACKAGE}@{NODE_VERSION}"))
-            .arg(format!("{SDK_PACKAGE}@{SDK_VERSION}"))
-            .status()
-            .context(
-                "running npm to install the TypeScript SDK: install Node.js and npm, then retry",
-            )?;
-        ensure!(
-            status.success(),
-            "npm could not install the TypeScript SDK ({status}); check that the npm registry is reachable"
-        );
+        crate::npm_install(
+            &prefix,
+            &[
+                format!("{NODE_PACKAGE}@{NODE_VERSION}"),
+                format!("{SDK_PACKAGE}@{SDK_VERSION}"),
+            ],
+            "the TypeScript SDK",
+        )?;
     }
     ensure!(
         node.is_file(),

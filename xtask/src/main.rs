@@ -55,6 +55,35 @@ fn main() -> ExitCode {
     }
 }
 
+/// Installs npm `packages` (each `name@version`) under `prefix` with the
+/// machine's npm, exact versions, quietly; `what` names them in errors.
+pub(crate) fn npm_install(prefix: &Path, packages: &[String], what: &str) -> Result<()> {
+    std::fs::create_dir_all(prefix).with_context(|| format!("creating {}", prefix.display()))?;
+    let status = Command::new("npm")
+        .arg("install")
+        .arg("--prefix")
+        .arg(prefix)
+        .args([
+            "--save-exact",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+        ])
+        .args(packages)
+        .status()
+        .with_context(|| {
+            format!(
+                "running npm to install {what}: install Node.js and npm (any version), then retry"
+            )
+        })?;
+    if !status.success() {
+        bail!(
+            "npm could not install {what} ({status}); check that the npm registry is reachable, then retry"
+        );
+    }
+    Ok(())
+}
+
 /// The workspace root (xtask lives one level below it).
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
