@@ -7,7 +7,8 @@
 //! * Input responses and cancellation are written to the task record by
 //!   whichever instance receives them, and the instance running the
 //!   operation is woken through the task's inbox log.
-//! * Each instance holds a liveness lease ([`InstanceLeases`]). When the
+//! * Each instance holds a liveness lease
+//!   ([`InstanceLeases`](mcp_persist_core::InstanceLeases)). When the
 //!   instance running a task stops, the task ends `failed` with a message
 //!   saying so, or, for an operation registered as resumable, one other
 //!   instance takes it over (compare-and-swap on the record's generation)
