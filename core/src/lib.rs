@@ -123,7 +123,8 @@ pub use records::{
 pub use secret::Secret;
 pub use stores::{
     AuthStore, BusMessage, BusRetention, ClientStateStore, EventDurability, EventLog,
-    EventLogConfig, FleetNotice, InstanceLease, InstanceLeases, KeyRing, Liveness, NotificationBus,
+    EventLogConfig, FleetNotice, InstanceLease, InstanceLeases, KeyRing, Liveness, MAX_NOTICE_BYTES,
+    NotificationBus,
     OwnLease, RefreshLease, RefreshOutcome, ResumableOperation, ServerSessionStore, SharedKey,
     SharedKeyStore, Stored, StoredEvent, Stores, TaskId, TaskOwner, TaskRecord, TaskStatus,
     TaskStore, TaskUpdate,

@@ -22,7 +22,9 @@
 //! fails when its instance dies) and `ask_name` (asks the client for a name
 //! through `tasks/update`, then greets), and `touch_tools` (announces a
 //! tool list change on the fleet bus: every instance's `subscriptions/listen`
-//! streams and legacy sessions hear it). With `--runs-file PATH` every start
+//! streams and legacy sessions hear it), and `touch_resource` (`uri`:
+//! announces that resource changed; listen streams whose filter names it and
+//! legacy sessions that `resources/subscribe`d to it hear it). With `--runs-file PATH` every start
 //! and end of a task operation is appended to PATH as a line
 //! `start|done <task id> <generation>`.
 //!
@@ -79,6 +81,9 @@ pub struct DemoHandler {
     counters: Arc<Counters>,
     tasks: Option<DurableTasks>,
     bus: Option<FleetBus>,
+    /// The resources this session subscribed to (`resources/subscribe`);
+    /// rmcp makes one handler per session, so this set is the session's.
+    subscriptions: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl DemoHandler {
@@ -88,6 +93,7 @@ impl DemoHandler {
             counters,
             tasks: None,
             bus: None,
+            subscriptions: Arc::default(),
         }
     }
 
@@ -248,6 +254,15 @@ fn tools() -> Vec<Tool> {
             schema(serde_json::json!({"type": "object"})),
         ),
         Tool::new(
+            "touch_resource",
+            "Announces that the resource `uri` changed, to every subscriber of the fleet.",
+            schema(serde_json::json!({
+                "type": "object",
+                "properties": { "uri": { "type": "string" } },
+                "required": ["uri"]
+            })),
+        ),
+        Tool::new(
             "stats",
             "Initialize requests answered and sessions restored by this process.",
             schema(serde_json::json!({"type": "object"})),
@@ -299,12 +314,38 @@ impl ServerHandler for DemoHandler {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
             .enable_tools()
-            .enable_tool_list_changed();
+            .enable_tool_list_changed()
+            .enable_resources()
+            .enable_resources_subscribe();
         if self.tasks.is_some() {
             ServerConfig::new(capabilities.enable_tasks().build())
         } else {
             ServerConfig::new(capabilities.build())
         }
+    }
+
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions
+            .lock()
+            .expect("the subscription set is never poisoned")
+            .insert(request.uri);
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscriptions
+            .lock()
+            .expect("the subscription set is never poisoned")
+            .remove(&request.uri);
+        Ok(())
     }
 
     fn accepted_subscription_filter(
@@ -360,8 +401,15 @@ impl ServerHandler for DemoHandler {
         }
         context.peer.set_peer_info(request.clone());
         if let Some(bus) = &self.bus {
-            // A legacy session hears list changes on its standalone stream.
-            bus.forward_to_peer(context.peer.clone(), |_| false);
+            // A legacy session hears list changes on its standalone stream,
+            // and updates of the resources it subscribed to.
+            let subscriptions = self.subscriptions.clone();
+            bus.forward_to_peer(context.peer.clone(), move |uri| {
+                subscriptions
+                    .lock()
+                    .expect("the subscription set is never poisoned")
+                    .contains(uri)
+            });
         }
         self.negotiate_initialize(&request)
     }
@@ -466,6 +514,21 @@ impl ServerHandler for DemoHandler {
                 bus.publish(mcp_persist_core::FleetNotice::ToolsListChanged)
                     .await
                     .map_err(|e| ErrorData::internal_error(format!("publishing: {e}"), None))?;
+                "published".to_owned()
+            }
+            "touch_resource" => {
+                let bus = self.bus.as_ref().ok_or_else(|| {
+                    ErrorData::internal_error("this server runs without a fleet bus", None)
+                })?;
+                let uri = args
+                    .get("uri")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| ErrorData::invalid_params("touch_resource needs a uri", None))?;
+                bus.publish(mcp_persist_core::FleetNotice::ResourceUpdated {
+                    uri: uri.to_owned(),
+                })
+                .await
+                .map_err(|e| ErrorData::invalid_params(format!("publishing: {e}"), None))?;
                 "published".to_owned()
             }
             "stats" => serde_json::json!({

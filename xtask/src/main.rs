@@ -361,6 +361,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("server", "mcp-persist-transport-http", "bench_server"),
     ("client", "mcp-persist-transport-http", "bench_client"),
     ("tasks", "mcp-persist-transport-http", "bench_tasks"),
+    ("bus", "mcp-persist-transport-http", "bench_bus"),
 ];
 
 fn bench(args: &[String]) -> Result<()> {

@@ -279,6 +279,18 @@ pub async fn bus_delivers_in_order_and_stays_bounded(f: &dyn LogFixture) {
             .expect("publish");
     }
     assert_eq!(waiter.await.expect("join"), notices.to_vec());
+    // An oversized notice is refused at publish, and the bus carries on.
+    let head = publisher.head().await.expect("head");
+    let huge = FleetNotice::ResourceUpdated {
+        uri: format!("file:///{}", "x".repeat(crate::MAX_NOTICE_BYTES)),
+    };
+    match publisher.publish(huge, None).await {
+        Err(crate::Error::TooLarge { what, limit, .. }) => {
+            assert_eq!((what, limit), ("fleet notice", crate::MAX_NOTICE_BYTES));
+        }
+        other => panic!("an oversized notice was not refused: {other:?}"),
+    }
+    assert_eq!(publisher.head().await.expect("head"), head, "nothing published");
     // 400 more: at most the length limit plus one trim interval remain.
     for _ in 0..400 {
         publisher

@@ -102,6 +102,10 @@ impl fmt::Debug for NotificationBus {
 }
 
 const LOG: &str = "server/bus";
+/// The largest notice the bus carries, encoded: every instance reads every
+/// notice, so one huge notice would slow the whole fleet. A resource URI of
+/// this size is not a URI any client can use either.
+pub const MAX_NOTICE_BYTES: usize = 16 * 1024;
 /// Each publisher trims the bus once every this many of its publishes.
 const TRIM_EVERY: u64 = 64;
 
@@ -120,16 +124,28 @@ impl NotificationBus {
         self.retention
     }
 
-    /// Publishes `notice` for every instance; returns its position.
+    /// Publishes `notice` for every instance; returns its position. The
+    /// notice is committed to the shared log before this returns.
+    ///
+    /// A notice over [`MAX_NOTICE_BYTES`] encoded is refused with
+    /// [`Error::TooLarge`](crate::Error::TooLarge) and nothing is published.
     pub async fn publish(&self, notice: FleetNotice, origin: Option<&str>) -> Result<u64> {
         let message = BusMessage {
             notice,
             published_at: Timestamp::now(),
             origin: origin.map(str::to_owned),
         };
+        let encoded = encode(&message)?;
+        if encoded.len() > MAX_NOTICE_BYTES {
+            return Err(crate::Error::TooLarge {
+                what: "fleet notice",
+                size: encoded.len(),
+                limit: MAX_NOTICE_BYTES,
+            });
+        }
         let seqs = self
             .log
-            .append(LOG, vec![encode(&message)?], Some(self.retention.max_age))
+            .append(LOG, vec![encoded], Some(self.retention.max_age))
             .await?;
         let seq = seqs.last().copied().unwrap_or_default();
         let published = self.published.fetch_add(1, Ordering::Relaxed) + 1;

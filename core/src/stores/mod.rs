@@ -34,7 +34,7 @@ mod session;
 mod tasks;
 
 pub use bundle::Stores;
-pub use bus::{BusMessage, BusRetention, FleetNotice, NotificationBus};
+pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
 pub use client::ClientStateStore;
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
 pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};
