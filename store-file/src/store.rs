@@ -85,9 +85,7 @@ impl Inner {
                     .mode(DIR_MODE)
                     .create(&root)
                     .map_err(io("create store directory", &root))?;
-                if let Some(parent) = root.parent() {
-                    crate::fsio::sync_dir(parent)?;
-                }
+                crate::fsio::sync_parent(&root)?;
                 debug!(path = %root.display(), "created store directory");
             }
             Err(e) => return Err(io_error("open store directory", &root, e)),
@@ -220,9 +218,7 @@ impl Inner {
             .join(format!("{name}.{}", crate::fsio::unix_micros()));
         fs::rename(path, &target).map_err(io("move into quarantine", path))?;
         crate::fsio::sync_dir(&self.quarantine_dir)?;
-        if let Some(parent) = path.parent() {
-            crate::fsio::sync_dir(parent)?;
-        }
+        crate::fsio::sync_parent(path)?;
         Ok(target)
     }
 
