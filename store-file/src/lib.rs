@@ -252,6 +252,23 @@ impl FileStore {
         .await
     }
 
+    /// Sets a damaged log aside, the operator's way out of
+    /// [`Error::Corrupt`] on a log: moves its segment files, untouched, into
+    /// `quarantine/log-<hashed name>.<micros>/` and returns that directory
+    /// (`None` if the log has no segment). The log then reads as empty and
+    /// its next append is numbered above every sequence number it could
+    /// have handed out, so no number is ever reused; a reader holding an old
+    /// number simply finds nothing after it.
+    ///
+    /// Records in the moved files are no longer served: recover what is
+    /// needed from them first, or accept their loss. Safe to run again if
+    /// interrupted. Any log can be set aside, damaged or not.
+    pub async fn quarantine_log(&self, log: &str) -> Result<Option<PathBuf>> {
+        validate_key(log)?;
+        let log = log.to_owned();
+        self.blocking(move |inner| inner.log_quarantine(&log)).await
+    }
+
     /// Runs `f` on the blocking pool.
     async fn blocking<T, F>(&self, f: F) -> Result<T>
     where

@@ -323,9 +323,12 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
     for tail in [
-        &b"\x10\x00\x00"[..],                                   // a partial frame header
-        &[0u8; 300][..],                                        // zeros, as a power cut leaves them
-        &b"\x05\x00\x00\x00garbage after the last record!"[..], // a frame whose checksum fails
+        &b"\x10\x00\x00"[..], // a partial frame header
+        &[0u8; 300][..],      // zeros, as a power cut leaves them
+        // A whole last frame whose checksum fails, nothing after it.
+        &b"\x05\x00\x00\x00crc-seq-expiry-bytesfive!"[..],
+        // A last frame whose declared length runs past the end of the file.
+        &b"\x00\x01\x00\x00crc-seq-expiry-bytes-partial data"[..],
     ] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let dir = tmp.path().join("store");
