@@ -426,16 +426,19 @@ impl Inner {
         Ok(keys)
     }
 
-    /// Removes expired records and tombstones, after raising the version
-    /// floor above them so their versions are never handed out again.
+    /// Removes tombstones and records expired for longer than the sweep
+    /// margin, after raising the version floor above them so their versions
+    /// are never handed out again.
     pub(crate) fn kv_sweep(&self) -> Result<u64, Error> {
-        let now = unix_ms();
+        // A record expired within the margin stays: the clock may have been
+        // stepped forward, and deleting would make that step permanent.
+        let cutoff = self.sweep_cutoff_ms(unix_ms());
         let mut candidates = Vec::new();
         for name in self.record_names()? {
             let path = self.kv_dir.join(&name);
             if let HeaderRead::Good(header, _) =
                 Self::read_header(&path).map_err(io("read", &path))?
-                && (header.kind == KIND_TOMBSTONE || !is_live(header.expires_ms, now))
+                && (header.kind == KIND_TOMBSTONE || !is_live(header.expires_ms, cutoff))
             {
                 candidates.push((name, header.version));
             }
@@ -449,7 +452,7 @@ impl Inner {
                 // Look again under the lock: the key may have been written since.
                 let still_dead = matches!(
                     Self::read_header(&path).map_err(io("read", &path))?,
-                    HeaderRead::Good(h, _) if (h.kind == KIND_TOMBSTONE || !is_live(h.expires_ms, unix_ms()))
+                    HeaderRead::Good(h, _) if (h.kind == KIND_TOMBSTONE || !is_live(h.expires_ms, self.sweep_cutoff_ms(unix_ms())))
                         && h.version <= max
                 );
                 if still_dead {

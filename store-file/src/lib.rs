@@ -122,6 +122,16 @@ use crate::{
 /// Temporary files older than this are left by crashed writers and swept.
 pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 
+/// How long after its expiry a record or log must be before
+/// [`Backend::sweep_expired`] deletes it, by default: 60 seconds.
+///
+/// TTLs are wall-clock. Reads treat a record as gone the moment the clock
+/// passes its expiry, but a clock stepped forward by mistake (and stepped
+/// back soon after) would make an immediate sweep destroy live records for
+/// good; within the margin they stay on disk and come back with the clock.
+/// See [`FileStoreOptions::sweep_margin`].
+pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
+
 /// Tuning of a [`FileStore`]. The defaults suit most applications.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -132,6 +142,9 @@ pub struct FileStoreOptions {
     /// The largest value and log record accepted (default 16 MiB, the
     /// contract's [`DEFAULT_MAX_VALUE_BYTES`]).
     pub max_value_bytes: usize,
+    /// How long after expiring a record or log is left alone by
+    /// [`Backend::sweep_expired`] (default [`SWEEP_MARGIN`]).
+    pub sweep_margin: Duration,
 }
 
 impl Default for FileStoreOptions {
@@ -139,6 +152,7 @@ impl Default for FileStoreOptions {
         FileStoreOptions {
             segment_bytes: 4 * 1024 * 1024,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            sweep_margin: SWEEP_MARGIN,
         }
     }
 }
@@ -155,6 +169,13 @@ impl FileStoreOptions {
     /// the contract does not need it).
     pub fn max_value_bytes(mut self, bytes: usize) -> Self {
         self.max_value_bytes = bytes.min(DEFAULT_MAX_VALUE_BYTES);
+        self
+    }
+
+    /// Sets [`sweep_margin`](Self::sweep_margin). A smaller margin reclaims
+    /// space sooner and protects less against a clock stepped forward.
+    pub fn sweep_margin(mut self, margin: Duration) -> Self {
+        self.sweep_margin = margin;
         self
     }
 }
@@ -288,10 +309,12 @@ impl Backend for FileStore {
         NAME
     }
 
-    /// Removes expired records and deletion markers, first raising the
-    /// store's version floor above them so no version is ever reused. Also
-    /// removes temporary files crashed writers left more than ten minutes ago.
-    /// Deletes every expired log too, all its segments at once.
+    /// Removes records that expired at least
+    /// [`sweep_margin`](FileStoreOptions::sweep_margin) ago and deletion
+    /// markers, first raising the store's version floor above them so no
+    /// version is ever reused. Also removes temporary files crashed writers
+    /// left more than ten minutes ago. Deletes every log that expired at
+    /// least the margin ago too, all its segments at once.
     async fn sweep_expired(&self) -> Result<u64> {
         let records = self.blocking(|inner| inner.kv_sweep()).await?;
         let logs = self.blocking(|inner| inner.log_sweep()).await?;

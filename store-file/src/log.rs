@@ -952,10 +952,10 @@ impl Inner {
         Ok(Some(target))
     }
 
-    /// Deletes every expired log (all its segments at once), and what
-    /// crashed writers left behind.
+    /// Deletes every log expired for longer than the sweep margin (all its
+    /// segments at once), and what crashed writers left behind.
     pub(crate) fn log_sweep(&self) -> Result<u64, Error> {
-        let now = unix_ms();
+        let cutoff = self.sweep_cutoff_ms(unix_ms());
         let mut removed = 0;
         let entries = fs::read_dir(&self.log_dir).map_err(io("list", &self.log_dir))?;
         for entry in entries {
@@ -1007,7 +1007,7 @@ impl Inner {
                 }
             };
             if let Some((tail, _)) = tail
-                && !is_live(tail.expires_ms, now)
+                && !is_live(tail.expires_ms, cutoff)
                 && self.remove_log_dir(&hashed, &dir)?
             {
                 debug!(log = name, "removed an expired log");

@@ -222,6 +222,13 @@ impl Inner {
         Ok(target)
     }
 
+    /// Records and logs that expired at or before this instant (Unix ms)
+    /// are old enough for a sweep to delete.
+    pub(crate) fn sweep_cutoff_ms(&self, now_ms: u64) -> u64 {
+        let margin = u64::try_from(self.options.sweep_margin.as_millis()).unwrap_or(u64::MAX);
+        now_ms.saturating_sub(margin)
+    }
+
     pub(crate) fn tails(&self) -> MutexGuard<'_, HashMap<String, Tail>> {
         // The map is a cache validated on every use: a poisoned one is still sound.
         self.tails.lock().unwrap_or_else(|p| p.into_inner())
