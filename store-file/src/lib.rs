@@ -14,8 +14,8 @@
 //!   temporary file in the same directory (mode 0600), fsyncing it, renaming
 //!   it over the old one and fsyncing the directory: a crash at any instant
 //!   leaves the old record or the new one. A log append interrupted by a
-//!   crash leaves a torn tail, which is detected by checksums and cut before
-//!   anything is appended after it.
+//!   crash leaves a torn tail (below), which is cut before anything is
+//!   appended after it.
 //! * **Processes share a store safely.** Compare-and-swap, deletes and
 //!   appends take a lock on a side file (`File::lock`), striped by key, so two
 //!   processes of one application never clobber each other: N writers doing
@@ -25,7 +25,11 @@
 //!   overwritten with garbage reads as [`Error::Corrupt`] naming its key;
 //!   other keys still read. One written by a newer version of this crate is
 //!   [`Error::NewerSchema`]. Overwriting or deleting a damaged record moves
-//!   the damaged file into `quarantine/` rather than destroying it.
+//!   the damaged file into `quarantine/` rather than destroying it. A
+//!   damaged log is never cut (below).
+//! * **No panic on any stored bytes.** Every length, sequence number and
+//!   offset read from disk is checked before arithmetic; impossible values
+//!   are [`Error::Corrupt`].
 //! * **Private.** The directory is created 0700 and every file 0600; an
 //!   existing directory or file open to group or others gets a `tracing`
 //!   warning.
@@ -35,9 +39,60 @@
 //! * **The async runtime never blocks.** Every file operation runs through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //!
-//! TTLs are wall-clock based and honoured on every read; expired records and
-//! logs are reclaimed by [`Backend::sweep_expired`] (correctness never
-//! depends on sweeping).
+//! # Torn tails and damage in logs
+//!
+//! A crash can leave exactly one thing in a log: an incomplete final frame at
+//! the very end of its last segment file. That **torn tail** is one of:
+//!
+//! * a partial frame header;
+//! * a frame whose declared length (no larger than the largest record) runs
+//!   past the end of the file, or whose checksum fails with nothing after
+//!   it, provided no intact frame starts anywhere after its first byte;
+//! * zero bytes from the end of the last good frame to the end of the file
+//!   (a power cut that grew the file but did not write its contents).
+//!
+//! Nothing in a torn tail was acknowledged (appends are synced before they
+//! return). It is cut, with a `tracing` warning, the first time a handle that
+//! can write the segment touches the log; a reader that cannot write the
+//! file stops before it instead. [`FileStore::verify`] counts it in
+//! [`VerifyReport::torn_tail_bytes`], not as a problem.
+//!
+//! Everything else is **damage**: a bad frame in any segment but the last, a
+//! bad checksum followed by more bytes, a length larger than any record, a
+//! frame with a good checksum but not numbered one above the frame before
+//! it, a segment whose header does not match its name, a segment missing
+//! between two others. Damage is [`Error::Corrupt`] naming the log, the
+//! segment file and the byte, with a `tracing` warning, and appears in
+//! [`FileStore::verify`]'s problems. Nothing is cut or deleted, and no
+//! sequence number is handed out twice: while the last segment is damaged,
+//! reads, appends and trims of that log fail with `Corrupt`; damage in an
+//! earlier segment fails the reads that cross it, while appends go on above
+//! the intact last segment.
+//!
+//! What the operator does: keep a copy of the store directory, then call
+//! [`FileStore::quarantine_log`]. It moves the log's segment files, as they
+//! are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the log go
+//! on empty, numbered above every sequence number it could have handed out.
+//! Records still wanted can be recovered from those files by hand (the
+//! format is in `log.rs`); readers of the log find nothing before the new
+//! numbers.
+//!
+//! A bit flipped inside the very last frame of a log, with nothing after it,
+//! cannot be told from an append cut short and is cut as a torn tail: that
+//! one record is lost. A power cut that persisted a later part of an
+//! unacknowledged batch but not an earlier part is reported as damage.
+//!
+//! # Time to live
+//!
+//! TTLs are wall-clock (Unix time, so they hold across processes and
+//! restarts) and honoured on every read. A wall-clock step therefore moves
+//! them: a step forward makes records and logs read as expired early, a step
+//! backward keeps them longer. Expired records and logs are reclaimed by
+//! [`Backend::sweep_expired`] (correctness never depends on sweeping), which
+//! deletes only what expired at least [`SWEEP_MARGIN`] (60 s, tunable with
+//! [`FileStoreOptions::sweep_margin`]) ago: after a brief forward step that
+//! is undone within the margin, records read as expired meanwhile come back.
+//! An append to a log that reads as expired still starts it afresh.
 //!
 //! Versions are the greater of the key's previous version plus one, the
 //! store's version floor plus one, and the current time in microseconds: a
@@ -52,7 +107,8 @@
 //! <dir>/kv/<sha256 of key>      one record per key (header, key, value, checksums)
 //! <dir>/log/<sha256 of name>/   one log: segment files <first seq>.seg, trim.json
 //! <dir>/lock/                   lock stripes
-//! <dir>/trash/, quarantine/     deleted logs on their way out; damaged records kept aside
+//! <dir>/trash/                  deleted logs on their way out
+//! <dir>/quarantine/             damaged records, and logs set aside, kept as they were
 //! ```
 //!
 //! The record and segment formats are described in the source (`kv.rs`,
