@@ -575,3 +575,57 @@ async fn flipped_bytes_in_a_record_are_corrupt_naming_its_key() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_at_version_u64_max_is_corrupt_not_a_repeated_version() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    let store = FileStore::open(&dir).await.expect("open");
+    store
+        .put("max", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .await
+        .expect("put");
+    let file = fs::read_dir(dir.join("kv"))
+        .expect("kv")
+        .map(|e| e.expect("entry").path())
+        .next()
+        .expect("the record file");
+    // Version u64::MAX, with a good header checksum.
+    let mut bytes = fs::read(&file).expect("read");
+    bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&bytes[..36]);
+    hasher.update(&bytes[40..43]);
+    let crc = hasher.finalize().to_le_bytes();
+    bytes[36..40].copy_from_slice(&crc);
+    fs::write(&file, &bytes).expect("write");
+
+    let entry = store.get("max").await.expect("get").expect("present");
+    assert_eq!(entry.version.get(), u64::MAX);
+    for result in [
+        store
+            .put(
+                "max",
+                b"w".to_vec(),
+                PutOptions::new(PutMode::Update(entry.version)),
+            )
+            .await,
+        store
+            .put("max", b"w".to_vec(), PutOptions::new(PutMode::Overwrite))
+            .await,
+    ] {
+        assert!(
+            matches!(&result, Err(Error::Corrupt { key, .. }) if key == "max"),
+            "got {result:?}"
+        );
+    }
+    assert!(matches!(
+        store.delete("max", None).await,
+        Err(Error::Corrupt { .. })
+    ));
+    assert_eq!(
+        fs::read(&file).expect("read"),
+        bytes,
+        "the record was changed"
+    );
+}
