@@ -132,15 +132,26 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
         .map_err(io("fsync directory", dir))
 }
 
+/// Fsyncs the directory holding `path`, making its creation, rename or
+/// removal durable. A one-part relative path (`"state"`) lives in the
+/// current directory, whose name is `"."`, not the empty parent `Path`
+/// gives.
+pub(crate) fn sync_parent(path: &Path) -> Result<(), Error> {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        Some(_) => sync_dir(Path::new(".")),
+        // The root directory has no parent to record it.
+        None => Ok(()),
+    }
+}
+
 /// Creates `dir` with mode 0700 if it does not exist (fsyncing its parent so
 /// the creation is durable), or warns if an existing one is open to others.
 /// Returns whether it was created.
 pub(crate) fn ensure_private_dir(dir: &Path) -> Result<bool, Error> {
     match DirBuilder::new().mode(DIR_MODE).create(dir) {
         Ok(()) => {
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent)?;
-            }
+            sync_parent(dir)?;
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {

@@ -265,13 +265,18 @@ impl Inner {
     /// `prev`: above it, above every reclaimed version, and at least the
     /// current time in microseconds (so that even a key whose record was
     /// lost to damage gets a version above any it had before).
-    fn next_version(&self, prev: Option<u64>) -> Result<u64, Error> {
+    fn next_version(&self, key: &str, prev: Option<u64>) -> Result<u64, Error> {
         // A known version already exceeds every reclaimed version of its key.
         let base = match prev {
             Some(v) => v,
             None => self.version_floor()?,
         };
-        Ok(base.saturating_add(1).max(unix_micros()))
+        // Only a damaged or crafted file holds u64::MAX: going on from it
+        // would hand the same version out twice.
+        let next = base.checked_add(1).ok_or_else(|| {
+            Error::corrupt(key, format!("stored version {base} leaves no next version"))
+        })?;
+        Ok(next.max(unix_micros()))
     }
 
     pub(crate) fn kv_get(&self, key: &str) -> Result<Option<KvEntry>, Error> {
@@ -320,7 +325,7 @@ impl Inner {
                 None
             }
         };
-        let version = self.next_version(prev)?;
+        let version = self.next_version(key, prev)?;
         let bytes = encode(key, KIND_VALUE, version, expires_ms, value);
         write_atomic(&self.kv_dir, &name, &[&bytes])?;
         Ok(Version::new(version))
@@ -340,7 +345,7 @@ impl Inner {
                 }
                 // A tombstone keeps the version, so the key's next write gets a
                 // greater one; the sweep reclaims it after raising the floor.
-                let version = self.next_version(Some(v))?;
+                let version = self.next_version(key, Some(v))?;
                 let bytes = encode(key, KIND_TOMBSTONE, version, 0, &[]);
                 write_atomic(&self.kv_dir, &name, &[&bytes])?;
                 Ok(true)
@@ -426,16 +431,19 @@ impl Inner {
         Ok(keys)
     }
 
-    /// Removes expired records and tombstones, after raising the version
-    /// floor above them so their versions are never handed out again.
+    /// Removes tombstones and records expired for longer than the sweep
+    /// margin, after raising the version floor above them so their versions
+    /// are never handed out again.
     pub(crate) fn kv_sweep(&self) -> Result<u64, Error> {
-        let now = unix_ms();
+        // A record expired within the margin stays: the clock may have been
+        // stepped forward, and deleting would make that step permanent.
+        let cutoff = self.sweep_cutoff_ms(unix_ms());
         let mut candidates = Vec::new();
         for name in self.record_names()? {
             let path = self.kv_dir.join(&name);
             if let HeaderRead::Good(header, _) =
                 Self::read_header(&path).map_err(io("read", &path))?
-                && (header.kind == KIND_TOMBSTONE || !is_live(header.expires_ms, now))
+                && (header.kind == KIND_TOMBSTONE || !is_live(header.expires_ms, cutoff))
             {
                 candidates.push((name, header.version));
             }
@@ -449,7 +457,7 @@ impl Inner {
                 // Look again under the lock: the key may have been written since.
                 let still_dead = matches!(
                     Self::read_header(&path).map_err(io("read", &path))?,
-                    HeaderRead::Good(h, _) if (h.kind == KIND_TOMBSTONE || !is_live(h.expires_ms, unix_ms()))
+                    HeaderRead::Good(h, _) if (h.kind == KIND_TOMBSTONE || !is_live(h.expires_ms, self.sweep_cutoff_ms(unix_ms())))
                         && h.version <= max
                 );
                 if still_dead {

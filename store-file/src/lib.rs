@@ -14,8 +14,8 @@
 //!   temporary file in the same directory (mode 0600), fsyncing it, renaming
 //!   it over the old one and fsyncing the directory: a crash at any instant
 //!   leaves the old record or the new one. A log append interrupted by a
-//!   crash leaves a torn tail, which is detected by checksums and cut before
-//!   anything is appended after it.
+//!   crash leaves a torn tail (below), which is cut before anything is
+//!   appended after it.
 //! * **Processes share a store safely.** Compare-and-swap, deletes and
 //!   appends take a lock on a side file (`File::lock`), striped by key, so two
 //!   processes of one application never clobber each other: N writers doing
@@ -25,7 +25,11 @@
 //!   overwritten with garbage reads as [`Error::Corrupt`] naming its key;
 //!   other keys still read. One written by a newer version of this crate is
 //!   [`Error::NewerSchema`]. Overwriting or deleting a damaged record moves
-//!   the damaged file into `quarantine/` rather than destroying it.
+//!   the damaged file into `quarantine/` rather than destroying it. A
+//!   damaged log is never cut (below).
+//! * **No panic on any stored bytes.** Every length, sequence number and
+//!   offset read from disk is checked before arithmetic; impossible values
+//!   are [`Error::Corrupt`].
 //! * **Private.** The directory is created 0700 and every file 0600; an
 //!   existing directory or file open to group or others gets a `tracing`
 //!   warning.
@@ -35,9 +39,60 @@
 //! * **The async runtime never blocks.** Every file operation runs through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //!
-//! TTLs are wall-clock based and honoured on every read; expired records and
-//! logs are reclaimed by [`Backend::sweep_expired`] (correctness never
-//! depends on sweeping).
+//! # Torn tails and damage in logs
+//!
+//! A crash can leave exactly one thing in a log: an incomplete final frame at
+//! the very end of its last segment file. That **torn tail** is one of:
+//!
+//! * a partial frame header;
+//! * a frame whose declared length (no larger than the largest record) runs
+//!   past the end of the file, or whose checksum fails with nothing after
+//!   it, provided no intact frame starts anywhere after its first byte;
+//! * zero bytes from the end of the last good frame to the end of the file
+//!   (a power cut that grew the file but did not write its contents).
+//!
+//! Nothing in a torn tail was acknowledged (appends are synced before they
+//! return). It is cut, with a `tracing` warning, the first time a handle that
+//! can write the segment touches the log; a reader that cannot write the
+//! file stops before it instead. [`FileStore::verify`] counts it in
+//! [`VerifyReport::torn_tail_bytes`], not as a problem.
+//!
+//! Everything else is **damage**: a bad frame in any segment but the last, a
+//! bad checksum followed by more bytes, a length larger than any record, a
+//! frame with a good checksum but not numbered one above the frame before
+//! it, a segment whose header does not match its name, a segment missing
+//! between two others. Damage is [`Error::Corrupt`] naming the log, the
+//! segment file and the byte, with a `tracing` warning, and appears in
+//! [`FileStore::verify`]'s problems. Nothing is cut or deleted, and no
+//! sequence number is handed out twice: while the last segment is damaged,
+//! reads, appends and trims of that log fail with `Corrupt`; damage in an
+//! earlier segment fails the reads that cross it, while appends go on above
+//! the intact last segment.
+//!
+//! What the operator does: keep a copy of the store directory, then call
+//! [`FileStore::quarantine_log`]. It moves the log's segment files, as they
+//! are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the log go
+//! on empty, numbered above every sequence number it could have handed out.
+//! Records still wanted can be recovered from those files by hand (the
+//! format is in `log.rs`); readers of the log find nothing before the new
+//! numbers.
+//!
+//! A bit flipped inside the very last frame of a log, with nothing after it,
+//! cannot be told from an append cut short and is cut as a torn tail: that
+//! one record is lost. A power cut that persisted a later part of an
+//! unacknowledged batch but not an earlier part is reported as damage.
+//!
+//! # Time to live
+//!
+//! TTLs are wall-clock (Unix time, so they hold across processes and
+//! restarts) and honoured on every read. A wall-clock step therefore moves
+//! them: a step forward makes records and logs read as expired early, a step
+//! backward keeps them longer. Expired records and logs are reclaimed by
+//! [`Backend::sweep_expired`] (correctness never depends on sweeping), which
+//! deletes only what expired at least [`SWEEP_MARGIN`] (60 s, tunable with
+//! [`FileStoreOptions::sweep_margin`]) ago: after a brief forward step that
+//! is undone within the margin, records read as expired meanwhile come back.
+//! An append to a log that reads as expired still starts it afresh.
 //!
 //! Versions are the greater of the key's previous version plus one, the
 //! store's version floor plus one, and the current time in microseconds: a
@@ -52,7 +107,8 @@
 //! <dir>/kv/<sha256 of key>      one record per key (header, key, value, checksums)
 //! <dir>/log/<sha256 of name>/   one log: segment files <first seq>.seg, trim.json
 //! <dir>/lock/                   lock stripes
-//! <dir>/trash/, quarantine/     deleted logs on their way out; damaged records kept aside
+//! <dir>/trash/                  deleted logs on their way out
+//! <dir>/quarantine/             damaged records, and logs set aside, kept as they were
 //! ```
 //!
 //! The record and segment formats are described in the source (`kv.rs`,
@@ -122,6 +178,16 @@ use crate::{
 /// Temporary files older than this are left by crashed writers and swept.
 pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 
+/// How long after its expiry a record or log must be before
+/// [`Backend::sweep_expired`] deletes it, by default: 60 seconds.
+///
+/// TTLs are wall-clock. Reads treat a record as gone the moment the clock
+/// passes its expiry, but a clock stepped forward by mistake (and stepped
+/// back soon after) would make an immediate sweep destroy live records for
+/// good; within the margin they stay on disk and come back with the clock.
+/// See [`FileStoreOptions::sweep_margin`].
+pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
+
 /// Tuning of a [`FileStore`]. The defaults suit most applications.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -132,6 +198,9 @@ pub struct FileStoreOptions {
     /// The largest value and log record accepted (default 16 MiB, the
     /// contract's [`DEFAULT_MAX_VALUE_BYTES`]).
     pub max_value_bytes: usize,
+    /// How long after expiring a record or log is left alone by
+    /// [`Backend::sweep_expired`] (default [`SWEEP_MARGIN`]).
+    pub sweep_margin: Duration,
 }
 
 impl Default for FileStoreOptions {
@@ -139,6 +208,7 @@ impl Default for FileStoreOptions {
         FileStoreOptions {
             segment_bytes: 4 * 1024 * 1024,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            sweep_margin: SWEEP_MARGIN,
         }
     }
 }
@@ -155,6 +225,13 @@ impl FileStoreOptions {
     /// the contract does not need it).
     pub fn max_value_bytes(mut self, bytes: usize) -> Self {
         self.max_value_bytes = bytes.min(DEFAULT_MAX_VALUE_BYTES);
+        self
+    }
+
+    /// Sets [`sweep_margin`](Self::sweep_margin). A smaller margin reclaims
+    /// space sooner and protects less against a clock stepped forward.
+    pub fn sweep_margin(mut self, margin: Duration) -> Self {
+        self.sweep_margin = margin;
         self
     }
 }
@@ -252,6 +329,23 @@ impl FileStore {
         .await
     }
 
+    /// Sets a damaged log aside, the operator's way out of
+    /// [`Error::Corrupt`] on a log: moves its segment files, untouched, into
+    /// `quarantine/log-<hashed name>.<micros>/` and returns that directory
+    /// (`None` if the log has no segment). The log then reads as empty and
+    /// its next append is numbered above every sequence number it could
+    /// have handed out, so no number is ever reused; a reader holding an old
+    /// number simply finds nothing after it.
+    ///
+    /// Records in the moved files are no longer served: recover what is
+    /// needed from them first, or accept their loss. Safe to run again if
+    /// interrupted. Any log can be set aside, damaged or not.
+    pub async fn quarantine_log(&self, log: &str) -> Result<Option<PathBuf>> {
+        validate_key(log)?;
+        let log = log.to_owned();
+        self.blocking(move |inner| inner.log_quarantine(&log)).await
+    }
+
     /// Runs `f` on the blocking pool.
     async fn blocking<T, F>(&self, f: F) -> Result<T>
     where
@@ -271,10 +365,12 @@ impl Backend for FileStore {
         NAME
     }
 
-    /// Removes expired records and deletion markers, first raising the
-    /// store's version floor above them so no version is ever reused. Also
-    /// removes temporary files crashed writers left more than ten minutes ago.
-    /// Deletes every expired log too, all its segments at once.
+    /// Removes records that expired at least
+    /// [`sweep_margin`](FileStoreOptions::sweep_margin) ago and deletion
+    /// markers, first raising the store's version floor above them so no
+    /// version is ever reused. Also removes temporary files crashed writers
+    /// left more than ten minutes ago. Deletes every log that expired at
+    /// least the margin ago too, all its segments at once.
     async fn sweep_expired(&self) -> Result<u64> {
         let records = self.blocking(|inner| inner.kv_sweep()).await?;
         let logs = self.blocking(|inner| inner.log_sweep()).await?;

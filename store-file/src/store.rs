@@ -85,9 +85,7 @@ impl Inner {
                     .mode(DIR_MODE)
                     .create(&root)
                     .map_err(io("create store directory", &root))?;
-                if let Some(parent) = root.parent() {
-                    crate::fsio::sync_dir(parent)?;
-                }
+                crate::fsio::sync_parent(&root)?;
                 debug!(path = %root.display(), "created store directory");
             }
             Err(e) => return Err(io_error("open store directory", &root, e)),
@@ -220,10 +218,15 @@ impl Inner {
             .join(format!("{name}.{}", crate::fsio::unix_micros()));
         fs::rename(path, &target).map_err(io("move into quarantine", path))?;
         crate::fsio::sync_dir(&self.quarantine_dir)?;
-        if let Some(parent) = path.parent() {
-            crate::fsio::sync_dir(parent)?;
-        }
+        crate::fsio::sync_parent(path)?;
         Ok(target)
+    }
+
+    /// Records and logs that expired at or before this instant (Unix ms)
+    /// are old enough for a sweep to delete.
+    pub(crate) fn sweep_cutoff_ms(&self, now_ms: u64) -> u64 {
+        let margin = u64::try_from(self.options.sweep_margin.as_millis()).unwrap_or(u64::MAX);
+        now_ms.saturating_sub(margin)
     }
 
     pub(crate) fn tails(&self) -> MutexGuard<'_, HashMap<String, Tail>> {

@@ -323,9 +323,12 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
     for tail in [
-        &b"\x10\x00\x00"[..],                                   // a partial frame header
-        &[0u8; 300][..],                                        // zeros, as a power cut leaves them
-        &b"\x05\x00\x00\x00garbage after the last record!"[..], // a frame whose checksum fails
+        &b"\x10\x00\x00"[..], // a partial frame header
+        &[0u8; 300][..],      // zeros, as a power cut leaves them
+        // A whole last frame whose checksum fails, nothing after it.
+        &b"\x05\x00\x00\x00crc-seq-expiry-bytesfive!"[..],
+        // A last frame whose declared length runs past the end of the file.
+        &b"\x00\x01\x00\x00crc-seq-expiry-bytes-partial data"[..],
     ] {
         let tmp = tempfile::tempdir().expect("temp dir");
         let dir = tmp.path().join("store");
@@ -468,7 +471,13 @@ async fn trim_deletes_whole_segments_and_keeps_numbering() {
 async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("store");
-    let store = open(&dir).await;
+    // No margin: the sweep may delete what expired a moment ago.
+    let store = FileStore::open_with(
+        &dir,
+        FileStoreOptions::default().sweep_margin(Duration::ZERO),
+    )
+    .await
+    .expect("open");
     let short = Some(Duration::from_millis(50));
     let v_deleted = store
         .put("deleted", b"1".to_vec(), PutOptions::new(PutMode::Create))
@@ -552,4 +561,68 @@ async fn an_expired_log_restarts_empty_on_append() {
         1,
         "expired segments were kept"
     );
+}
+
+/// Sets a record's expiry on disk (Unix ms), keeping its header checksum good.
+fn set_expiry(file: &Path, expires_ms: u64) {
+    let mut bytes = fs::read(file).expect("read record");
+    bytes[16..24].copy_from_slice(&expires_ms.to_le_bytes());
+    let key_len = u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes")) as usize;
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&bytes[..36]);
+    hasher.update(&bytes[40..40 + key_len]);
+    let crc = hasher.finalize().to_le_bytes();
+    bytes[36..40].copy_from_slice(&crc);
+    fs::write(file, &bytes).expect("write record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_leaves_what_expired_within_the_margin() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    let store = open(&dir).await;
+    let short = Some(Duration::from_millis(50));
+    for key in ["recent", "long-gone"] {
+        store
+            .put(
+                key,
+                b"1".to_vec(),
+                PutOptions::new(PutMode::Create).with_ttl(short),
+            )
+            .await
+            .expect("put");
+    }
+    store
+        .append("recent-log", vec![b"x".to_vec()], short)
+        .await
+        .expect("append");
+    // One record expired long before the margin (a day after the epoch).
+    set_expiry(&record_file(&dir, "long-gone"), 86_400_000);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    // Reads honour the TTL at once...
+    assert_eq!(store.get("recent").await.expect("get"), None);
+    assert!(
+        store
+            .read_after("recent-log", 0, 10)
+            .await
+            .expect("read")
+            .is_empty()
+    );
+    // ...but the sweep deletes only what expired more than the margin ago,
+    // so a clock stepped forward for a moment destroys nothing.
+    assert_eq!(store.sweep_expired().await.expect("sweep"), 1);
+    assert!(record_file(&dir, "recent").is_file());
+    assert_eq!(fs::read_dir(dir.join("log")).expect("log").count(), 1);
+
+    // Past the margin (here: with none), they go.
+    let store = FileStore::open_with(
+        &dir,
+        FileStoreOptions::default().sweep_margin(Duration::ZERO),
+    )
+    .await
+    .expect("open");
+    assert_eq!(store.sweep_expired().await.expect("sweep"), 2);
+    assert_eq!(fs::read_dir(dir.join("kv")).expect("kv").count(), 0);
+    assert_eq!(fs::read_dir(dir.join("log")).expect("log").count(), 0);
 }

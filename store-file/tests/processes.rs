@@ -5,6 +5,18 @@
 //! per acknowledged write. The crash test kills it with SIGKILL at random
 //! moments, then reopens the store and checks that every acknowledged write
 //! is there and nothing is garbage.
+//!
+//! `MCP_PERSIST_FILE_CRASH_KILLS` sets how many times the crash test kills
+//! its child (default 200, what CI runs, a few seconds on a laptop). For a
+//! longer hunt, run it alone:
+//!
+//! ```text
+//! MCP_PERSIST_FILE_CRASH_KILLS=1000 cargo test -p mcp-persist-store-file \
+//!     --test processes sigkill -- --nocapture
+//! ```
+//!
+//! It prints its seed, the number of kills, the time taken and how many
+//! torn tails it found and cut.
 
 use std::{
     io::{BufRead, BufReader},
@@ -24,8 +36,10 @@ const DIR_ENV: &str = "MCP_PERSIST_FILE_TEST_DIR";
 const TAG_ENV: &str = "MCP_PERSIST_FILE_TEST_TAG";
 const COUNT_ENV: &str = "MCP_PERSIST_FILE_TEST_COUNT";
 
-/// Kills in the crash test; at least 200, more through this variable.
+/// Kills in the crash test (see the module docs).
 const KILLS_ENV: &str = "MCP_PERSIST_FILE_CRASH_KILLS";
+/// Kills when the variable is not set: what CI runs.
+const DEFAULT_KILLS: u32 = 200;
 
 const BLOB_BYTES: usize = 64 * 1024;
 
@@ -182,11 +196,14 @@ struct Acks {
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_acknowledged() {
-    let kills: u32 = std::env::var(KILLS_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200)
-        .max(200);
+    let kills: u32 = match std::env::var(KILLS_ENV) {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{KILLS_ENV}={v:?} is not a positive number")),
+        Err(_) => DEFAULT_KILLS,
+    };
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
