@@ -79,7 +79,33 @@ async fn three_processes_refresh_one_expiring_credential_with_one_request() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
-    three_processes_refresh(Backend::Sqlite).await;
+    three_processes_refresh(Backend::Sqlite, [None, None, None]).await;
+}
+
+/// Where Debian's `libfaketime` puts the library that steps a process's
+/// wall clock (`cargo xtask test` installs it).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The same three processes, two of them with their wall clock stepped
+/// forward (by two and by ten minutes, far past the lease TTL) through
+/// libfaketime: no clock decides who holds the refresh lease, so one
+/// refresh request still reaches the authorization server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clocks_stepped_forward_still_refresh_once() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    if !std::path::Path::new(FAKETIME_LIB).exists() {
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+        assert!(
+            !ci,
+            "{FAKETIME_LIB} is missing: run the tests through `cargo xtask test`, \
+             which installs libfaketime"
+        );
+        eprintln!("skipped: libfaketime is not installed (`cargo xtask test` installs it)");
+        return;
+    }
+    three_processes_refresh(Backend::Sqlite, [None, Some("+2m"), Some("+10m")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,12 +116,14 @@ async fn vault_split_three_processes_refresh_one_expiring_credential_with_one_re
     let Some(backend) = Backend::vault_split("auth-processes") else {
         return;
     };
-    three_processes_refresh(backend).await;
+    three_processes_refresh(backend, [None, None, None]).await;
 }
 
-/// Three child processes refresh at once, with state on `backend`.
+/// Three child processes refresh at once, with state on `backend`; child
+/// `i` has its wall clock stepped by `skews[i]` (a libfaketime offset such
+/// as `+2m`), its monotonic clock untouched.
 #[allow(clippy::unwrap_used)]
-async fn three_processes_refresh(backend: Backend) {
+async fn three_processes_refresh(backend: Backend, skews: [Option<&str>; 3]) {
     let world = start(1).await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shared.db");
@@ -124,13 +152,20 @@ async fn three_processes_refresh(backend: Backend) {
             world.mcp_url,
             go.display()
         );
-        let mut child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(["--exact", "child", "--nocapture", "--test-threads=1"])
             .env(CHILD, spec)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::inherit());
+        if let Some(skew) = skews[i] {
+            command
+                .env("LD_PRELOAD", FAKETIME_LIB)
+                .env("FAKETIME", skew)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("FAKETIME_DONT_RESET", "1");
+        }
+        let mut child = command.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

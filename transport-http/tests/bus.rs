@@ -281,7 +281,10 @@ async fn resource_update_survives_its_publisher(
                 "params": { "uri": wanted } }),
     )
     .await?;
-    anyhow::ensure!(status == 200 && body.contains("\"result\""), "subscribe: {status} {body}");
+    anyhow::ensure!(
+        status == 200 && body.contains("\"result\""),
+        "subscribe: {status} {body}"
+    );
     let (carol, mut unsubscribed) = legacy_stream(&http, &b.url(), "carol").await?;
     let (status, body) = raw_post(
         &http,
@@ -292,7 +295,10 @@ async fn resource_update_survives_its_publisher(
                 "params": { "uri": other } }),
     )
     .await?;
-    anyhow::ensure!(status == 200 && body.contains("\"result\""), "subscribe: {status} {body}");
+    anyhow::ensure!(
+        status == 200 && body.contains("\"result\""),
+        "subscribe: {status} {body}"
+    );
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let text = announce(&http, &a.url(), "touch_resource", json!({ "uri": wanted })).await?;
@@ -314,9 +320,15 @@ async fn resource_update_survives_its_publisher(
     assert_eq!(got.len(), 1, "the subscribed session got {got:?}");
     assert_eq!(got[0]["params"]["uri"], wanted, "{:?}", got[0]);
     let nothing = drain(&mut filtered_out, Duration::from_millis(300)).await?;
-    assert!(updates(&nothing).is_empty(), "a filtered-out listener got {nothing:?}");
+    assert!(
+        updates(&nothing).is_empty(),
+        "a filtered-out listener got {nothing:?}"
+    );
     let nothing = drain(&mut unsubscribed, Duration::from_millis(300)).await?;
-    assert!(updates(&nothing).is_empty(), "an unsubscribed session got {nothing:?}");
+    assert!(
+        updates(&nothing).is_empty(),
+        "an unsubscribed session got {nothing:?}"
+    );
 
     // An oversized notice is refused with a clear error; the bus carries on.
     let huge = format!("demo://{}", "x".repeat(mcp_persist_core::MAX_NOTICE_BYTES));

@@ -182,8 +182,22 @@ fn run_task_step(steps: &mut Vec<Step>, name: &'static str, task: impl FnOnce() 
     });
 }
 
+/// The clock-step test of the refresh lease runs processes whose wall clock
+/// libfaketime moves: installs Debian's `libfaketime` when it is missing.
+/// A failure is reported here, and the test then says what is missing.
+fn ensure_libfaketime() {
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1");
+    if !lib.exists() && cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+        println!("\n==> libfaketime missing (clock-step test); installing it");
+        if let Err(e) = apt_install(&["libfaketime"]) {
+            eprintln!("could not install libfaketime: {e:#}");
+        }
+    }
+}
+
 fn test(_args: &[String]) -> Result<()> {
     ensure_openssl_headers();
+    ensure_libfaketime();
     let mut steps = Vec::new();
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);

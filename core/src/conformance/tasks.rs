@@ -290,7 +290,11 @@ pub async fn bus_delivers_in_order_and_stays_bounded(f: &dyn LogFixture) {
         }
         other => panic!("an oversized notice was not refused: {other:?}"),
     }
-    assert_eq!(publisher.head().await.expect("head"), head, "nothing published");
+    assert_eq!(
+        publisher.head().await.expect("head"),
+        head,
+        "nothing published"
+    );
     // 400 more: at most the length limit plus one trim interval remain.
     for _ in 0..400 {
         publisher
