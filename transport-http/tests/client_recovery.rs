@@ -261,6 +261,29 @@ async fn unparseable_initialize_result_starts_fresh() {
     );
 }
 
+/// A stored request-id mark at the top of the range (or past it, or
+/// negative) leaves no ids to continue the session with: the client starts
+/// a fresh session, never panics and never repeats an id.
+#[tokio::test]
+async fn exhausted_or_impossible_request_ids_start_fresh() {
+    for mark in [
+        i64::MAX,
+        mcp_persist_core::MAX_REQUEST_ID - 1,
+        mcp_persist_core::MAX_REQUEST_ID + 1,
+        -5,
+    ] {
+        let (start, _, _) = bad_state_case(|mut v| {
+            v["record"]["request_id_high_water"] = mark.into();
+            serde_json::to_vec(&v).expect("json")
+        })
+        .await;
+        assert!(
+            matches!(start, StartKind::FreshAfterBadState { ref reason } if reason.contains("high-water")),
+            "mark {mark}: {start:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn newer_schema_is_neither_used_nor_overwritten() {
     let (start, notices, _) = bad_state_case(|mut v| {

@@ -222,6 +222,44 @@ pub async fn request_ids_continue_across_reopen(f: &dyn KvFixture) {
         .await
         .expect_err("no session");
     assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
+
+    // Impossible stored marks are Corrupt naming the key, never a panic or
+    // an id handed out twice: near the top of the range, and negative.
+    for (path, mark) in [
+        ("/ids-top", crate::MAX_REQUEST_ID - 5),
+        ("/ids-max", i64::MAX),
+        ("/ids-negative", -1),
+    ] {
+        let key = server(path);
+        let mut session = legacy_session("sess-top");
+        session.request_id_high_water = mark;
+        store
+            .save_session(&key, &session, PutMode::Create)
+            .await
+            .expect("save");
+        let err = store
+            .reserve_request_ids(&key, 10)
+            .await
+            .expect_err("an exhausted mark must not hand out ids");
+        assert!(
+            matches!(&err, Error::Corrupt { key, .. } if key.contains("session")),
+            "got {err:?}"
+        );
+        let kept = store.session(&key).await.expect("read").expect("present");
+        assert_eq!(kept.record.request_id_high_water, mark, "the mark moved");
+    }
+    // The last ids below the top are still handed out.
+    let key = server("/ids-last");
+    let mut session = legacy_session("sess-last");
+    session.request_id_high_water = crate::MAX_REQUEST_ID - 10;
+    store
+        .save_session(&key, &session, PutMode::Create)
+        .await
+        .expect("save");
+    assert_eq!(
+        store.reserve_request_ids(&key, 10).await.expect("reserve"),
+        crate::MAX_REQUEST_ID - 10..crate::MAX_REQUEST_ID
+    );
 }
 
 /// The in-flight journal keeps requests until completed, with cursors.

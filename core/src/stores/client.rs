@@ -24,6 +24,11 @@ pub struct ClientStateStore {
     kv: Arc<dyn KvStore>,
 }
 
+/// The largest request id the client store hands out: 2^53 - 1, the
+/// largest integer a JSON number carries exactly to every peer (JavaScript
+/// reads larger ones rounded).
+pub const MAX_REQUEST_ID: i64 = (1 << 53) - 1;
+
 fn server_part(server: &ServerKey) -> String {
     format!(
         "{}/{}",
@@ -136,16 +141,41 @@ impl ClientStateStore {
     /// them. Ids are reserved in blocks so that a client writes once per
     /// block, not once per request; a restarted client continues above every
     /// id ever reserved, so no id repeats within the session.
+    ///
+    /// Ids stay within `0..=`[`MAX_REQUEST_ID`], the integers every JSON
+    /// peer reads exactly. A stored mark outside that range (negative, or
+    /// too close to the top to hand out `count` more) cannot have been
+    /// written by this crate: it is [`Error::Corrupt`] naming the session's
+    /// key, and the mark is left as it is.
     pub async fn reserve_request_ids(&self, server: &ServerKey, count: u32) -> Result<Range<i64>> {
         let mut reserved = None;
+        let mut impossible = None;
         let updated = self
             .update_session(server, |s| {
                 let start = s.request_id_high_water;
-                s.request_id_high_water = start.saturating_add(i64::from(count));
-                reserved = Some(start..s.request_id_high_water);
+                match start
+                    .checked_add(i64::from(count))
+                    .filter(|end| start >= 0 && *end <= MAX_REQUEST_ID)
+                {
+                    Some(end) => {
+                        s.request_id_high_water = end;
+                        reserved = Some(start..end);
+                    }
+                    None => impossible = Some(start),
+                }
             })
-            .await?;
-        match (updated, reserved) {
+            .await;
+        if let Some(mark) = impossible {
+            return Err(Error::Corrupt {
+                key: Self::session_key(server),
+                reason: format!(
+                    "the request-id high-water mark {mark} cannot hand out {count} more ids \
+                     (ids stay within 0..={MAX_REQUEST_ID}); forget the session to start a new one"
+                ),
+                source: None,
+            });
+        }
+        match (updated?, reserved) {
             (Some(_), Some(range)) => Ok(range),
             _ => Err(Error::NotFound {
                 what: "client session",

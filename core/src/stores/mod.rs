@@ -35,7 +35,7 @@ mod tasks;
 
 pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
-pub use client::ClientStateStore;
+pub use client::{ClientStateStore, MAX_REQUEST_ID};
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
 pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};

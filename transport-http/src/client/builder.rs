@@ -294,6 +294,12 @@ async fn load(
     };
     let ids = match store.reserve_request_ids(key, shared.ids().block()).await {
         Ok(ids) => ids,
+        Err(e @ mcp_persist_core::Error::Corrupt { .. }) => {
+            // The session has no ids left to continue with without repeating one.
+            let reason = e.to_string();
+            warn!(server = %key, %reason, "stored session is unusable; starting a fresh session");
+            return (StartKind::FreshAfterBadState { reason }, Vec::new(), None);
+        }
         Err(e) => {
             warn!(server = %key, error = %e, "cannot reserve request ids; running in memory");
             shared
@@ -360,6 +366,14 @@ fn memory_ids(stored: &LegacySession, block: u32) -> Range<i64> {
 fn validate(stored: &LegacySession) -> Result<Seed, String> {
     if http::HeaderValue::from_str(stored.session_id.as_str()).is_err() {
         return Err("the stored session id is not a valid header value".to_owned());
+    }
+    // A mark outside the ids a session can use cannot have been written by
+    // this crate: start afresh rather than risk repeating an id.
+    if !(0..=mcp_persist_core::MAX_REQUEST_ID).contains(&stored.request_id_high_water) {
+        return Err(format!(
+            "the stored request-id high-water mark {} leaves no ids to continue the session with",
+            stored.request_id_high_water
+        ));
     }
     if stored.protocol_version.era() != mcp_persist_core::ProtocolEra::Legacy {
         return Err(format!(
