@@ -4,7 +4,8 @@
 //! are compared with two raw rusqlite baselines on the same settings (WAL,
 //! `synchronous=FULL`, same record size): one transaction per record, which
 //! is what a store without group commit pays, and one transaction for a
-//! whole batch, the ceiling. Then key-value operations per second.
+//! whole batch, the ceiling. Then log reads (`read_after` of 64 records) and
+//! key-value operations per second.
 //!
 //! Run it in release mode: `cargo xtask bench`, or
 //! `cargo run --release -p mcp-persist-store-sqlite --example bench_sqlite`.
@@ -13,7 +14,10 @@
 
 use std::{
     path::Path,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -157,6 +161,33 @@ async fn store_appends(store: &SqliteStore) -> Result<Row> {
     })
 }
 
+/// Records read back per `read_after` call in the read measurement.
+const READ_BATCH: usize = 64;
+
+async fn store_reads(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
+    let s = store.clone();
+    let records = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&records);
+    let (_, elapsed) = concurrent(tasks, move |task, _| {
+        let s = s.clone();
+        let counted = Arc::clone(&counted);
+        async move {
+            let log = format!("stream/{}", task % APPENDERS);
+            let found = s.read_after(&log, 0, READ_BATCH).await?;
+            anyhow::ensure!(!found.is_empty(), "appended above");
+            counted.fetch_add(found.len(), Ordering::Relaxed);
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(Row {
+        what,
+        ops: records.load(Ordering::Relaxed),
+        elapsed,
+        note: format!("records, {READ_BATCH} per read_after"),
+    })
+}
+
 async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
     let before = store.write_stats();
     let s = store.clone();
@@ -217,6 +248,13 @@ async fn main() -> Result<()> {
 
     let store = SqliteStore::open(path("store.db")).await?;
     let appends = store_appends(&store).await?;
+    let reads_concurrent = store_reads(
+        &store,
+        APPENDERS,
+        "SqliteStore read_after, 64 concurrent readers",
+    )
+    .await?;
+    let reads_single = store_reads(&store, 1, "SqliteStore read_after, one reader").await?;
     let puts_concurrent =
         store_puts(&store, APPENDERS, "SqliteStore put, 64 concurrent writers").await?;
     let puts_single = store_puts(&store, 1, "SqliteStore put, one writer").await?;
@@ -244,6 +282,8 @@ async fn main() -> Result<()> {
         &per_record,
         &batched,
         &appends,
+        &reads_concurrent,
+        &reads_single,
         &puts_concurrent,
         &puts_single,
         &gets_concurrent,
