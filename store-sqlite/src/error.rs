@@ -20,6 +20,13 @@ pub(crate) enum SetupError {
     /// The thread that owns the write connection is gone.
     #[error("the SQLite writer thread has stopped")]
     WriterGone,
+    /// An operation on the writer thread panicked (a bug); it was rolled
+    /// back alone and the thread goes on.
+    #[error(
+        "a SQLite write panicked and was rolled back ({message}); \
+         the store keeps working, please report this"
+    )]
+    Panicked { message: String },
     /// Preparing the file or its folder failed.
     #[error("preparing the SQLite database file {path} failed")]
     File {

@@ -25,6 +25,9 @@ fn expiry(now: i64, ttl: Option<Duration>) -> Option<i64> {
     })
 }
 
+/// The name under which a damaged version clock is reported.
+const VERSION_CLOCK: &str = "the SQLite version clock (table counters)";
+
 fn clamp(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -88,12 +91,41 @@ pub(crate) fn kv_put(
     let current = current_version(conn, ctx, key, now)?;
     mode.check(key, current)?;
     // One clock for every key: versions of a key keep increasing after a
-    // delete without keeping a tombstone per deleted key.
-    let next: i64 = conn
-        .prepare_cached(
-            "UPDATE counters SET value = value + 1 WHERE name = 'kv_version' RETURNING value",
-        )
-        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+    // delete without keeping a tombstone per deleted key. The clock is read
+    // and checked before any arithmetic: a damaged clock fails this write
+    // alone, as `Corrupt`, and never hands out a version twice.
+    let clock: Option<i64> = conn
+        .prepare_cached("SELECT value FROM counters WHERE name = 'kv_version'")
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)).optional())
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(_) => ctx.sql(e),
+            None => bad_row(
+                VERSION_CLOCK,
+                "a version clock that is not an integer",
+                Some(e),
+            ),
+        })?;
+    let Some(clock) = clock else {
+        return Err(bad_row(VERSION_CLOCK, "no version clock", None));
+    };
+    let floor = current.map_or(0, Version::get);
+    let next = u64::try_from(clock)
+        .ok()
+        .filter(|clock| *clock >= floor)
+        .and_then(|clock| clock.checked_add(1))
+        .and_then(|next| i64::try_from(next).ok())
+        .ok_or_else(|| {
+            bad_row(
+                VERSION_CLOCK,
+                &format!(
+                    "the version clock {clock}, which cannot give key `{key}` \
+                     (at version {floor}) a greater version"
+                ),
+                None,
+            )
+        })?;
+    conn.prepare_cached("UPDATE counters SET value = ?1 WHERE name = 'kv_version'")
+        .and_then(|mut stmt| stmt.execute([next]))
         .map_err(|e| ctx.sql(e))?;
     conn.prepare_cached(
         "INSERT INTO kv (key, value, version, expires_at) VALUES (?1, ?2, ?3, ?4) \
@@ -102,8 +134,7 @@ pub(crate) fn kv_put(
     )
     .and_then(|mut stmt| stmt.execute(params![key, value, next, expiry(now, ttl)]))
     .map_err(|e| ctx.sql(e))?;
-    let next = u64::try_from(next).map_err(|_| bad_row(key, "a negative version clock", None))?;
-    Ok(Version::new(next))
+    Ok(Version::new(next.cast_unsigned()))
 }
 
 pub(crate) fn kv_delete(
@@ -195,10 +226,13 @@ pub(crate) fn log_append(
             (id, 0, None)
         }
     };
-    if seq < 0 {
+    // The header is checked before any arithmetic: a damaged one fails this
+    // append alone, as `Corrupt`, and never reuses a sequence number.
+    let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
+    if seq < 0 || seq.checked_add(count).is_none() {
         return Err(bad_row(
             log,
-            &format!("the invalid last sequence number {seq}"),
+            &format!("the invalid last sequence number {seq} (cannot append {count} more)"),
             None,
         ));
     }
@@ -207,11 +241,12 @@ pub(crate) fn log_append(
         .map_err(|e| ctx.sql(e))?;
     let mut seqs = Vec::with_capacity(records.len());
     for record in records {
+        // Cannot overflow: checked against `count` above.
         seq += 1;
         insert
             .execute(params![id, seq, record])
             .map_err(|e| ctx.sql(e))?;
-        seqs.push(seq as u64);
+        seqs.push(seq.cast_unsigned());
     }
     conn.prepare_cached("UPDATE logs SET last_seq = ?2, expires_at = ?3 WHERE id = ?1")
         .and_then(|mut stmt| stmt.execute(params![id, seq, expiry(now, ttl).or(expires)]))
