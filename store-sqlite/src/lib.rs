@@ -25,6 +25,16 @@
 //! * **TTL** is a column: an expired record or log is never returned, and a
 //!   periodic sweep (and [`Backend::sweep_expired`]) reclaims the space. Expiry instants are
 //!   wall-clock milliseconds, so every process sharing the file agrees on them.
+//! * **Damage is reported, never returned.** Every value and log record is
+//!   stored with a CRC-32 of its key or log name, its version or sequence
+//!   number and its bytes, checked on every read: a row changed outside the
+//!   store (a flipped bit on disk, a stray tool) is an [`Error::Corrupt`]
+//!   naming the key or log, and a `tracing` warning (which never holds the
+//!   bytes), while every other key keeps working. Stored numbers (sequence
+//!   numbers, versions, the version clock) are checked before any arithmetic,
+//!   and a value over the size limit planted in the file is refused before it
+//!   is loaded. A failed or damaged operation fails alone: the writer thread
+//!   goes on serving the others.
 //! * **Versioned schema.** The schema version lives in the database's
 //!   `user_version` ([`SCHEMA_VERSION`]) and older databases are migrated
 //!   forward on open. A database written by a newer version of this crate is
@@ -92,6 +102,7 @@ use mcp_persist_core::{
 use rusqlite::Connection;
 use tokio::sync::Notify;
 
+mod checksum;
 mod error;
 mod ops;
 mod schema;

@@ -3,25 +3,45 @@
 use std::{fs, path::Path};
 
 use mcp_persist_core::{Error, Result};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, types::ValueRef};
 
 use crate::{
-    Durability, SqliteOptions,
+    Durability, SqliteOptions, checksum,
     error::{Ctx, SetupError},
 };
 
 /// The schema version this build writes and understands, kept in the
 /// database's `user_version`.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Marks a database as ours in its header (`PRAGMA application_id`): "MCPp".
 pub(crate) const APPLICATION_ID: i32 = 0x4d43_5070;
 
+/// One step of the schema: SQL, then (for steps that compute values from
+/// existing rows) code, both inside the migration's transaction.
+struct Migration {
+    sql: &'static str,
+    then: Option<fn(&Connection, Ctx<'_>) -> Result<()>>,
+}
+
 /// `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`. Entries are
 /// only ever appended: a released migration never changes.
-const MIGRATIONS: &[&str] = &[
+const MIGRATIONS: &[Migration] = &[
     // 0 -> 1: key-value records, one version clock, logs and their records.
-    r#"
+    Migration {
+        sql: V1,
+        then: None,
+    },
+    // 1 -> 2: a checksum beside every value and record (see `checksum`),
+    // computed for the rows already there.
+    Migration {
+        sql: "ALTER TABLE kv ADD COLUMN checksum INTEGER;
+              ALTER TABLE log_records ADD COLUMN checksum INTEGER;",
+        then: Some(checksum_existing_rows),
+    },
+];
+
+const V1: &str = r#"
     CREATE TABLE kv (
         key        TEXT PRIMARY KEY NOT NULL,
         value      BLOB NOT NULL,
@@ -47,8 +67,7 @@ const MIGRATIONS: &[&str] = &[
         data   BLOB NOT NULL,
         PRIMARY KEY (log_id, seq)
     );
-    "#,
-];
+    "#;
 
 const _: () = assert!(MIGRATIONS.len() == SCHEMA_VERSION as usize);
 
@@ -162,6 +181,10 @@ pub(crate) fn open_reader(
     .map_err(|e| ctx.sql(e))?;
     conn.busy_timeout(options.busy_timeout)
         .map_err(|e| ctx.sql(e))?;
+    // A value planted over the size limit is refused, not loaded into memory.
+    let limit = i32::try_from(crate::ops::READ_LENGTH_LIMIT).unwrap_or(i32::MAX);
+    conn.set_limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH, limit)
+        .map_err(|e| ctx.sql(e))?;
     Ok(conn)
 }
 
@@ -232,9 +255,12 @@ fn migrate(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
         .map_err(|e| ctx.sql(e))?;
     let result = (|| {
         let from = check_schema(conn, ctx)?;
-        for (n, sql) in MIGRATIONS.iter().enumerate().skip(from as usize) {
+        for (n, step) in MIGRATIONS.iter().enumerate().skip(from as usize) {
             tracing::info!(db = ctx.db, from = n, to = n + 1, "migrating SQLite schema");
-            conn.execute_batch(sql).map_err(|e| ctx.sql(e))?;
+            conn.execute_batch(step.sql).map_err(|e| ctx.sql(e))?;
+            if let Some(then) = step.then {
+                then(conn, ctx)?;
+            }
         }
         if from < SCHEMA_VERSION {
             conn.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -249,4 +275,73 @@ fn migrate(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
         let _ = conn.execute_batch("ROLLBACK");
     }
     result
+}
+
+/// Computes the checksum of every row written before checksums existed.
+/// A row whose columns do not have the schema's types keeps no checksum, so
+/// reading it reports the damage.
+fn checksum_existing_rows(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
+    let mut sums = Vec::new();
+    let mut skipped = 0u64;
+    {
+        let mut stmt = conn
+            .prepare("SELECT rowid, key, version, value FROM kv")
+            .map_err(|e| ctx.sql(e))?;
+        let mut rows = stmt.query([]).map_err(|e| ctx.sql(e))?;
+        while let Some(row) = rows.next().map_err(|e| ctx.sql(e))? {
+            let rowid: i64 = row.get(0).map_err(|e| ctx.sql(e))?;
+            match (row.get_ref(1), row.get_ref(2), row.get_ref(3)) {
+                (
+                    Ok(ValueRef::Text(key)),
+                    Ok(ValueRef::Integer(version)),
+                    Ok(ValueRef::Blob(value)),
+                ) => match std::str::from_utf8(key) {
+                    Ok(key) => sums.push((rowid, checksum::of_value(key, version, value))),
+                    Err(_) => skipped += 1,
+                },
+                _ => skipped += 1,
+            }
+        }
+    }
+    let mut update = conn
+        .prepare("UPDATE kv SET checksum = ?2 WHERE rowid = ?1")
+        .map_err(|e| ctx.sql(e))?;
+    for (rowid, sum) in sums.drain(..) {
+        update.execute([rowid, sum]).map_err(|e| ctx.sql(e))?;
+    }
+    {
+        let mut stmt = conn
+            .prepare(
+                "SELECT r.rowid, l.name, r.seq, r.data \
+                 FROM log_records r JOIN logs l ON l.id = r.log_id",
+            )
+            .map_err(|e| ctx.sql(e))?;
+        let mut rows = stmt.query([]).map_err(|e| ctx.sql(e))?;
+        while let Some(row) = rows.next().map_err(|e| ctx.sql(e))? {
+            let rowid: i64 = row.get(0).map_err(|e| ctx.sql(e))?;
+            match (row.get_ref(1), row.get_ref(2), row.get_ref(3)) {
+                (Ok(ValueRef::Text(log)), Ok(ValueRef::Integer(seq)), Ok(ValueRef::Blob(data))) => {
+                    match std::str::from_utf8(log) {
+                        Ok(log) => sums.push((rowid, checksum::of_record(log, seq, data))),
+                        Err(_) => skipped += 1,
+                    }
+                }
+                _ => skipped += 1,
+            }
+        }
+    }
+    let mut update = conn
+        .prepare("UPDATE log_records SET checksum = ?2 WHERE rowid = ?1")
+        .map_err(|e| ctx.sql(e))?;
+    for (rowid, sum) in sums {
+        update.execute([rowid, sum]).map_err(|e| ctx.sql(e))?;
+    }
+    if skipped > 0 {
+        tracing::warn!(
+            db = ctx.db,
+            rows = skipped,
+            "SQLite rows of the wrong shape were left without a checksum; reading them reports them as corrupt"
+        );
+    }
+    Ok(())
 }

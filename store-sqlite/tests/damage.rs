@@ -149,3 +149,315 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
         .expect("put after repair");
     assert!(w > v);
 }
+
+/// Flips one bit of the blob in `column` of the rows `filter` selects.
+fn flip_a_byte(db: &Path, table: &str, column: &str, filter: &str) {
+    let raw = raw(db);
+    let bytes: Vec<u8> = raw
+        .query_row(
+            &format!("SELECT {column} FROM {table} WHERE {filter}"),
+            [],
+            |row| row.get(0),
+        )
+        .expect("read the stored bytes");
+    let mut damaged = bytes.clone();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0x10;
+    let changed = raw
+        .execute(
+            &format!("UPDATE {table} SET {column} = ?1 WHERE {filter}"),
+            [&damaged],
+        )
+        .expect("plant");
+    assert_eq!(changed, 1);
+    // SQLite itself sees nothing wrong.
+    let integrity: String = raw
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .expect("integrity check");
+    assert_eq!(integrity, "ok");
+}
+
+#[tokio::test]
+async fn a_flipped_byte_in_a_value_is_corrupt_and_other_keys_still_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("flip.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    store
+        .put("damaged", b"hello, world".to_vec(), create())
+        .await
+        .expect("put");
+    store
+        .put("intact", b"still fine".to_vec(), create())
+        .await
+        .expect("put");
+    flip_a_byte(&db, "kv", "value", "key = 'damaged'");
+    let err = store.get("damaged").await.expect_err("a damaged value");
+    assert_corrupt(&err, "damaged");
+    assert!(err.to_string().contains("checksum"), "says why: {err}");
+    assert_eq!(
+        store
+            .get("intact")
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
+        b"still fine"
+    );
+    // The damaged record can be replaced, and then reads back.
+    store
+        .put(
+            "damaged",
+            b"new".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
+        .await
+        .expect("overwrite the damaged record");
+    assert_eq!(
+        store
+            .get("damaged")
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
+        b"new"
+    );
+    writer_alive(&store, "other").await;
+}
+
+#[tokio::test]
+async fn a_changed_version_or_a_swapped_value_is_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("swap.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    store
+        .put("a", b"value of a".to_vec(), create())
+        .await
+        .expect("put");
+    store
+        .put("b", b"value of b".to_vec(), create())
+        .await
+        .expect("put");
+    store
+        .put("c", b"value of c".to_vec(), create())
+        .await
+        .expect("put");
+    {
+        let raw = raw(&db);
+        // b gets a's bytes and checksum; c a later version.
+        raw.execute_batch(
+            "UPDATE kv SET (value, checksum) = (SELECT value, checksum FROM kv WHERE key = 'a')
+                 WHERE key = 'b';
+             UPDATE kv SET version = version + 100 WHERE key = 'c';",
+        )
+        .expect("plant");
+    }
+    assert_corrupt(&store.get("b").await.expect_err("swapped"), "b");
+    assert_corrupt(&store.get("c").await.expect_err("version changed"), "c");
+    assert_eq!(
+        store.get("a").await.expect("get").expect("kept").value,
+        b"value of a"
+    );
+}
+
+#[tokio::test]
+async fn a_flipped_byte_in_a_log_record_is_corrupt_and_other_logs_still_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("log.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    let seqs = store
+        .append(
+            "events",
+            vec![b"first event".to_vec(), b"second event".to_vec()],
+            None,
+        )
+        .await
+        .expect("append");
+    store
+        .append("other", vec![b"intact".to_vec()], None)
+        .await
+        .expect("append");
+    flip_a_byte(
+        &db,
+        "log_records",
+        "data",
+        &format!(
+            "seq = {} AND log_id = (SELECT id FROM logs WHERE name = 'events')",
+            seqs[1]
+        ),
+    );
+    let err = store
+        .read_after("events", 0, 10)
+        .await
+        .expect_err("a damaged record");
+    assert_corrupt(&err, "events");
+    assert!(
+        err.to_string().contains(&format!("record {}", seqs[1])),
+        "names it: {err}"
+    );
+    // The intact record before it still reads on its own.
+    let first = store.read_after("events", 0, 1).await.expect("read");
+    assert_eq!(first[0].data, b"first event");
+    assert_eq!(
+        store.read_after("other", 0, 10).await.expect("read")[0].data,
+        b"intact"
+    );
+    // A record moved to another sequence number fails as well.
+    raw(&db)
+        .execute(
+            "UPDATE log_records SET seq = seq + 10 \
+             WHERE log_id = (SELECT id FROM logs WHERE name = 'other')",
+            [],
+        )
+        .expect("plant");
+    assert_corrupt(
+        &store.read_after("other", 0, 10).await.expect_err("moved"),
+        "other",
+    );
+    writer_alive(&store, "alive").await;
+}
+
+#[tokio::test]
+async fn a_planted_value_over_the_size_limit_is_refused_on_read() {
+    use mcp_persist_core::backend::DEFAULT_MAX_VALUE_BYTES;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("big.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    for key in ["huge", "just-over"] {
+        store
+            .put(key, b"small".to_vec(), create())
+            .await
+            .expect("put");
+    }
+    store
+        .append("log", vec![b"small".to_vec()], None)
+        .await
+        .expect("append");
+    {
+        let raw = raw(&db);
+        raw.execute(
+            "UPDATE kv SET value = zeroblob(100 * 1024 * 1024) WHERE key = 'huge'",
+            [],
+        )
+        .expect("plant 100 MiB");
+        raw.execute(
+            "UPDATE kv SET value = zeroblob(?1) WHERE key = 'just-over'",
+            [DEFAULT_MAX_VALUE_BYTES as i64 + 1],
+        )
+        .expect("plant one byte over");
+        raw.execute(
+            "UPDATE log_records SET data = zeroblob(100 * 1024 * 1024)",
+            [],
+        )
+        .expect("plant 100 MiB record");
+    }
+    for key in ["huge", "just-over"] {
+        let err = store.get(key).await.expect_err("over the limit");
+        assert_corrupt(&err, key);
+        assert!(
+            err.to_string().contains("over the limit"),
+            "says why: {err}"
+        );
+        if key == "huge" {
+            // Refused by SQLite before the 100 MiB were loaded.
+            assert!(err.to_string().contains("more than"), "{err}");
+        }
+    }
+    let err = store
+        .read_after("log", 0, 10)
+        .await
+        .expect_err("over the limit");
+    assert_corrupt(&err, "log");
+    writer_alive(&store, "other").await;
+}
+
+#[tokio::test]
+async fn a_newer_user_version_is_refused_and_nothing_changes() {
+    use mcp_persist_store_sqlite::SCHEMA_VERSION;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("newer.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    store.put("k", b"v".to_vec(), create()).await.expect("put");
+    store.close().await.expect("close");
+    raw(&db)
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .expect("plant");
+    let files = |db: &Path| -> Vec<(String, Option<Vec<u8>>)> {
+        ["", "-wal", "-shm"]
+            .iter()
+            .map(|s| {
+                let p = format!("{}{s}", db.display());
+                (p.clone(), std::fs::read(&p).ok())
+            })
+            .collect()
+    };
+    let before = files(&db);
+    let err = SqliteStore::open(&db).await.expect_err("newer schema");
+    assert!(
+        matches!(err, Error::NewerSchema { found, supported, .. }
+            if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+        "got {err:?}"
+    );
+    assert_eq!(files(&db), before, "the newer database was changed");
+}
+
+/// The schema of version 1, as the first release created it.
+const V1_SCHEMA: &str = "
+    CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL,
+                     version INTEGER NOT NULL, expires_at INTEGER);
+    CREATE INDEX kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL;
+    CREATE TABLE counters (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO counters (name, value) VALUES ('kv_version', 0);
+    CREATE TABLE logs (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                       last_seq INTEGER NOT NULL, expires_at INTEGER);
+    CREATE INDEX logs_expiry ON logs (expires_at) WHERE expires_at IS NOT NULL;
+    CREATE TABLE log_records (log_id INTEGER NOT NULL, seq INTEGER NOT NULL,
+                              data BLOB NOT NULL, PRIMARY KEY (log_id, seq));
+    PRAGMA application_id = 1296257136;
+    PRAGMA user_version = 1;
+";
+
+#[tokio::test]
+async fn a_version_1_database_gets_checksums_for_its_rows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("v1.db");
+    {
+        let raw = raw(&db);
+        raw.execute_batch(V1_SCHEMA).expect("version 1 schema");
+        raw.execute_batch(
+            "INSERT INTO kv (key, value, version) VALUES ('old', x'6f6c64', 3), ('bad', 'text', 4);
+             UPDATE counters SET value = 4;
+             INSERT INTO logs (id, name, last_seq) VALUES (1, 'old-log', 2);
+             INSERT INTO log_records (log_id, seq, data) VALUES (1, 1, x'61'), (1, 2, x'62');",
+        )
+        .expect("version 1 rows");
+    }
+    let store = SqliteStore::open(&db).await.expect("open migrates");
+    let version: i64 = raw(&db)
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .expect("user_version");
+    assert_eq!(version, 2);
+    let entry = store.get("old").await.expect("get").expect("kept");
+    assert_eq!(
+        (entry.value.as_slice(), entry.version.get()),
+        (&b"old"[..], 3)
+    );
+    assert_corrupt(&store.get("bad").await.expect_err("not a blob"), "bad");
+    let records = store.read_after("old-log", 0, 10).await.expect("read");
+    assert_eq!(
+        records
+            .iter()
+            .map(|r| (r.seq, r.data.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, b"a".to_vec()), (2, b"b".to_vec())]
+    );
+    // And the migrated rows are protected like new ones.
+    drop(store);
+    flip_a_byte(&db, "kv", "value", "key = 'old'");
+    let store = SqliteStore::open(&db).await.expect("reopen");
+    assert_corrupt(&store.get("old").await.expect_err("damaged"), "old");
+    let next = store
+        .append("old-log", vec![b"c".to_vec()], None)
+        .await
+        .expect("append after migration");
+    assert_eq!(next, vec![3]);
+}
