@@ -44,7 +44,10 @@
 //!   is not a database with [`Error::Corrupt`].
 //! * **Private file.** A database file this crate creates is mode 0600 (its
 //!   folder 0700 if it creates that too); SQLite gives the `-wal` and `-shm`
-//!   files beside it the same mode.
+//!   files beside it the same mode. An existing database, `-wal` or `-shm`
+//!   file that other users may read is changed to 0600 on open, with a
+//!   `tracing` warning (an error-level event if it belongs to another user
+//!   and cannot be changed).
 //!
 //! # SQLite build
 //!

@@ -97,21 +97,55 @@ pub(crate) fn prepare_file(path: &Path) -> Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let file = options.open(path).map_err(io)?;
+    drop(file);
+    // SQLite creates `-wal` and `-shm` with the mode of the database file, so
+    // the database is made private before SQLite opens it; side files left
+    // by an earlier run are fixed too.
     #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = file.metadata().map_err(io)?.permissions().mode();
-        if mode & 0o077 != 0 {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        make_private(Path::new(&side)).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Narrows an existing file readable or writable by others to 0600, with a
+/// warning: the database may hold secrets. A missing file is fine.
+#[cfg(unix)]
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match fs::metadata(path) {
+        Ok(meta) => meta.permissions().mode() & 0o777,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    match fs::set_permissions(path, fs::Permissions::from_mode(0o600)) {
+        Ok(()) => {
             tracing::warn!(
                 path = %path.display(),
-                mode = format_args!("{:o}", mode & 0o777),
-                "the SQLite database file is readable by other users; it may hold secrets, \
-                 consider chmod 600"
+                was = format_args!("{mode:o}"),
+                "the SQLite database file was readable by other users; it may hold secrets, \
+                 so its mode is now 600"
             );
+            Ok(())
         }
+        // Someone else's file: keep working, but say so loudly.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            tracing::error!(
+                path = %path.display(),
+                mode = format_args!("{mode:o}"),
+                error = %e,
+                "the SQLite database file is readable by other users and cannot be made \
+                 private; it may hold secrets: chmod 600 it as its owner"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
-    drop(file);
-    Ok(())
 }
 
 /// Opens the connection that writes, checks the schema before changing

@@ -461,3 +461,43 @@ async fn a_version_1_database_gets_checksums_for_its_rows() {
         .expect("append after migration");
     assert_eq!(next, vec![3]);
 }
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_database_readable_by_others_is_made_private_with_its_side_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+    let set = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
+    };
+    let side = |db: &Path, suffix: &str| Path::new(&format!("{}{suffix}", db.display())).to_owned();
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    // An empty file made by someone else with the usual umask.
+    let fresh = dir.path().join("fresh.db");
+    std::fs::write(&fresh, b"").expect("touch");
+    set(&fresh, 0o644);
+    let store = SqliteStore::open(&fresh).await.expect("open");
+    store.put("k", b"v".to_vec(), create()).await.expect("put");
+    for file in [fresh.clone(), side(&fresh, "-wal"), side(&fresh, "-shm")] {
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+
+    // A database in use, all three files widened behind its back: the next
+    // open narrows them again.
+    let wide = dir.path().join("wide.db");
+    let first = SqliteStore::open(&wide).await.expect("open");
+    first.put("k", b"v".to_vec(), create()).await.expect("put");
+    for file in [wide.clone(), side(&wide, "-wal"), side(&wide, "-shm")] {
+        set(&file, 0o644);
+    }
+    let second = SqliteStore::open(&wide).await.expect("second open");
+    for file in [wide.clone(), side(&wide, "-wal"), side(&wide, "-shm")] {
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+    assert_eq!(
+        second.get("k").await.expect("get").expect("kept").value,
+        b"v"
+    );
+    drop(first);
+}
