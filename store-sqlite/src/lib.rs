@@ -18,7 +18,14 @@
 //! * **Safe across processes.** The database runs in WAL mode (verified after
 //!   setting it), writers take the lock with `BEGIN IMMEDIATE` and wait for it
 //!   up to an explicit busy timeout, so several processes can share one file:
-//!   compare-and-swap is linearizable across all of them.
+//!   compare-and-swap is linearizable across all of them. Any number of
+//!   processes may open the same store, new or existing, at the same
+//!   instant: opening never holds one lock while waiting for another (the
+//!   schema is read in a read-only transaction, WAL is switched on outside
+//!   any transaction, the schema is set up under `BEGIN IMMEDIATE`, and
+//!   an up-to-date database takes no write lock at all). A lock still not
+//!   granted after the busy timeout is an [`Error::Timeout`] saying which
+//!   lock it was and what holds it.
 //! * **Never blocks the async runtime.** Writes run on the writer thread,
 //!   reads on a small pool of read-only connections through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.

@@ -1,13 +1,17 @@
 //! Opening connections: file mode, pragmas, and the versioned schema.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use mcp_persist_core::{Error, Result};
-use rusqlite::{Connection, OpenFlags, types::ValueRef};
+use rusqlite::{Connection, ErrorCode, OpenFlags, types::ValueRef};
 
 use crate::{
     Durability, SqliteOptions, checksum,
-    error::{Ctx, SetupError},
+    error::{Ctx, Lock, SetupError},
 };
 
 /// The schema version this build writes and understands, kept in the
@@ -175,22 +179,12 @@ pub(crate) fn open_writer(
     conn.busy_timeout(options.busy_timeout)
         .map_err(|e| ctx.sql(e))?;
     // Refuse a newer or foreign database before anything is written to it
-    // (switching to WAL rewrites the header).
-    check_schema(&conn, ctx)?;
-
+    // (switching to WAL rewrites the header). One read transaction, so that
+    // the three reads see one state even while another process migrates.
+    let found = in_read_transaction(&conn, ctx, || check_schema(&conn, ctx))?;
+    let deadline = Instant::now() + options.busy_timeout;
     if path.is_some() {
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
-            .map_err(|e| ctx.sql(e))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::backend(
-                crate::error::NAME,
-                SetupError::NoWal {
-                    path: ctx.db.to_owned(),
-                    mode,
-                },
-            ));
-        }
+        enable_wal(&conn, ctx, deadline)?;
     }
     let synchronous = match options.durability {
         Durability::Full => "FULL",
@@ -198,8 +192,85 @@ pub(crate) fn open_writer(
     };
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(|e| ctx.sql(e))?;
-    migrate(&conn, ctx)?;
+    // An up-to-date database needs no write lock to open.
+    if found < SCHEMA_VERSION {
+        migrate(&conn, ctx, deadline)?;
+    }
     Ok(conn)
+}
+
+/// How long to pause between two attempts at a lock SQLite refused without
+/// waiting (it does so when waiting could deadlock).
+const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(2);
+
+/// Runs `f` until it stops failing with `SQLITE_BUSY`, pausing between
+/// attempts, or until `deadline`. Every attempt is a statement in
+/// autocommit mode or a transaction `f` ends itself: no lock is held while
+/// pausing, so two processes doing this cannot wait for each other.
+fn retry_busy<T>(
+    ctx: Ctx<'_>,
+    lock: Lock,
+    deadline: Instant,
+    mut f: impl FnMut() -> Result<T, rusqlite::Error>,
+) -> Result<T> {
+    loop {
+        match f() {
+            Err(e) if is_busy(&e) => {
+                if Instant::now() >= deadline {
+                    return Err(ctx.lock_timeout(lock, &e));
+                }
+                std::thread::sleep(LOCK_RETRY_PAUSE);
+            }
+            other => return other.map_err(|e| ctx.sql(e)),
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Switches the database to WAL, verified. The switch itself is one statement
+/// outside any transaction; SQLite answers it with `SQLITE_BUSY` without
+/// waiting when another process is switching at the same moment (waiting
+/// could deadlock), so it is retried until the deadline. Once another process
+/// has switched, the same statement finds WAL and succeeds.
+fn enable_wal(conn: &Connection, ctx: Ctx<'_>, deadline: Instant) -> Result<()> {
+    let mode: String = retry_busy(ctx, Lock::JournalMode, deadline, || {
+        conn.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+    })?;
+    if mode.eq_ignore_ascii_case("wal") {
+        Ok(())
+    } else {
+        Err(Error::backend(
+            crate::error::NAME,
+            SetupError::NoWal {
+                path: ctx.db.to_owned(),
+                mode,
+            },
+        ))
+    }
+}
+
+/// Runs `f` inside a read-only (deferred) transaction. It never becomes a
+/// write transaction, so it cannot deadlock against a writer.
+fn in_read_transaction<T>(
+    conn: &Connection,
+    ctx: Ctx<'_>,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    conn.execute_batch("BEGIN DEFERRED")
+        .map_err(|e| ctx.sql(e))?;
+    let result = f();
+    // Ending a read transaction releases its read lock and cannot fail for
+    // want of a lock; a failure here is reported like any other.
+    let end = conn.execute_batch(if result.is_ok() { "COMMIT" } else { "ROLLBACK" });
+    let value = result?;
+    end.map_err(|e| ctx.sql(e))?;
+    Ok(value)
 }
 
 /// Opens a connection that only reads (the writer keeps the WAL files alive).
@@ -283,10 +354,14 @@ fn foreign(ctx: Ctx<'_>, why: String) -> Error {
 }
 
 /// Applies the missing migrations in one `BEGIN IMMEDIATE` transaction, so a
-/// second process opening at the same moment waits and then finds the work done.
-fn migrate(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| ctx.sql(e))?;
+/// second process opening at the same moment waits and then finds the work
+/// done. The write lock is taken first, before anything is read, so the
+/// transaction never upgrades from a read lock (which SQLite refuses without
+/// waiting when another process writes); the schema is read again under it.
+fn migrate(conn: &Connection, ctx: Ctx<'_>, deadline: Instant) -> Result<()> {
+    retry_busy(ctx, Lock::SchemaSetup, deadline, || {
+        conn.execute_batch("BEGIN IMMEDIATE")
+    })?;
     let result = (|| {
         let from = check_schema(conn, ctx)?;
         for (n, step) in MIGRATIONS.iter().enumerate().skip(from as usize) {
@@ -302,7 +377,13 @@ fn migrate(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
             conn.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(|e| ctx.sql(e))?;
         }
-        conn.execute_batch("COMMIT").map_err(|e| ctx.sql(e))
+        conn.execute_batch("COMMIT").map_err(|e| {
+            if is_busy(&e) {
+                ctx.lock_timeout(Lock::SchemaSetup, &e)
+            } else {
+                ctx.sql(e)
+            }
+        })
     })();
     if result.is_err() && !conn.is_autocommit() {
         // Best effort: the error already says what went wrong.
