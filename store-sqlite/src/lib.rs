@@ -30,8 +30,10 @@
 //!   reads on a small pool of read-only connections through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //! * **TTL** is a column: an expired record or log is never returned, and a
-//!   periodic sweep (and [`Backend::sweep_expired`]) reclaims the space. Expiry instants are
-//!   wall-clock milliseconds, so every process sharing the file agrees on them.
+//!   periodic sweep (and [`Backend::sweep_expired`]) reclaims the space of
+//!   what expired more than [`SWEEP_MARGIN`] ago. Expiry instants are
+//!   wall-clock milliseconds, so every process sharing the file agrees on
+//!   them; see [Clocks and TTL](#clocks-and-ttl).
 //! * **Damage is reported, never returned.** Every value and log record is
 //!   stored with a CRC-32 of its key or log name, its version or sequence
 //!   number and its bytes, checked on every read: a row changed outside the
@@ -55,6 +57,29 @@
 //!   file that other users may read is changed to 0600 on open, with a
 //!   `tracing` warning (an error-level event if it belongs to another user
 //!   and cannot be changed).
+//!
+//! # Clocks and TTL
+//!
+//! A TTL on this backend is a wall-clock instant: a write at wall-clock time
+//! `t` with TTL `d` stores the expiry `t + d`, and every process compares it
+//! with its own wall clock (`SystemTime`), because processes share no other
+//! clock. So a step of the wall clock (a manual change, an NTP step, a VM
+//! resumed from a snapshot) moves every TTL with it:
+//!
+//! * a clock stepped **forward** by `s` makes records and logs expire up to
+//!   `s` early: reads stop returning them at once;
+//! * a clock stepped **backward** by `s` keeps them up to `s` longer.
+//!
+//! A read only hides an expired row; deleting it is the sweep's job, and the
+//! sweep leaves alone whatever expired less than [`SWEEP_MARGIN`] (60 s) ago.
+//! A forward step shorter than that, corrected before the margin runs out,
+//! so loses nothing: the rows are hidden during the step and back after it.
+//! A longer step, or an append to a log that looks expired (which starts
+//! the log afresh), can make the loss final. Leases and compare-and-swap do
+//! not depend on clocks (versions fence them), so no clock step gives two
+//! holders the same lease. Keep the clock slewed rather than stepped (the
+//! default of `chrony` and `systemd-timesyncd` for small offsets) where TTLs
+//! matter.
 //!
 //! # SQLite build
 //!
@@ -121,6 +146,15 @@ mod writer;
 use error::{Ctx, NAME};
 pub use schema::SCHEMA_VERSION;
 use writer::Writer;
+
+/// How long after its expiry a record or log may be deleted by a sweep
+/// ([`Backend::sweep_expired`] or the periodic one).
+///
+/// An expired row is never returned, whatever its age; the margin only
+/// delays reclaiming its space, so that a wall clock stepped forward for
+/// less than this cannot make a sweep delete live data for good (see
+/// [Clocks and TTL](crate#clocks-and-ttl)).
+pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
 
 /// How hard a commit works to survive a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -389,6 +423,8 @@ impl Backend for SqliteStore {
         NAME
     }
 
+    /// Deletes the records and logs that expired more than [`SWEEP_MARGIN`]
+    /// ago, and returns how many.
     async fn sweep_expired(&self) -> Result<u64> {
         let records = self.write(0, false, ops::kv_sweep).await?;
         let logs = self.write(0, false, ops::log_sweep).await?;

@@ -9,7 +9,7 @@ use mcp_persist_core::{
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, params};
 
 use crate::{
-    checksum,
+    SWEEP_MARGIN, checksum,
     error::{Ctx, bad_row},
 };
 
@@ -268,10 +268,18 @@ pub(crate) fn kv_list(conn: &Connection, ctx: Ctx<'_>, prefix: &str) -> Result<V
     Ok(keys)
 }
 
+/// The instant before which a sweep may delete what expired: [`SWEEP_MARGIN`]
+/// before now, so that a wall clock stepped forward for a moment cannot make
+/// a sweep delete live rows for good.
+fn sweep_before(now: i64) -> i64 {
+    let margin = i64::try_from(SWEEP_MARGIN.as_millis()).unwrap_or(i64::MAX);
+    now.saturating_sub(margin)
+}
+
 pub(crate) fn kv_sweep(conn: &Connection, ctx: Ctx<'_>) -> Result<u64> {
     let removed = conn
         .prepare_cached("DELETE FROM kv WHERE expires_at IS NOT NULL AND expires_at <= ?1")
-        .and_then(|mut stmt| stmt.execute([now_ms()]))
+        .and_then(|mut stmt| stmt.execute([sweep_before(now_ms())]))
         .map_err(|e| ctx.sql(e))?;
     Ok(removed as u64)
 }
@@ -416,7 +424,7 @@ pub(crate) fn log_delete(conn: &Connection, ctx: Ctx<'_>, log: &str) -> Result<(
 }
 
 pub(crate) fn log_sweep(conn: &Connection, ctx: Ctx<'_>) -> Result<u64> {
-    let now = now_ms();
+    let now = sweep_before(now_ms());
     conn.prepare_cached(
         "DELETE FROM log_records WHERE log_id IN \
          (SELECT id FROM logs WHERE expires_at IS NOT NULL AND expires_at <= ?1)",

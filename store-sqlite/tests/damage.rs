@@ -501,3 +501,102 @@ async fn a_database_readable_by_others_is_made_private_with_its_side_files() {
     );
     drop(first);
 }
+
+/// Milliseconds since the Unix epoch, as the store keeps expiry instants.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64
+}
+
+fn count(db: &Path, sql: &str) -> i64 {
+    raw(db).query_row(sql, [], |row| row.get(0)).expect("count")
+}
+
+#[tokio::test]
+async fn a_sweep_keeps_what_expired_within_its_margin() {
+    use mcp_persist_core::Backend;
+    use mcp_persist_store_sqlite::{SWEEP_MARGIN, SqliteOptions};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("margin.db");
+    let options = SqliteOptions::default().sweep_interval(None);
+    let store = SqliteStore::open_with(&db, options).await.expect("open");
+    let ttl = Some(std::time::Duration::from_secs(3600));
+    for key in ["recent", "old"] {
+        store
+            .put(key, b"v".to_vec(), create().with_ttl(ttl))
+            .await
+            .expect("put");
+        store
+            .append(key, vec![b"r".to_vec()], ttl)
+            .await
+            .expect("append");
+    }
+    // As after a clock step: "recent" looks expired a moment ago (well within
+    // the margin), "old" expired longer ago than the margin.
+    let margin = SWEEP_MARGIN.as_millis() as i64;
+    let recent = now_ms() - margin / 2;
+    let old = now_ms() - margin - 5_000;
+    {
+        let raw = raw(&db);
+        for table in ["kv", "logs"] {
+            let column = if table == "kv" { "key" } else { "name" };
+            raw.execute(
+                &format!("UPDATE {table} SET expires_at = ?1 WHERE {column} = 'recent'"),
+                [recent],
+            )
+            .expect("plant");
+            raw.execute(
+                &format!("UPDATE {table} SET expires_at = ?1 WHERE {column} = 'old'"),
+                [old],
+            )
+            .expect("plant");
+        }
+    }
+    // Both are expired to readers...
+    for key in ["recent", "old"] {
+        assert_eq!(store.get(key).await.expect("get"), None);
+        assert!(store.read_after(key, 0, 10).await.expect("read").is_empty());
+    }
+    // ...but a sweep deletes only the one past the margin.
+    assert_eq!(store.sweep_expired().await.expect("sweep"), 2);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM kv WHERE key = 'recent'"),
+        1
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM kv WHERE key = 'old'"), 0);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM log_records WHERE log_id = (SELECT id FROM logs WHERE name = 'recent')"
+        ),
+        1
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM logs WHERE name = 'old'"),
+        0
+    );
+    // The clock is set right again: the kept rows are live and intact.
+    {
+        let raw = raw(&db);
+        raw.execute(
+            "UPDATE kv SET expires_at = ?1 WHERE key = 'recent'",
+            [now_ms() + 3_600_000],
+        )
+        .expect("repair");
+        raw.execute(
+            "UPDATE logs SET expires_at = ?1 WHERE name = 'recent'",
+            [now_ms() + 3_600_000],
+        )
+        .expect("repair");
+    }
+    assert_eq!(
+        store.get("recent").await.expect("get").expect("kept").value,
+        b"v"
+    );
+    assert_eq!(
+        store.read_after("recent", 0, 10).await.expect("read")[0].data,
+        b"r"
+    );
+}
