@@ -4,6 +4,15 @@
 //! The test binary re-executes itself as the child process: with the
 //! environment variable [`CHILD_ROLE`] set, a test runs the child's loop
 //! instead of the parent's checks.
+//!
+//! `MCP_PERSIST_KILLS` sets how many times the SIGKILL test kills a writer
+//! (default [`DEFAULT_KILLS`], what CI runs; each kill takes well under a
+//! second). A longer run by hand:
+//!
+//! ```text
+//! MCP_PERSIST_KILLS=1000 cargo test -p mcp-persist-store-sqlite --release \
+//!     --test processes sigkill -- --nocapture
+//! ```
 
 use std::{
     collections::{BTreeMap, hash_map::RandomState},
@@ -253,24 +262,46 @@ impl Acks {
     }
 }
 
+/// How many kills the SIGKILL test does unless `MCP_PERSIST_KILLS` says.
+const DEFAULT_KILLS: u32 = 200;
+/// The environment variable that overrides [`DEFAULT_KILLS`].
+const KILLS_VAR: &str = "MCP_PERSIST_KILLS";
+
+/// The kill count: `MCP_PERSIST_KILLS` if set (a positive integer), else
+/// [`DEFAULT_KILLS`].
+fn kills() -> u32 {
+    match std::env::var(KILLS_VAR) {
+        Ok(n) => n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{KILLS_VAR}={n:?} is not a positive integer")),
+        Err(std::env::VarError::NotPresent) => DEFAULT_KILLS,
+        Err(e) => panic!("{KILLS_VAR}: {e}"),
+    }
+}
+
 #[test]
 fn sigkill_loses_no_acknowledged_write() {
-    const KILLS: u32 = 200;
-    const BUDGET: Duration = Duration::from_secs(240);
+    // A kill takes well under a second; the budget only stops a hung run.
+    const BUDGET_PER_KILL: Duration = Duration::from_millis(1200);
     if let Some(db) = child_db("crash") {
         runtime().block_on(crash_child(db));
         return;
     }
+    let kills = kills();
+    let budget = BUDGET_PER_KILL * kills;
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("crash.db");
     let rt = runtime();
     let mut acks = Acks::default();
     let mut rng = Rng::new();
     let started = Instant::now();
-    for kill in 1..=KILLS {
+    for kill in 1..=kills {
         assert!(
-            started.elapsed() < BUDGET,
-            "only {} kills within {BUDGET:?}",
+            started.elapsed() < budget,
+            "only {} kills within {budget:?}",
             kill - 1
         );
         let mut child = spawn_child("sigkill_loses_no_acknowledged_write", "crash", &db);
@@ -332,7 +363,7 @@ fn sigkill_loses_no_acknowledged_write() {
     assert_eq!(integrity, "ok", "SQLite finds the file damaged");
     let appended: usize = acks.logs.values().map(BTreeMap::len).sum();
     eprintln!(
-        "{KILLS} kills in {:?}: counter at {}, {appended} acknowledged log records, all present",
+        "{kills} kills in {:?}: counter at {}, {appended} acknowledged log records, all present",
         started.elapsed(),
         acks.counter
     );
