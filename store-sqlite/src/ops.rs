@@ -121,6 +121,28 @@ fn checksum_mismatch(ctx: Ctx<'_>, key: &str, what: &str) -> Error {
     )
 }
 
+/// Why the version clock could not give `key` (at version `floor`) a greater
+/// version: read again only to say so.
+fn damaged_clock(conn: &Connection, ctx: Ctx<'_>, key: &str, floor: u64) -> Error {
+    let found: rusqlite::Result<Option<String>> = conn
+        .prepare_cached("SELECT quote(value) FROM counters WHERE name = 'kv_version'")
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)).optional());
+    let clock = match found {
+        Ok(Some(value)) => format!("the version clock {value}"),
+        Ok(None) => "no version clock".to_owned(),
+        Err(e) => return ctx.sql(e),
+    };
+    tracing::warn!(db = ctx.db, key, %clock, "SQLite version clock is damaged; put refused");
+    bad_row(
+        VERSION_CLOCK,
+        &format!(
+            "{clock}, which cannot give key `{key}` (at version {floor}) a greater version; \
+             set it to at least the greatest version in table kv"
+        ),
+        None,
+    )
+}
+
 /// A stored value over the size limit was planted: this crate never writes one.
 fn check_size(ctx: Ctx<'_>, key: &str, len: usize) -> Result<()> {
     if len > DEFAULT_MAX_VALUE_BYTES {
@@ -178,42 +200,23 @@ pub(crate) fn kv_put(
     let current = current_version(conn, ctx, key, now)?;
     mode.check(key, current)?;
     // One clock for every key: versions of a key keep increasing after a
-    // delete without keeping a tombstone per deleted key. The clock is read
-    // and checked before any arithmetic: a damaged clock fails this write
-    // alone, as `Corrupt`, and never hands out a version twice.
-    let clock: Option<i64> = conn
-        .prepare_cached("SELECT value FROM counters WHERE name = 'kv_version'")
-        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)).optional())
-        .map_err(|e| match e.sqlite_error_code() {
-            Some(_) => ctx.sql(e),
-            None => bad_row(
-                VERSION_CLOCK,
-                "a version clock that is not an integer",
-                Some(e),
-            ),
-        })?;
-    let Some(clock) = clock else {
-        return Err(bad_row(VERSION_CLOCK, "no version clock", None));
-    };
+    // delete without keeping a tombstone per deleted key. The clock is
+    // checked before any arithmetic, in the same statement that advances it
+    // (one statement per put): a damaged clock (not an integer, negative,
+    // at the maximum, or behind this key's version) fails this write alone,
+    // as `Corrupt`, and never hands out a version twice.
     let floor = current.map_or(0, Version::get);
-    let next = u64::try_from(clock)
-        .ok()
-        .filter(|clock| *clock >= floor)
-        .and_then(|clock| clock.checked_add(1))
-        .and_then(|next| i64::try_from(next).ok())
-        .ok_or_else(|| {
-            bad_row(
-                VERSION_CLOCK,
-                &format!(
-                    "the version clock {clock}, which cannot give key `{key}` \
-                     (at version {floor}) a greater version"
-                ),
-                None,
-            )
-        })?;
-    conn.prepare_cached("UPDATE counters SET value = ?1 WHERE name = 'kv_version'")
-        .and_then(|mut stmt| stmt.execute([next]))
+    let next: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE counters SET value = value + 1 \
+             WHERE name = 'kv_version' AND typeof(value) = 'integer' \
+             AND value >= ?1 AND value < 9223372036854775807 RETURNING value",
+        )
+        .and_then(|mut stmt| stmt.query_row([clamp(floor)], |row| row.get(0)).optional())
         .map_err(|e| ctx.sql(e))?;
+    let Some(next) = next.filter(|next| *next > 0) else {
+        return Err(damaged_clock(conn, ctx, key, floor));
+    };
     let sum = checksum::of_value(key, next, value);
     conn.prepare_cached(
         "INSERT INTO kv (key, value, version, expires_at, checksum) VALUES (?1, ?2, ?3, ?4, ?5) \

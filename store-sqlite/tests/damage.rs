@@ -115,13 +115,19 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
         .put("key", b"v".to_vec(), create())
         .await
         .expect("put");
-    for planted in [i64::MAX, -7, 0] {
-        raw(&db)
-            .execute(
-                "UPDATE counters SET value = ?1 WHERE name = 'kv_version'",
-                [planted],
-            )
-            .expect("plant");
+    let max = format!(
+        "UPDATE counters SET value = {} WHERE name = 'kv_version'",
+        i64::MAX
+    );
+    for planted in [
+        max.as_str(),
+        "UPDATE counters SET value = -7 WHERE name = 'kv_version'",
+        "UPDATE counters SET value = 0 WHERE name = 'kv_version'",
+        "UPDATE counters SET value = 'ten' WHERE name = 'kv_version'",
+        "UPDATE counters SET value = 10.5 WHERE name = 'kv_version'",
+        "DELETE FROM counters WHERE name = 'kv_version'",
+    ] {
+        raw(&db).execute_batch(planted).expect("plant");
         let err = store
             .put("key", b"w".to_vec(), PutOptions::new(PutMode::Update(v)))
             .await
@@ -139,7 +145,7 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
     );
     raw(&db)
         .execute(
-            "UPDATE counters SET value = 10 WHERE name = 'kv_version'",
+            "INSERT OR REPLACE INTO counters (name, value) VALUES ('kv_version', 10)",
             [],
         )
         .expect("repair");
