@@ -181,8 +181,9 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// What a commit guarantees. Default: [`Durability::Full`].
     pub durability: Durability,
-    /// How often the writer thread, when idle, deletes expired records and
-    /// logs; `None` leaves that to explicit `sweep_expired` calls. Expired
+    /// How often the writer thread, when idle, deletes records and logs
+    /// that expired more than [`SWEEP_MARGIN`] ago; `None` leaves that to
+    /// explicit `sweep_expired` calls. Expired
     /// data is never returned either way. Default: every 10 minutes.
     pub sweep_interval: Option<Duration>,
     /// How many read connections stay open between reads. Default: 4.
