@@ -4,7 +4,12 @@
 //! are compared with two raw rusqlite baselines on the same settings (WAL,
 //! `synchronous=FULL`, same record size): one transaction per record, which
 //! is what a store without group commit pays, and one transaction for a
-//! whole batch, the ceiling. Then key-value operations per second.
+//! whole batch, the ceiling. Then log reads (`read_after` of 64 records) and
+//! key-value operations per second.
+//!
+//! Every value and record is stored with a CRC-32 checked on read; the
+//! last line puts the cost of that checksum alone (computed here on the
+//! same records) next to the store's read throughput.
 //!
 //! Run it in release mode: `cargo xtask bench`, or
 //! `cargo run --release -p mcp-persist-store-sqlite --example bench_sqlite`.
@@ -13,7 +18,10 @@
 
 use std::{
     path::Path,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -157,6 +165,33 @@ async fn store_appends(store: &SqliteStore) -> Result<Row> {
     })
 }
 
+/// Records read back per `read_after` call in the read measurement.
+const READ_BATCH: usize = 64;
+
+async fn store_reads(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
+    let s = store.clone();
+    let records = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&records);
+    let (_, elapsed) = concurrent(tasks, move |task, _| {
+        let s = s.clone();
+        let counted = Arc::clone(&counted);
+        async move {
+            let log = format!("stream/{}", task % APPENDERS);
+            let found = s.read_after(&log, 0, READ_BATCH).await?;
+            anyhow::ensure!(!found.is_empty(), "appended above");
+            counted.fetch_add(found.len(), Ordering::Relaxed);
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(Row {
+        what,
+        ops: records.load(Ordering::Relaxed),
+        elapsed,
+        note: format!("records, {READ_BATCH} per read_after"),
+    })
+}
+
 async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Result<Row> {
     let before = store.write_stats();
     let s = store.clone();
@@ -203,6 +238,28 @@ async fn store_gets(store: &SqliteStore, tasks: usize, what: &'static str) -> Re
     })
 }
 
+/// CRC-32 (the store's row checksum) of `MAX_OPS` records, in a tight loop:
+/// what checksums cost without the rest of a read.
+fn checksums_alone() -> Row {
+    let records: Vec<Vec<u8>> = (0..1024).map(record).collect();
+    let start = Instant::now();
+    let mut ops = 0;
+    let mut sink = 0u32;
+    while start.elapsed() < Duration::from_millis(100) {
+        for data in &records {
+            sink ^= crc32fast::hash(std::hint::black_box(data));
+        }
+        ops += records.len();
+    }
+    std::hint::black_box(sink);
+    Row {
+        what: "CRC-32 of a record alone",
+        ops,
+        elapsed: start.elapsed(),
+        note: "see the last line".to_owned(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let dir = tempfile::tempdir().context("temp dir")?;
@@ -217,6 +274,13 @@ async fn main() -> Result<()> {
 
     let store = SqliteStore::open(path("store.db")).await?;
     let appends = store_appends(&store).await?;
+    let reads_concurrent = store_reads(
+        &store,
+        APPENDERS,
+        "SqliteStore read_after, 64 concurrent readers",
+    )
+    .await?;
+    let reads_single = store_reads(&store, 1, "SqliteStore read_after, one reader").await?;
     let puts_concurrent =
         store_puts(&store, APPENDERS, "SqliteStore put, 64 concurrent writers").await?;
     let puts_single = store_puts(&store, 1, "SqliteStore put, one writer").await?;
@@ -224,6 +288,7 @@ async fn main() -> Result<()> {
         store_gets(&store, APPENDERS, "SqliteStore get, 64 concurrent readers").await?;
     let gets_single = store_gets(&store, 1, "SqliteStore get, one reader").await?;
     store.close().await?;
+    let checksums = tokio::task::spawn_blocking(checksums_alone).await?;
 
     let baseline = per_record.per_second();
     println!(
@@ -244,10 +309,13 @@ async fn main() -> Result<()> {
         &per_record,
         &batched,
         &appends,
+        &reads_concurrent,
+        &reads_single,
         &puts_concurrent,
         &puts_single,
         &gets_concurrent,
         &gets_single,
+        &checksums,
     ] {
         println!(
             "| {:<46} | {:>7} | {:>10.0} | {:>13.1}x | {:<26} |",
@@ -262,6 +330,11 @@ async fn main() -> Result<()> {
     let ratio = appends.per_second() / baseline;
     println!(
         "group commit: concurrent appends at {ratio:.1}x the one-transaction-per-record baseline (aim: at least 5x)"
+    );
+    let share = reads_single.per_second() / checksums.per_second();
+    println!(
+        "checksums: verifying one record's CRC-32 takes {:.1}% of the time of reading it (one reader)",
+        share * 100.0
     );
     Ok(())
 }

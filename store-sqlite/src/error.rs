@@ -20,6 +20,13 @@ pub(crate) enum SetupError {
     /// The thread that owns the write connection is gone.
     #[error("the SQLite writer thread has stopped")]
     WriterGone,
+    /// An operation on the writer thread panicked (a bug); it was rolled
+    /// back alone and the thread goes on.
+    #[error(
+        "a SQLite write panicked and was rolled back ({message}); \
+         the store keeps working, please report this"
+    )]
+    Panicked { message: String },
     /// Preparing the file or its folder failed.
     #[error("preparing the SQLite database file {path} failed")]
     File {
@@ -27,6 +34,32 @@ pub(crate) enum SetupError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A lock that opening a database waits for, named in its timeout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lock {
+    /// The exclusive lock that switches a database to WAL.
+    JournalMode,
+    /// The write lock under which the schema is checked and migrated.
+    SchemaSetup,
+}
+
+impl Lock {
+    /// What was waited for and, as far as SQLite can tell, who holds it.
+    fn operation(self) -> &'static str {
+        match self {
+            Lock::JournalMode => {
+                "waiting for the SQLite lock that switches the database to WAL \
+                 (another process has the database open in rollback-journal mode \
+                 and is reading or writing it)"
+            }
+            Lock::SchemaSetup => {
+                "waiting for the SQLite schema setup lock (another process is writing \
+                 the database, or setting up or migrating its schema)"
+            }
+        }
+    }
 }
 
 /// Where an error happened, so that it can name the database or the key.
@@ -61,6 +94,18 @@ impl Ctx<'_> {
                 source: Some(source),
             },
             _ => Error::backend(NAME, source),
+        }
+    }
+
+    /// A lock of [`Lock`] still refused at the deadline: a
+    /// [`Error::Timeout`] saying which lock and who holds it; the warning
+    /// names the file.
+    pub(crate) fn lock_timeout(self, lock: Lock, cause: &rusqlite::Error) -> Error {
+        let operation = lock.operation();
+        tracing::warn!(db = self.db, error = %cause, "{operation}: timed out");
+        Error::Timeout {
+            operation,
+            after: self.busy_timeout,
         }
     }
 

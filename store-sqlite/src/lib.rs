@@ -18,13 +18,32 @@
 //! * **Safe across processes.** The database runs in WAL mode (verified after
 //!   setting it), writers take the lock with `BEGIN IMMEDIATE` and wait for it
 //!   up to an explicit busy timeout, so several processes can share one file:
-//!   compare-and-swap is linearizable across all of them.
+//!   compare-and-swap is linearizable across all of them. Any number of
+//!   processes may open the same store, new or existing, at the same
+//!   instant: opening never holds one lock while waiting for another (the
+//!   schema is read in a read-only transaction, WAL is switched on outside
+//!   any transaction, the schema is set up under `BEGIN IMMEDIATE`, and
+//!   an up-to-date database takes no write lock at all). A lock still not
+//!   granted after the busy timeout is an [`Error::Timeout`] saying which
+//!   lock it was and what holds it.
 //! * **Never blocks the async runtime.** Writes run on the writer thread,
 //!   reads on a small pool of read-only connections through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
 //! * **TTL** is a column: an expired record or log is never returned, and a
-//!   periodic sweep (and [`Backend::sweep_expired`]) reclaims the space. Expiry instants are
-//!   wall-clock milliseconds, so every process sharing the file agrees on them.
+//!   periodic sweep (and [`Backend::sweep_expired`]) reclaims the space of
+//!   what expired more than [`SWEEP_MARGIN`] ago. Expiry instants are
+//!   wall-clock milliseconds, so every process sharing the file agrees on
+//!   them; see [Clocks and TTL](#clocks-and-ttl).
+//! * **Damage is reported, never returned.** Every value and log record is
+//!   stored with a CRC-32 of its key or log name, its version or sequence
+//!   number and its bytes, checked on every read: a row changed outside the
+//!   store (a flipped bit on disk, a stray tool) is an [`Error::Corrupt`]
+//!   naming the key or log, and a `tracing` warning (which never holds the
+//!   bytes), while every other key keeps working. Stored numbers (sequence
+//!   numbers, versions, the version clock) are checked before any arithmetic,
+//!   and a value over the size limit planted in the file is refused before it
+//!   is loaded. A failed or damaged operation fails alone: the writer thread
+//!   goes on serving the others.
 //! * **Versioned schema.** The schema version lives in the database's
 //!   `user_version` ([`SCHEMA_VERSION`]) and older databases are migrated
 //!   forward on open. A database written by a newer version of this crate is
@@ -34,7 +53,33 @@
 //!   is not a database with [`Error::Corrupt`].
 //! * **Private file.** A database file this crate creates is mode 0600 (its
 //!   folder 0700 if it creates that too); SQLite gives the `-wal` and `-shm`
-//!   files beside it the same mode.
+//!   files beside it the same mode. An existing database, `-wal` or `-shm`
+//!   file that other users may read is changed to 0600 on open, with a
+//!   `tracing` warning (an error-level event if it belongs to another user
+//!   and cannot be changed).
+//!
+//! # Clocks and TTL
+//!
+//! A TTL on this backend is a wall-clock instant: a write at wall-clock time
+//! `t` with TTL `d` stores the expiry `t + d`, and every process compares it
+//! with its own wall clock (`SystemTime`), because processes share no other
+//! clock. So a step of the wall clock (a manual change, an NTP step, a VM
+//! resumed from a snapshot) moves every TTL with it:
+//!
+//! * a clock stepped **forward** by `s` makes records and logs expire up to
+//!   `s` early: reads stop returning them at once;
+//! * a clock stepped **backward** by `s` keeps them up to `s` longer.
+//!
+//! A read only hides an expired row; deleting it is the sweep's job, and the
+//! sweep leaves alone whatever expired less than [`SWEEP_MARGIN`] (60 s) ago.
+//! A forward step shorter than that, corrected before the margin runs out,
+//! so loses nothing: the rows are hidden during the step and back after it.
+//! A longer step, or an append to a log that looks expired (which starts
+//! the log afresh), can make the loss final. Leases and compare-and-swap do
+//! not depend on clocks (versions fence them), so no clock step gives two
+//! holders the same lease. Keep the clock slewed rather than stepped (the
+//! default of `chrony` and `systemd-timesyncd` for small offsets) where TTLs
+//! matter.
 //!
 //! # SQLite build
 //!
@@ -92,6 +137,7 @@ use mcp_persist_core::{
 use rusqlite::Connection;
 use tokio::sync::Notify;
 
+mod checksum;
 mod error;
 mod ops;
 mod schema;
@@ -100,6 +146,15 @@ mod writer;
 use error::{Ctx, NAME};
 pub use schema::SCHEMA_VERSION;
 use writer::Writer;
+
+/// How long after its expiry a record or log may be deleted by a sweep
+/// ([`Backend::sweep_expired`] or the periodic one).
+///
+/// An expired row is never returned, whatever its age; the margin only
+/// delays reclaiming its space, so that a wall clock stepped forward for
+/// less than this cannot make a sweep delete live data for good (see
+/// [Clocks and TTL](crate#clocks-and-ttl)).
+pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
 
 /// How hard a commit works to survive a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,8 +181,9 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// What a commit guarantees. Default: [`Durability::Full`].
     pub durability: Durability,
-    /// How often the writer thread, when idle, deletes expired records and
-    /// logs; `None` leaves that to explicit `sweep_expired` calls. Expired
+    /// How often the writer thread, when idle, deletes records and logs
+    /// that expired more than [`SWEEP_MARGIN`] ago; `None` leaves that to
+    /// explicit `sweep_expired` calls. Expired
     /// data is never returned either way. Default: every 10 minutes.
     pub sweep_interval: Option<Duration>,
     /// How many read connections stay open between reads. Default: 4.
@@ -368,6 +424,8 @@ impl Backend for SqliteStore {
         NAME
     }
 
+    /// Deletes the records and logs that expired more than [`SWEEP_MARGIN`]
+    /// ago, and returns how many.
     async fn sweep_expired(&self) -> Result<u64> {
         let records = self.write(0, false, ops::kv_sweep).await?;
         let logs = self.write(0, false, ops::log_sweep).await?;

@@ -12,6 +12,7 @@
 //! gathers in the queue.
 
 use std::{
+    panic::AssertUnwindSafe,
     path::PathBuf,
     sync::{
         Arc,
@@ -27,7 +28,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::{
     SqliteOptions, WriteStats,
-    error::{Ctx, SharedError, writer_gone},
+    error::{Ctx, SetupError, SharedError, writer_gone},
     ops, schema,
 };
 
@@ -71,7 +72,11 @@ where
 
     fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool {
         let outcome = match self.work.take() {
-            Some(work) => work(conn, ctx),
+            // A panic fails this job alone: its savepoint (or the lone
+            // transaction) is rolled back like any failed job's, and the
+            // thread goes on serving the others.
+            Some(work) => std::panic::catch_unwind(AssertUnwindSafe(|| work(conn, ctx)))
+                .unwrap_or_else(|panic| Err(job_panicked(ctx, panic.as_ref()))),
             None => Err(writer_gone()),
         };
         let ok = outcome.is_ok();
@@ -90,6 +95,17 @@ where
         // The caller may have stopped waiting; the outcome stands regardless.
         let _ = self.reply.send(outcome);
     }
+}
+
+/// The error of a job that panicked, with the panic's message.
+fn job_panicked(ctx: Ctx<'_>, panic: &(dyn std::any::Any + Send)) -> Error {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned());
+    tracing::error!(db = ctx.db, %message, "a SQLite write panicked; it was rolled back");
+    Error::backend(crate::error::NAME, SetupError::Panicked { message })
 }
 
 #[derive(Default)]

@@ -215,6 +215,20 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
     );
 }
 
+/// Moves every expiry in `table` two minutes into the past: the rows look as
+/// if they had expired longer ago than the sweep's margin.
+fn expired_long_ago(db: &Path, table: &str) {
+    Connection::open(db)
+        .expect("raw open")
+        .execute(
+            &format!(
+                "UPDATE {table} SET expires_at = expires_at - 120000 WHERE expires_at IS NOT NULL"
+            ),
+            [],
+        )
+        .expect("age the expiries");
+}
+
 fn row_count(db: &Path, table: &str) -> i64 {
     Connection::open(db)
         .expect("raw open")
@@ -254,6 +268,8 @@ async fn sweep_reclaims_expired_rows() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(store.get("gone").await.expect("get"), None);
     assert_eq!(row_count(&db, "kv"), 2, "expired rows stay until swept");
+    expired_long_ago(&db, "kv");
+    expired_long_ago(&db, "logs");
     // One sweep for both: the expired record and the expired log.
     assert_eq!(store.sweep_expired().await.expect("sweep"), 2);
     assert_eq!(row_count(&db, "kv"), 1);
@@ -283,6 +299,8 @@ async fn idle_writer_sweeps_on_its_own() {
         .append("gone", vec![b"a".to_vec()], Some(Duration::from_millis(1)))
         .await
         .expect("append");
+    expired_long_ago(&db, "kv");
+    expired_long_ago(&db, "logs");
     // Await the condition, bounded: the sweep runs every 50 ms.
     for _ in 0..200 {
         if row_count(&db, "kv") == 0 && row_count(&db, "log_records") == 0 {

@@ -4,6 +4,15 @@
 //! The test binary re-executes itself as the child process: with the
 //! environment variable [`CHILD_ROLE`] set, a test runs the child's loop
 //! instead of the parent's checks.
+//!
+//! `MCP_PERSIST_KILLS` sets how many times the SIGKILL test kills a writer
+//! (default [`DEFAULT_KILLS`], what CI runs; each kill takes well under a
+//! second). A longer run by hand:
+//!
+//! ```text
+//! MCP_PERSIST_KILLS=1000 cargo test -p mcp-persist-store-sqlite --release \
+//!     --test processes sigkill -- --nocapture
+//! ```
 
 use std::{
     collections::{BTreeMap, hash_map::RandomState},
@@ -253,24 +262,46 @@ impl Acks {
     }
 }
 
+/// How many kills the SIGKILL test does unless `MCP_PERSIST_KILLS` says.
+const DEFAULT_KILLS: u32 = 200;
+/// The environment variable that overrides [`DEFAULT_KILLS`].
+const KILLS_VAR: &str = "MCP_PERSIST_KILLS";
+
+/// The kill count: `MCP_PERSIST_KILLS` if set (a positive integer), else
+/// [`DEFAULT_KILLS`].
+fn kills() -> u32 {
+    match std::env::var(KILLS_VAR) {
+        Ok(n) => n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{KILLS_VAR}={n:?} is not a positive integer")),
+        Err(std::env::VarError::NotPresent) => DEFAULT_KILLS,
+        Err(e) => panic!("{KILLS_VAR}: {e}"),
+    }
+}
+
 #[test]
 fn sigkill_loses_no_acknowledged_write() {
-    const KILLS: u32 = 200;
-    const BUDGET: Duration = Duration::from_secs(240);
+    // A kill takes well under a second; the budget only stops a hung run.
+    const BUDGET_PER_KILL: Duration = Duration::from_millis(1200);
     if let Some(db) = child_db("crash") {
         runtime().block_on(crash_child(db));
         return;
     }
+    let kills = kills();
+    let budget = BUDGET_PER_KILL * kills;
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("crash.db");
     let rt = runtime();
     let mut acks = Acks::default();
     let mut rng = Rng::new();
     let started = Instant::now();
-    for kill in 1..=KILLS {
+    for kill in 1..=kills {
         assert!(
-            started.elapsed() < BUDGET,
-            "only {} kills within {BUDGET:?}",
+            started.elapsed() < budget,
+            "only {} kills within {budget:?}",
             kill - 1
         );
         let mut child = spawn_child("sigkill_loses_no_acknowledged_write", "crash", &db);
@@ -332,7 +363,7 @@ fn sigkill_loses_no_acknowledged_write() {
     assert_eq!(integrity, "ok", "SQLite finds the file damaged");
     let appended: usize = acks.logs.values().map(BTreeMap::len).sum();
     eprintln!(
-        "{KILLS} kills in {:?}: counter at {}, {appended} acknowledged log records, all present",
+        "{kills} kills in {:?}: counter at {}, {appended} acknowledged log records, all present",
         started.elapsed(),
         acks.counter
     );
@@ -470,5 +501,125 @@ fn two_processes_incrementing_end_exact() {
         total,
         2 * INCREMENTS,
         "two processes x {INCREMENTS} increments"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Many processes opening one new store at the same instant
+
+/// The file whose appearance starts every waiting child of a round at once.
+const CHILD_GO: &str = "MCP_PERSIST_SQLITE_CHILD_GO";
+
+/// The child: waits for the start file, opens the store, writes its own key.
+/// Prints `OPENED` on success; anything else fails the process.
+fn open_child(db: String) {
+    let go = std::env::var(CHILD_GO).expect("start file path");
+    println!("READY");
+    let waiting = Instant::now();
+    while !Path::new(&go).exists() {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(30),
+            "no start signal"
+        );
+        thread::sleep(Duration::from_micros(500));
+    }
+    runtime().block_on(async {
+        let store = match SqliteStore::open(&db).await {
+            Ok(store) => store,
+            Err(e) => {
+                println!("FAILED open: {e}");
+                std::process::exit(2);
+            }
+        };
+        let key = format!("opened/{}", std::process::id());
+        if let Err(e) = store
+            .put(&key, b"1".to_vec(), PutOptions::new(PutMode::Create))
+            .await
+        {
+            println!("FAILED put: {e}");
+            std::process::exit(3);
+        }
+        store.close().await.expect("close");
+    });
+    println!("OPENED");
+}
+
+#[test]
+fn eight_processes_open_one_new_store_at_once() {
+    const PROCESSES: usize = 8;
+    const ROUNDS: usize = 50;
+    const TEST: &str = "eight_processes_open_one_new_store_at_once";
+    if let Some(db) = child_db("open") {
+        open_child(db);
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let db = dir.path().join(format!("round-{round}.db"));
+        let go = dir.path().join(format!("go-{round}"));
+        let mut children: Vec<Child> = (0..PROCESSES)
+            .map(|_| {
+                Command::new(std::env::current_exe().expect("path of the test binary"))
+                    .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+                    .env(CHILD_ROLE, "open")
+                    .env(CHILD_DB, &db)
+                    .env(CHILD_GO, &go)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .expect("spawn the child process")
+            })
+            .collect();
+        let mut outputs: Vec<BufReader<std::process::ChildStdout>> = children
+            .iter_mut()
+            .map(|child| BufReader::new(child.stdout.take().expect("piped stdout")))
+            .collect();
+        // Every child is waiting before the start file appears.
+        for out in &mut outputs {
+            let mut line = String::new();
+            while !line.contains("READY") {
+                line.clear();
+                let n = out.read_line(&mut line).expect("child output");
+                assert!(n > 0, "a child ended before it was ready");
+            }
+        }
+        std::fs::write(&go, b"").expect("start file");
+        for (child, out) in children.iter_mut().zip(&mut outputs) {
+            let mut rest = String::new();
+            std::io::Read::read_to_string(out, &mut rest).expect("child output");
+            let status = child.wait().expect("reap the child");
+            if !status.success() || !rest.contains("OPENED") {
+                let said = rest
+                    .lines()
+                    .find(|l| l.contains("FAILED"))
+                    .unwrap_or("no output")
+                    .to_owned();
+                failures.push(format!("round {round}: {status}: {said}"));
+            }
+        }
+        let opened = runtime().block_on(async {
+            let store = SqliteStore::open(&db).await.expect("reopen");
+            store.list("opened/").await.expect("list").len()
+        });
+        if failures.is_empty() {
+            assert_eq!(
+                opened, PROCESSES,
+                "round {round}: every child wrote its key"
+            );
+        }
+    }
+    eprintln!(
+        "{ROUNDS} rounds of {PROCESSES} processes opening one new store in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} opens failed:\n{}",
+        failures.len(),
+        PROCESSES * ROUNDS,
+        failures.join("\n")
     );
 }
