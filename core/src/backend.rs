@@ -26,6 +26,23 @@
 //! by `get` or `list`, whatever the backend does about reclaiming its space, and
 //! the key behaves as absent: `Create` succeeds, `Update` gives `Conflict`.
 //!
+//! TTLs are measured by a clock, and clocks step (NTP corrections, a VM
+//! resumed, an operator's mistake). What a step does, per backend:
+//!
+//! | backend | clock that decides expiry | a step forward | a step back |
+//! |---|---|---|---|
+//! | memory | the process's monotonic clock | nothing | nothing |
+//! | file, SQLite, Secrets Manager | the reading machine's wall clock against an absolute expiry | records expire early for reads; a sweep still keeps what expired less than its margin (60 s) ago | expired records read as live again until the clock catches up |
+//! | Redis | the Redis server's clock | as the server's clock does | as the server's clock does |
+//!
+//! Nothing that decides who holds a lease reads a wall clock: refresh
+//! leases and instance liveness are judged by each observer watching a
+//! version stay unchanged on its own monotonic clock, and taken over by
+//! compare-and-swap on that version, so no clock step gives two holders.
+//! [`Backend::sweep_expired`] implementations keep records that expired
+//! less than a margin ago, so a brief forward step never deletes live data
+//! for good.
+//!
 //! # Durability
 //!
 //! A write that returned `Ok` is committed: a durable backend keeps it through

@@ -63,6 +63,11 @@
 //!   expired record is absent. [`Backend::sweep_expired`](mcp_persist_core::Backend::sweep_expired) removes the
 //!   secrets of expired and deleted records from the service, with a
 //!   recovery window or without one ([`Deletion`]).
+//! * **Clocks.** Expiry is judged by this machine's wall clock against the
+//!   absolute time in the stamp. A clock stepped forward makes records
+//!   expire early for reads, and one stepped back keeps them longer; a
+//!   sweep only removes records that expired at least [`SWEEP_MARGIN`] ago, so a
+//!   brief forward step never deletes a live record for good.
 //! * **Rate**: Secrets Manager allows about 50 write calls per second per
 //!   account. Write calls are spaced by a rate limiter
 //!   ([`SecretsManagerStoreBuilder::max_writes_per_second`]), and overwrites
@@ -118,6 +123,12 @@ pub use aws_config;
 /// The Secrets Manager client this crate was built with, to build one explicitly.
 pub use aws_sdk_secretsmanager;
 pub use error::{ServiceError, Throttled};
+
+/// How long ago a record must have expired before
+/// [`Backend::sweep_expired`](mcp_persist_core::Backend::sweep_expired)
+/// removes its secret, unless
+/// [`SecretsManagerStoreBuilder::sweep_margin`] says otherwise.
+pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
 
 /// The backend's name in errors and traces.
 pub const BACKEND: &str = "secrets-manager";
@@ -179,6 +190,7 @@ impl SecretsManagerStore {
             retry: None,
             deletion: Deletion::default(),
             writes_per_second: Some(DEFAULT_WRITES_PER_SECOND),
+            sweep_margin: SWEEP_MARGIN,
         }
     }
 
@@ -216,6 +228,7 @@ pub struct SecretsManagerStoreBuilder {
     retry: Option<RetryConfig>,
     deletion: Deletion,
     writes_per_second: Option<u32>,
+    sweep_margin: Duration,
 }
 
 impl SecretsManagerStoreBuilder {
@@ -241,6 +254,14 @@ impl SecretsManagerStoreBuilder {
     /// How the sweep removes secrets (default: a 7-day recovery window).
     pub fn deletion(mut self, deletion: Deletion) -> Self {
         self.deletion = deletion;
+        self
+    }
+
+    /// How long ago a record must have expired before the sweep removes its
+    /// secret (default [`SWEEP_MARGIN`]): a record expired more recently,
+    /// perhaps only because the wall clock stepped forward, is kept.
+    pub fn sweep_margin(mut self, margin: Duration) -> Self {
+        self.sweep_margin = margin;
         self
     }
 
@@ -295,6 +316,7 @@ impl SecretsManagerStoreBuilder {
                 client,
                 names,
                 deletion: self.deletion,
+                sweep_margin_ms: u64::try_from(self.sweep_margin.as_millis()).unwrap_or(u64::MAX),
                 limiter: gate::RateLimiter::new(self.writes_per_second),
                 coalescer: gate::Coalescer::default(),
             }),

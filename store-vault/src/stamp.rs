@@ -221,6 +221,15 @@ impl Stamp {
         self.kind != Kind::Tombstone && (self.expires_ms == 0 || self.expires_ms > now_ms)
     }
 
+    /// Whether a sweep at `now_ms` may remove the secret for good: a
+    /// deletion marker, or a record that expired at least `margin_ms` ago.
+    /// A record expired more recently is absent to reads but kept, so a
+    /// wall clock stepped forward for a moment cannot destroy it.
+    pub(crate) fn sweepable(&self, now_ms: u64, margin_ms: u64) -> bool {
+        self.kind == Kind::Tombstone
+            || (self.expires_ms != 0 && self.expires_ms <= now_ms.saturating_sub(margin_ms))
+    }
+
     /// Whether `value` is what this stamp was written with, for `key`.
     pub(crate) fn matches(&self, key: &str, value: &[u8]) -> bool {
         digest(key, self.counter, self.expires_ms, self.kind, value) == self.digest
@@ -230,6 +239,23 @@ impl Stamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sweeps_keep_what_expired_within_the_margin() {
+        let margin = 60_000;
+        let now = 10 * margin;
+        let at = |expires_ms, kind| Stamp::new("k", 1, expires_ms, kind, b"v", None);
+        // Expired a moment ago (or a clock stepped forward): absent, kept.
+        let recent = at(now - 1_000, Kind::Value);
+        assert!(!recent.is_live(now) && !recent.sweepable(now, margin));
+        // Expired longer ago than the margin: removed.
+        assert!(at(now - margin, Kind::Value).sweepable(now, margin));
+        // No TTL, or not expired: never swept.
+        assert!(!at(0, Kind::Value).sweepable(now, margin));
+        assert!(!at(now + 1, Kind::Value).sweepable(now, margin));
+        // A deletion marker goes at once.
+        assert!(at(0, Kind::Tombstone).sweepable(now, margin));
+    }
 
     #[test]
     fn stamps_round_trip_within_the_token_limits() {

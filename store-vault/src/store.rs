@@ -41,6 +41,7 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) names: Names,
     pub(crate) deletion: Deletion,
+    pub(crate) sweep_margin_ms: u64,
     pub(crate) limiter: Option<RateLimiter>,
     pub(crate) coalescer: Coalescer,
 }
@@ -469,7 +470,7 @@ impl Inner {
         let mut removed = 0;
         for (key, name, current) in self.scan("").await? {
             let Some(id) = current else { continue };
-            if !Stamp::parse(&key, &id).is_ok_and(|s| !s.is_live(now)) {
+            if !Stamp::parse(&key, &id).is_ok_and(|s| s.sweepable(now, self.sweep_margin_ms)) {
                 continue;
             }
             // Read again right before deleting: a write since the scan keeps it.

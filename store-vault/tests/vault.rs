@@ -553,6 +553,7 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
     let prefix = unique_prefix("sweep");
     let store = builder(&url, &prefix)
         .deletion(deletion)
+        .sweep_margin(Duration::ZERO)
         .build()
         .await
         .expect("store");
