@@ -192,6 +192,25 @@ async fn copy_key(
                         .ok()
                         .and_then(|r| written_at(&r));
                     let ours = written_at(&record);
+                    let same_stream = record.kind == "event_stream"
+                        && stream_token(&existing.value) == stream_token(&entry.value);
+                    if record.kind == "event_stream" && !same_stream {
+                        summary.refused.push((
+                            key.to_owned(),
+                            "the destination holds another stream of this name (its event ids carry another token); remove it there with `mcp-persist rm` and copy again".into(),
+                        ));
+                        return Ok(());
+                    }
+                    // The same stream: the source's metadata (retention
+                    // bound, request) is the one its log goes with.
+                    let (ours, theirs) = if same_stream {
+                        (
+                            Some(Timestamp::from_unix_millis(1)),
+                            Some(Timestamp::from_unix_millis(0)),
+                        )
+                    } else {
+                        (ours, theirs)
+                    };
                     match (ours, theirs) {
                         (Some(ours), Some(theirs)) if ours > theirs => {
                             let update = PutOptions::new(PutMode::Update(existing.version))
@@ -242,6 +261,16 @@ async fn copy_key(
             .map_err(|e| Failure::store(&dest.rest.label, e))?;
     }
     Ok(())
+}
+
+/// The token of a stream's metadata record, read from its raw envelope
+/// (the decoded view redacts it).
+fn stream_token(bytes: &[u8]) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()?
+        .pointer("/record/token")?
+        .as_str()
+        .map(str::to_owned)
 }
 
 async fn copy_log(

@@ -17,8 +17,7 @@ use mcp_persist_store_vault::{
 use crate::fail::{Failure, usage};
 
 /// The URL forms, for help texts and error messages.
-pub(crate) const FORMS: &str = "\
-  sqlite:PATH                         a SQLite database file
+pub(crate) const FORMS: &str = "  sqlite:PATH                         a SQLite database file
   file:DIR                            a file-store directory
   redis://HOST:PORT[/DB][?prefix=P]   a Redis server (rediss:// for TLS)
   redis+cluster://H1:P1,H2:P2[?prefix=P]
