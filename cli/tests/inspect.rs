@@ -100,7 +100,6 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
             );
         }
     }
-    let cred_key = mcp_persist_core::stores::inspect::REDACTED; // used below
     let keys = cli_expect(&["--json", "stats", client], 0);
     assert!(keys.contains("\"credentials\""), "{keys}");
     // `show` of the credential record: decoded, every secret redacted.
@@ -112,7 +111,10 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
         .expect("the planted credentials");
     let shown = cli_expect(&["show", client, token_key], 0);
     assert!(shown.contains("kind:    credentials"), "{shown}");
-    assert!(shown.contains(cred_key), "{shown}");
+    assert!(
+        shown.contains(mcp_persist_core::stores::inspect::REDACTED),
+        "{shown}"
+    );
     for secret in [PLANTED_ACCESS, PLANTED_REFRESH, PLANTED_CLIENT_SECRET] {
         assert!(!shown.contains(secret), "show printed a secret:\n{shown}");
     }
@@ -168,7 +170,7 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
     cli_expect(&["check", server], 0);
 
     // gc: orphaned in-flight entries go; the live session's stay.
-    let orphan = format!("client/inflight/default/http:%2F%2Fgone.example%2Fmcp/old-session/n7");
+    let orphan = "client/inflight/default/http:%2F%2Fgone.example%2Fmcp/old-session/n7";
     client_stores
         .client_state()
         .record_inflight(
@@ -182,13 +184,13 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
         )
         .await?;
     let dry = cli_expect(&["gc", client, "--dry-run"], 0);
-    assert!(dry.contains(&orphan), "{dry}");
+    assert!(dry.contains(orphan), "{dry}");
     let swept = cli_expect(&["gc", client], 0);
     assert!(
         swept.contains("deleted 1 orphaned in-flight entries"),
         "{swept}"
     );
-    let shown = cli(&["show", client, &orphan]);
+    let shown = cli(&["show", client, orphan]);
     assert_eq!(shown.status.code(), Some(6), "the orphan is gone");
     Ok(())
 }
