@@ -376,3 +376,48 @@ async fn copy_into_split_secretsmanager_store_never_prints_tokens() -> anyhow::R
     cli_expect(&["check", &split], 0);
     Ok(())
 }
+
+/// The cluster form: a copy into a Redis Cluster lists and checks the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_into_redis_cluster_lists_the_same_sessions() -> anyhow::Result<()> {
+    let Some(urls) = service_var(CLUSTER_VAR) else {
+        return Ok(());
+    };
+    let nodes: Vec<&str> = urls
+        .split(',')
+        .map(|u| {
+            u.trim()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let cluster = format!(
+        "redis+cluster://{}?prefix={}",
+        nodes.join(","),
+        unique("cluster")
+    );
+    let summary = cli_expect(&["copy", &filled.server_store, &cluster], 0);
+    assert!(summary.contains("verified:"), "{summary}");
+    let listed = |store: &str| -> anyhow::Result<Vec<String>> {
+        let rows: serde_json::Value =
+            serde_json::from_str(&cli_expect(&["--json", "ls", store, "sessions"], 0))?;
+        let mut ids: Vec<String> = rows
+            .as_array()
+            .map(|rows| {
+                rows.iter()
+                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        Ok(ids)
+    };
+    let source = listed(&filled.server_store)?;
+    assert_eq!(source.len(), 2);
+    assert_eq!(listed(&cluster)?, source);
+    cli_expect(&["check", &cluster], 0);
+    Ok(())
+}

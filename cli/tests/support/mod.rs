@@ -1,8 +1,9 @@
 //! What the CLI's tests share: the binary, real demo servers and durable
 //! clients of this workspace filling stores, and where Redis and moto are.
 //!
-//! `cargo xtask test` starts Redis and moto and passes their addresses in
-//! `MCP_PERSIST_REDIS_URL` and `MCP_PERSIST_MOTO_URL`. Without them, a test
+//! `cargo xtask test` starts Redis (standalone and a cluster) and moto and
+//! passes their addresses in `MCP_PERSIST_REDIS_URL`,
+//! `MCP_PERSIST_REDIS_CLUSTER_URLS` and `MCP_PERSIST_MOTO_URL`. Without them, a test
 //! that needs one fails under CI and otherwise prints a notice and skips.
 #![allow(dead_code, deprecated, unreachable_pub)]
 
@@ -23,6 +24,7 @@ use tokio::{net::TcpListener, task::JoinHandle};
 pub mod demo;
 
 pub const REDIS_VAR: &str = "MCP_PERSIST_REDIS_URL";
+pub const CLUSTER_VAR: &str = "MCP_PERSIST_REDIS_CLUSTER_URLS";
 pub const MOTO_VAR: &str = "MCP_PERSIST_MOTO_URL";
 
 /// The token text planted in credentials: it must never be printed.
