@@ -122,6 +122,47 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
     let log = cli_expect(&["show", server, &format!("server/events/{stream}")], 0);
     assert!(log.contains("notifications/progress"), "{log}");
 
+    // Tasks and shared keys, as a server keeps them; key material never shown.
+    let server_stores = open_local(server).await?;
+    let task = mcp_persist_core::TaskRecord::new(
+        mcp_persist_core::TaskId::new("task-cli-1")?,
+        Some("alice".into()),
+        mcp_persist_core::TaskOwner::new(
+            "instance-1",
+            1,
+            mcp_persist_core::Timestamp::now().plus(std::time::Duration::from_secs(30)),
+        ),
+    )
+    .with_ttl_ms(Some(600_000));
+    server_stores.tasks()?.create(&task).await?;
+    let tasks = cli_expect(&["ls", server, "tasks"], 0);
+    let row = tasks
+        .lines()
+        .find(|l| l.starts_with("task-cli-1"))
+        .unwrap_or_else(|| panic!("the task is listed:\n{tasks}"));
+    assert!(
+        row.contains("working") && row.contains("alice") && row.contains("instance-1"),
+        "{row}"
+    );
+    let ring = server_stores
+        .shared_keys()
+        .get_or_create("request-state")
+        .await?;
+    let key_material = ring.active.secret.expose_secret().to_owned();
+    let keys = cli_expect(&["ls", server, "keys"], 0);
+    assert!(
+        keys.contains("request-state") && keys.contains(&ring.active.id),
+        "{keys}"
+    );
+    let shown = cli_expect(&["--json", "show", server, "server/key/request-state"], 0);
+    assert!(shown.contains("shared_key_ring"), "{shown}");
+    for text in [&keys, &shown] {
+        assert!(
+            !text.contains(&key_material),
+            "key material printed:\n{text}"
+        );
+    }
+
     // Stats: counts per kind.
     let stats: serde_json::Value =
         serde_json::from_str(&cli_expect(&["--json", "stats", server], 0))?;
