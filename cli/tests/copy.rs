@@ -186,7 +186,7 @@ async fn killed_copy_resumes(
     dest_kv: Arc<dyn KvStore>,
     dest_log: Arc<dyn LogStore>,
 ) -> anyhow::Result<()> {
-    const SESSIONS: usize = 600;
+    const SESSIONS: usize = 1200;
     const EVENTS: usize = 3000;
     let dir = tempfile::tempdir()?;
     let source = format!("sqlite:{}", dir.path().join("big.db").display());
