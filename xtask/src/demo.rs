@@ -1,6 +1,7 @@
 //! `cargo xtask demo`: a client and a server killed and restarted, carrying on.
 //!
-//! Builds the `server` and `client` examples of transport-http and runs them
+//! Builds the `server` and `client` examples of transport-http (and the
+//! `mcp-persist` CLI) and runs them
 //! on loopback with SQLite in a fresh folder:
 //!
 //! 1. the client connects and calls tools (one `initialize` in all);
@@ -15,7 +16,9 @@
 //! 6. the 2026-07-28 chapter: a client starts a task on instance A and is
 //!    killed; A is killed; restarted, the client collects the task's result
 //!    from instance B, which took the task over when A's lease lapsed and
-//!    ran it again.
+//!    ran it again;
+//! 7. the operator's view: `mcp-persist ls sessions` on the server's store
+//!    (the CLI is built with the examples).
 //!
 //! Every step checks what it shows; the command exits non-zero if one fails.
 
@@ -76,11 +79,12 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
     println!("server URL:   {}\n", demo.url());
     let outcome = demo.story();
     demo.summary();
-    outcome
+    outcome?;
+    demo.operator_view()
 }
 
 fn build_examples() -> Result<PathBuf> {
-    print!("building the server and client examples ... ");
+    print!("building the server and client examples and the mcp-persist CLI ... ");
     std::io::stdout().flush().ok();
     let status = crate::cargo()
         .args([
@@ -96,6 +100,18 @@ fn build_examples() -> Result<PathBuf> {
         .status()
         .context("running cargo build")?;
     ensure!(status.success(), "building the examples failed");
+    let status = crate::cargo()
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "mcp-persist-cli",
+            "--bin",
+            "mcp-persist",
+        ])
+        .status()
+        .context("running cargo build")?;
+    ensure!(status.success(), "building the mcp-persist CLI failed");
     println!("done");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -426,6 +442,34 @@ impl Demo {
             thread::sleep(Duration::from_millis(200).min(until - Instant::now()));
         }
         println!();
+    }
+
+    /// What an operator sees in the server's store afterwards:
+    /// `mcp-persist ls sessions`.
+    fn operator_view(&self) -> Result<()> {
+        let store = format!("sqlite:{}", self.folder.join("server.db").display());
+        println!("\n$ mcp-persist ls sessions {store}");
+        let cli = self
+            .bin
+            .parent()
+            .context("the examples folder has a parent")?
+            .join("mcp-persist");
+        let output = Command::new(cli)
+            .args(["ls", &store, "sessions"])
+            .output()
+            .context("running mcp-persist ls sessions")?;
+        let listing = String::from_utf8_lossy(&output.stdout);
+        print!("{listing}");
+        ensure!(
+            output.status.success(),
+            "mcp-persist ls sessions failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ensure!(
+            listing.lines().count() >= 2,
+            "mcp-persist listed no session in the demo's store"
+        );
+        Ok(())
     }
 
     fn summary(&self) {

@@ -79,7 +79,7 @@ impl RefreshOutcome {
 }
 
 #[derive(Serialize, Deserialize)]
-struct LeaseRecord {
+pub(crate) struct LeaseRecord {
     holder: String,
     taken_at: Timestamp,
 }
@@ -91,7 +91,7 @@ impl Record for LeaseRecord {
 
 /// Which issuer a resource was last authorized with.
 #[derive(Serialize, Deserialize)]
-struct ResourceIssuer {
+pub(crate) struct ResourceIssuer {
     issuer: String,
     updated_at: Timestamp,
 }

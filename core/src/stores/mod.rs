@@ -28,6 +28,7 @@ mod bus;
 mod client;
 mod credentials;
 mod events;
+pub mod inspect;
 mod keys;
 mod liveness;
 mod session;

@@ -303,7 +303,7 @@ pub enum TaskUpdate {
 /// One inbox entry: something changed in the record that the running
 /// operation must look at.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct InboxRecord {
+pub(crate) struct InboxRecord {
     reason: String,
 }
 

@@ -1,0 +1,592 @@
+//! `ls`, `show` and `stats`: what a store holds, read through core's record
+//! types, secrets never shown.
+
+use std::{collections::BTreeMap, io::Write};
+
+use mcp_persist_core::{
+    Credentials, LogRecord, LogStore, Timestamp,
+    records::decode,
+    stores::inspect::{Inspected, inspect},
+};
+use serde_json::{Value, json};
+
+use crate::{
+    fail::{Code, Failure},
+    model::{
+        BUS_LOG, Expiry, Kind, TtlPolicy, created_at, format_duration, format_time, log_of,
+        time_at, unescape,
+    },
+    output::{Table, or_dash, print_json},
+    target::Store,
+};
+
+/// What every reading command needs.
+pub(crate) struct Ctx<'a> {
+    /// The store.
+    pub(crate) store: &'a Store,
+    /// TTLs the records do not carry.
+    pub(crate) ttl: TtlPolicy,
+    /// JSON instead of a table.
+    pub(crate) json: bool,
+}
+
+/// A record read and decoded, or why not.
+pub(crate) struct Read {
+    /// Its key.
+    pub(crate) key: String,
+    /// Its size in bytes.
+    pub(crate) bytes: usize,
+    /// Its version.
+    pub(crate) version: u64,
+    /// The decoded record, or the reason it is damaged.
+    pub(crate) record: Result<Inspected, mcp_persist_core::Error>,
+}
+
+impl Ctx<'_> {
+    /// Reads and decodes the record under `key`; `None` when absent.
+    pub(crate) async fn read(&self, key: &str) -> Result<Option<Read>, Failure> {
+        let backend = self.store.backend_for(key);
+        match backend.kv.get(key).await {
+            Ok(None) => Ok(None),
+            Ok(Some(entry)) => Ok(Some(Read {
+                key: key.to_owned(),
+                bytes: entry.value.len(),
+                version: entry.version.get(),
+                record: inspect(key, &entry.value),
+            })),
+            Err(
+                e @ (mcp_persist_core::Error::Corrupt { .. }
+                | mcp_persist_core::Error::NewerSchema { .. }),
+            ) => Ok(Some(Read {
+                key: key.to_owned(),
+                bytes: 0,
+                version: 0,
+                record: Err(e),
+            })),
+            Err(e) => Err(Failure::store(&backend.label, e)),
+        }
+    }
+
+    /// Reads every record under `prefix`, skipping keys that vanished
+    /// between the listing and the read.
+    pub(crate) async fn read_all(&self, prefix: &str) -> Result<Vec<Read>, Failure> {
+        let mut out = Vec::new();
+        for key in self.store.list(prefix).await? {
+            if let Some(read) = self.read(&key).await? {
+                out.push(read);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The log store, or a failure naming the command that needs it.
+    pub(crate) fn log(&self) -> Option<&std::sync::Arc<dyn LogStore>> {
+        self.store.log()
+    }
+}
+
+/// Every record of `log`, in order.
+pub(crate) async fn read_log(
+    log: &dyn LogStore,
+    name: &str,
+) -> mcp_persist_core::Result<Vec<LogRecord>> {
+    let mut out: Vec<LogRecord> = Vec::new();
+    loop {
+        let after = out.last().map_or(0, |r| r.seq);
+        let batch = log.read_after(name, after, 1024).await?;
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        out.extend(batch);
+    }
+}
+
+fn warn_damaged(damaged: usize) {
+    if damaged > 0 {
+        eprintln!(
+            "warning: {damaged} record(s) could not be read and are not listed; run `mcp-persist check` for the reasons"
+        );
+    }
+}
+
+fn time_cell(t: Option<Timestamp>) -> String {
+    or_dash(t.map(format_time))
+}
+
+fn str_at<'v>(v: &'v Value, pointer: &str) -> Option<&'v str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+fn ttl_left(expiry: Expiry) -> (String, Value) {
+    match expiry {
+        Expiry::At(t) => {
+            let left = t.since(Timestamp::now());
+            (format_duration(left), json!(left.as_secs()))
+        }
+        Expiry::Never => ("never".into(), Value::Null),
+        Expiry::Transient => ("lease".into(), Value::Null),
+    }
+}
+
+/// `ls sessions`.
+pub(crate) async fn ls_sessions(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    let mut table = Table::new(&[
+        "ID",
+        "PRINCIPAL",
+        "CLIENT",
+        "CLIENT VERSION",
+        "PROTOCOL",
+        "CREATED",
+        "LAST SEEN",
+        "TTL LEFT",
+    ]);
+    let mut rows = Vec::new();
+    let mut damaged = 0;
+    for read in ctx.read_all("server/session/").await? {
+        let Ok(rec) = read.record else {
+            damaged += 1;
+            continue;
+        };
+        let r = &rec.record;
+        let (ttl_text, ttl_secs) = ttl_left(ctx.ttl.expiry(&rec));
+        let row = json!({
+            "id": str_at(r, "/session_id"),
+            "principal": str_at(r, "/principal"),
+            "client_name": str_at(r, "/initialize_params/clientInfo/name"),
+            "client_version": str_at(r, "/initialize_params/clientInfo/version"),
+            "protocol_version": str_at(r, "/initialize_params/protocolVersion"),
+            "created": time_at(r, "/created_at").map(format_time),
+            "last_seen": time_at(r, "/last_seen").map(format_time),
+            "ttl_left_secs": ttl_secs,
+        });
+        table.row(vec![
+            or_dash(str_at(r, "/session_id")),
+            or_dash(str_at(r, "/principal")),
+            or_dash(str_at(r, "/initialize_params/clientInfo/name")),
+            or_dash(str_at(r, "/initialize_params/clientInfo/version")),
+            or_dash(str_at(r, "/initialize_params/protocolVersion")),
+            time_cell(time_at(r, "/created_at")),
+            time_cell(time_at(r, "/last_seen")),
+            ttl_text,
+        ]);
+        rows.push(row);
+    }
+    warn_damaged(damaged);
+    emit(ctx, out, table, rows)
+}
+
+fn emit(
+    ctx: &Ctx<'_>,
+    out: &mut impl Write,
+    table: Table,
+    rows: Vec<Value>,
+) -> Result<(), Failure> {
+    if ctx.json {
+        print_json(out, &Value::Array(rows))?;
+    } else {
+        table.print(out)?;
+    }
+    Ok(())
+}
+
+/// `ls events`.
+pub(crate) async fn ls_events(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    let mut table = Table::new(&["STREAM", "SESSION", "EVENTS", "LAST SEQ", "AGE"]);
+    let mut rows = Vec::new();
+    let mut damaged = 0;
+    for read in ctx.read_all("server/stream/").await? {
+        let Ok(rec) = read.record else {
+            damaged += 1;
+            continue;
+        };
+        let stream = unescape(read.key.trim_start_matches("server/stream/"));
+        let (events, last) = match (ctx.log(), log_of(&read.key)) {
+            (Some(log), Some((name, _))) => match read_log(&**log, &name).await {
+                Ok(records) => (
+                    Some(records.len()),
+                    records.last().map(|r| r.seq).unwrap_or(0),
+                ),
+                Err(_) => {
+                    damaged += 1;
+                    (None, 0)
+                }
+            },
+            _ => (None, 0),
+        };
+        let created = time_at(&rec.record, "/created_at");
+        let age = created.map(|c| Timestamp::now().since(c));
+        table.row(vec![
+            stream.clone(),
+            or_dash(str_at(&rec.record, "/session")),
+            or_dash(events),
+            last.to_string(),
+            or_dash(age.map(format_duration)),
+        ]);
+        rows.push(json!({
+            "stream": stream,
+            "session": str_at(&rec.record, "/session"),
+            "events": events,
+            "last_seq": last,
+            "age_secs": age.map(|a| a.as_secs()),
+        }));
+    }
+    warn_damaged(damaged);
+    emit(ctx, out, table, rows)
+}
+
+/// `ls clients`.
+pub(crate) async fn ls_clients(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    #[derive(Default)]
+    struct Server {
+        era: Option<String>,
+        protocol: Option<String>,
+        session: Option<String>,
+        inflight: usize,
+    }
+    let mut servers: BTreeMap<(String, String), Server> = BTreeMap::new();
+    let mut damaged = 0;
+    for read in ctx.read_all("client/").await? {
+        let parts: Vec<&str> = read.key.split('/').collect();
+        let [_, what, profile, endpoint, ..] = parts.as_slice() else {
+            continue;
+        };
+        let server = servers
+            .entry((unescape(endpoint), unescape(profile)))
+            .or_default();
+        let Ok(rec) = read.record else {
+            damaged += 1;
+            continue;
+        };
+        match *what {
+            "profile" => {
+                server.era = str_at(&rec.record, "/era").map(str::to_owned);
+                server.protocol = server
+                    .protocol
+                    .take()
+                    .or_else(|| str_at(&rec.record, "/protocol_version").map(str::to_owned));
+            }
+            "session" => {
+                server.session = str_at(&rec.record, "/session_id").map(str::to_owned);
+                server.protocol = str_at(&rec.record, "/protocol_version").map(str::to_owned);
+            }
+            "inflight" => server.inflight += 1,
+            _ => {}
+        }
+    }
+    warn_damaged(damaged);
+    let mut table = Table::new(&[
+        "SERVER",
+        "PROFILE",
+        "ERA",
+        "PROTOCOL",
+        "SESSION",
+        "IN-FLIGHT",
+    ]);
+    let mut rows = Vec::new();
+    for ((endpoint, profile), s) in servers {
+        table.row(vec![
+            endpoint.clone(),
+            profile.clone(),
+            or_dash(s.era.as_deref()),
+            or_dash(s.protocol.as_deref()),
+            or_dash(s.session.as_deref()),
+            s.inflight.to_string(),
+        ]);
+        rows.push(json!({
+            "server": endpoint,
+            "profile": profile,
+            "era": s.era,
+            "protocol_version": s.protocol,
+            "session": s.session,
+            "in_flight": s.inflight,
+        }));
+    }
+    emit(ctx, out, table, rows)
+}
+
+/// `ls credentials`: issuer, resource, scopes, expiry and whether a refresh
+/// token is held, never any token text.
+pub(crate) async fn ls_credentials(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    let mut table = Table::new(&["ISSUER", "RESOURCE", "SCOPES", "EXPIRES", "REFRESH TOKEN"]);
+    let mut rows = Vec::new();
+    let mut damaged = 0;
+    for key in ctx.store.list("cred/token/").await? {
+        let backend = ctx.store.backend_for(&key);
+        let entry = match backend.kv.get(&key).await {
+            Ok(Some(entry)) => entry,
+            Ok(None) => continue,
+            Err(mcp_persist_core::Error::Corrupt { .. }) => {
+                damaged += 1;
+                continue;
+            }
+            Err(e) => return Err(Failure::store(&backend.label, e)),
+        };
+        let Ok(creds) = decode::<Credentials>(&key, &entry.value) else {
+            damaged += 1;
+            continue;
+        };
+        let expires = creds.expires_at.map(format_time);
+        table.row(vec![
+            creds.key.issuer.clone(),
+            creds.key.resource.clone(),
+            if creds.scopes.is_empty() {
+                "-".into()
+            } else {
+                creds.scopes.join(" ")
+            },
+            or_dash(expires.as_deref()),
+            if creds.refresh_token.is_some() {
+                "yes".into()
+            } else {
+                "no".into()
+            },
+        ]);
+        rows.push(json!({
+            "issuer": creds.key.issuer,
+            "resource": creds.key.resource,
+            "scopes": creds.scopes,
+            "expires": expires,
+            "refresh_token": creds.refresh_token.is_some(),
+        }));
+    }
+    warn_damaged(damaged);
+    emit(ctx, out, table, rows)
+}
+
+/// `ls tasks`.
+pub(crate) async fn ls_tasks(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    let mut table = Table::new(&[
+        "ID",
+        "STATUS",
+        "PRINCIPAL",
+        "OWNER",
+        "RUNS",
+        "CREATED",
+        "UPDATED",
+        "TTL LEFT",
+    ]);
+    let mut rows = Vec::new();
+    let mut damaged = 0;
+    for read in ctx.read_all("server/task/").await? {
+        let Ok(rec) = read.record else {
+            damaged += 1;
+            continue;
+        };
+        let r = &rec.record;
+        let (ttl_text, ttl_secs) = ttl_left(ctx.ttl.expiry(&rec));
+        let status = r.pointer("/status").map(|s| match s {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+        table.row(vec![
+            or_dash(str_at(r, "/task_id")),
+            or_dash(status.as_deref()),
+            or_dash(str_at(r, "/principal")),
+            or_dash(str_at(r, "/owner/instance")),
+            or_dash(r.pointer("/runs").and_then(Value::as_u64)),
+            time_cell(time_at(r, "/created_at")),
+            time_cell(time_at(r, "/last_updated_at")),
+            ttl_text,
+        ]);
+        rows.push(json!({
+            "id": str_at(r, "/task_id"),
+            "status": status,
+            "principal": str_at(r, "/principal"),
+            "owner": str_at(r, "/owner/instance"),
+            "runs": r.pointer("/runs"),
+            "created": time_at(r, "/created_at").map(format_time),
+            "updated": time_at(r, "/last_updated_at").map(format_time),
+            "ttl_left_secs": ttl_secs,
+        }));
+    }
+    warn_damaged(damaged);
+    emit(ctx, out, table, rows)
+}
+
+/// `ls keys`: shared key rings, by name and key id, never key material.
+pub(crate) async fn ls_keys(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    let mut table = Table::new(&["NAME", "ACTIVE KEY", "CREATED", "PREVIOUS KEY"]);
+    let mut rows = Vec::new();
+    let mut damaged = 0;
+    for read in ctx.read_all("server/key/").await? {
+        let Ok(rec) = read.record else {
+            damaged += 1;
+            continue;
+        };
+        let r = &rec.record;
+        let name = unescape(read.key.trim_start_matches("server/key/"));
+        table.row(vec![
+            name.clone(),
+            or_dash(str_at(r, "/active/id")),
+            time_cell(time_at(r, "/active/created_at")),
+            or_dash(str_at(r, "/previous/id")),
+        ]);
+        rows.push(json!({
+            "name": name,
+            "active_key": str_at(r, "/active/id"),
+            "created": time_at(r, "/active/created_at").map(format_time),
+            "previous_key": str_at(r, "/previous/id"),
+        }));
+    }
+    warn_damaged(damaged);
+    emit(ctx, out, table, rows)
+}
+
+/// `show KEY`: one record decoded, secrets redacted; or a log's records.
+pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Result<(), Failure> {
+    if let Some(read) = ctx.read(key).await? {
+        let rec = read.record.map_err(|e| {
+            let label = &ctx.store.backend_for(key).label;
+            Failure::store(label, e)
+        })?;
+        let value = json!({
+            "key": key,
+            "kind": rec.kind,
+            "schema": rec.schema,
+            "version": read.version,
+            "bytes": read.bytes,
+            "record": rec.record,
+        });
+        if ctx.json {
+            print_json(out, &value)?;
+        } else {
+            writeln!(out, "key:     {key}")?;
+            writeln!(out, "kind:    {} (schema {})", rec.kind, rec.schema)?;
+            writeln!(out, "version: {}", read.version)?;
+            writeln!(out, "bytes:   {}", read.bytes)?;
+            print_json(out, &rec.record)?;
+        }
+        return Ok(());
+    }
+    let is_log = key.starts_with("server/events/")
+        || key.starts_with("server/task-inbox/")
+        || key == BUS_LOG;
+    if is_log && let Some(log) = ctx.log() {
+        let records = read_log(&**log, key)
+            .await
+            .map_err(|e| Failure::store(&ctx.store.rest.label, e))?;
+        if !records.is_empty() {
+            let mut items = Vec::new();
+            for r in records {
+                let name = format!("{key}#{}", r.seq);
+                let decoded = inspect(&name, &r.data)
+                    .map_err(|e| Failure::store(&ctx.store.rest.label, e))?;
+                items.push(json!({"seq": r.seq, "kind": decoded.kind, "record": decoded.record}));
+            }
+            let value = json!({"log": key, "records": items});
+            if ctx.json {
+                print_json(out, &value)?;
+            } else {
+                writeln!(out, "log:     {key}")?;
+                writeln!(
+                    out,
+                    "records: {}",
+                    value["records"].as_array().map_or(0, Vec::len)
+                )?;
+                print_json(out, &value["records"])?;
+            }
+            return Ok(());
+        }
+    }
+    Err(Failure::new(
+        Code::Other,
+        format!(
+            "no record or log under `{key}` in {}; list keys with `mcp-persist ls` or `stats`",
+            ctx.store.label
+        ),
+    ))
+}
+
+#[derive(Default)]
+struct KindStats {
+    records: u64,
+    bytes: u64,
+    damaged: u64,
+    oldest: Option<Timestamp>,
+    newest: Option<Timestamp>,
+}
+
+impl KindStats {
+    fn note(&mut self, bytes: usize, at: Option<Timestamp>) {
+        self.records += 1;
+        self.bytes += bytes as u64;
+        if let Some(at) = at {
+            self.oldest = Some(self.oldest.map_or(at, |o| o.min(at)));
+            self.newest = Some(self.newest.map_or(at, |n| n.max(at)));
+        }
+    }
+}
+
+/// `stats`: counts and bytes per kind, oldest and newest.
+pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Failure> {
+    let mut kinds: BTreeMap<Kind, KindStats> = BTreeMap::new();
+    let mut logs: BTreeMap<&'static str, (u64, KindStats)> = BTreeMap::new();
+    let mut log_names = Vec::new();
+    for read in ctx.read_all("").await? {
+        let entry = kinds.entry(Kind::of(&read.key)).or_default();
+        match &read.record {
+            Ok(rec) => entry.note(read.bytes, created_at(rec)),
+            Err(_) => entry.damaged += 1,
+        }
+        if let Some(name) = log_of(&read.key) {
+            log_names.push(name);
+        }
+    }
+    log_names.push((BUS_LOG.to_owned(), "fleet_notice"));
+    if let Some(log) = ctx.log() {
+        for (name, kind) in log_names {
+            let label = match kind {
+                "event" => "event logs",
+                "task_inbox" => "task inboxes",
+                _ => "notification bus",
+            };
+            let entry = logs.entry(label).or_default();
+            match read_log(&**log, &name).await {
+                Ok(records) if records.is_empty() => {}
+                Ok(records) => {
+                    entry.0 += 1;
+                    for r in records {
+                        let at = inspect(&name, &r.data)
+                            .ok()
+                            .and_then(|i| time_at(&i.record, "/published_at"));
+                        entry.1.note(r.data.len(), at);
+                    }
+                }
+                Err(_) => entry.1.damaged += 1,
+            }
+        }
+    }
+    let mut table = Table::new(&[
+        "KIND", "LOGS", "RECORDS", "BYTES", "DAMAGED", "OLDEST", "NEWEST",
+    ]);
+    let mut rows = Vec::new();
+    let mut add = |name: &str, logs: Option<u64>, s: &KindStats| {
+        table.row(vec![
+            name.to_owned(),
+            or_dash(logs),
+            s.records.to_string(),
+            s.bytes.to_string(),
+            s.damaged.to_string(),
+            time_cell(s.oldest),
+            time_cell(s.newest),
+        ]);
+        rows.push(json!({
+            "kind": name,
+            "logs": logs,
+            "records": s.records,
+            "bytes": s.bytes,
+            "damaged": s.damaged,
+            "oldest": s.oldest.map(format_time),
+            "newest": s.newest.map(format_time),
+        }));
+    };
+    for (kind, s) in &kinds {
+        add(kind.name(), None, s);
+    }
+    for (name, (count, s)) in &logs {
+        if *count > 0 || s.damaged > 0 {
+            add(name, Some(*count), s);
+        }
+    }
+    emit(ctx, out, table, rows)
+}

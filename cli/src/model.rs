@@ -1,0 +1,298 @@
+//! What a key means: its kind, the log it names, the record behind it, and
+//! how long it has left.
+
+use std::time::Duration;
+
+use mcp_persist_core::{Timestamp, stores::inspect::Inspected};
+
+/// The kinds of state, as `ls`, `stats` and `copy --kinds` name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub(crate) enum Kind {
+    /// Server sessions (`server/session/...`).
+    Sessions,
+    /// SSE event streams: their metadata and their logs.
+    Events,
+    /// Client state: server profiles, legacy sessions, in-flight journal.
+    Clients,
+    /// Credentials, pending authorizations, resource issuers, refresh leases.
+    Credentials,
+    /// Durable tasks and their inboxes.
+    Tasks,
+    /// Shared server keys.
+    Keys,
+    /// Instance liveness leases.
+    Instances,
+    /// Anything else.
+    Other,
+}
+
+impl Kind {
+    /// Every kind, in display order.
+    pub(crate) const ALL: [Kind; 8] = [
+        Kind::Sessions,
+        Kind::Events,
+        Kind::Clients,
+        Kind::Credentials,
+        Kind::Tasks,
+        Kind::Keys,
+        Kind::Instances,
+        Kind::Other,
+    ];
+
+    /// The kind of a key-value key.
+    pub(crate) fn of(key: &str) -> Kind {
+        if key.starts_with("server/session/") {
+            Kind::Sessions
+        } else if key.starts_with("server/stream/") {
+            Kind::Events
+        } else if key.starts_with("client/") {
+            Kind::Clients
+        } else if key.starts_with("cred/") {
+            Kind::Credentials
+        } else if key.starts_with("server/task/") {
+            Kind::Tasks
+        } else if key.starts_with("server/key/") {
+            Kind::Keys
+        } else if key.starts_with("server/instance/") {
+            Kind::Instances
+        } else {
+            Kind::Other
+        }
+    }
+
+    /// The name used on the command line.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Sessions => "sessions",
+            Kind::Events => "events",
+            Kind::Clients => "clients",
+            Kind::Credentials => "credentials",
+            Kind::Tasks => "tasks",
+            Kind::Keys => "keys",
+            Kind::Instances => "instances",
+            Kind::Other => "other",
+        }
+    }
+
+    /// The record kinds a key of this kind may hold.
+    pub(crate) fn record_kinds(key: &str) -> &'static [&'static str] {
+        if key.starts_with("server/session/") {
+            &["server_session"]
+        } else if key.starts_with("server/stream/") {
+            &["event_stream"]
+        } else if key.starts_with("client/profile/") {
+            &["server_profile"]
+        } else if key.starts_with("client/session/") {
+            &["legacy_session"]
+        } else if key.starts_with("client/inflight/") {
+            &["in_flight_request"]
+        } else if key.starts_with("cred/token/") {
+            &["credentials"]
+        } else if key.starts_with("cred/pending/") {
+            &["pending_authorization"]
+        } else if key.starts_with("cred/issuer/") {
+            &["resource_issuer"]
+        } else if key.starts_with("cred/lease/") {
+            &["refresh_lease"]
+        } else if key.starts_with("server/task/") {
+            &["task"]
+        } else if key.starts_with("server/key/") {
+            &["shared_key_ring"]
+        } else if key.starts_with("server/instance/") {
+            &["instance_lease"]
+        } else {
+            &[]
+        }
+    }
+}
+
+/// The log a key-value key names, with the record kind its entries hold:
+/// a stream's event log, or a task's inbox.
+pub(crate) fn log_of(key: &str) -> Option<(String, &'static str)> {
+    if let Some(stream) = key.strip_prefix("server/stream/") {
+        Some((format!("server/events/{stream}"), "event"))
+    } else {
+        key.strip_prefix("server/task/")
+            .map(|task| (format!("server/task-inbox/{task}"), "task_inbox"))
+    }
+}
+
+/// The fleet notification bus log.
+pub(crate) const BUS_LOG: &str = "server/bus";
+
+/// Undoes the escaping of a key component (`%2F` is `/`, `%25` is `%`).
+pub(crate) fn unescape(component: &str) -> String {
+    component.replace("%2F", "/").replace("%25", "%")
+}
+
+/// Reads a timestamp field of a decoded record.
+pub(crate) fn time_at(record: &serde_json::Value, pointer: &str) -> Option<Timestamp> {
+    record
+        .pointer(pointer)
+        .and_then(serde_json::Value::as_u64)
+        .map(Timestamp::from_unix_millis)
+}
+
+/// The time a record was last written, by its own account: what `copy`
+/// compares to tell the newer of two versions of one key.
+pub(crate) fn written_at(inspected: &Inspected) -> Option<Timestamp> {
+    let r = &inspected.record;
+    let pointers: &[&str] = match inspected.kind {
+        "server_session" => &["/last_seen"],
+        "legacy_session" => &["/updated_at"],
+        "server_profile" => &["/verdict_at"],
+        "in_flight_request" => &["/sent_at"],
+        "credentials" => &["/obtained_at"],
+        "pending_authorization" => &["/created_at"],
+        "resource_issuer" => &["/updated_at"],
+        "task" => &["/last_updated_at"],
+        "shared_key_ring" => &["/active/created_at"],
+        "instance_lease" => &["/renewed_at"],
+        "event_stream" => &["/created_at"],
+        _ => &[],
+    };
+    pointers.iter().find_map(|p| time_at(r, p))
+}
+
+/// The time a record was created, by its own account.
+pub(crate) fn created_at(inspected: &Inspected) -> Option<Timestamp> {
+    let r = &inspected.record;
+    time_at(r, "/created_at")
+        .or_else(|| time_at(r, "/started_at"))
+        .or_else(|| written_at(inspected))
+}
+
+/// TTL settings the records do not carry: the servers' configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TtlPolicy {
+    /// The servers' session idle TTL.
+    pub(crate) session_idle: Duration,
+    /// The servers' event retention.
+    pub(crate) event_retention: Duration,
+    /// How long a pending authorization lives.
+    pub(crate) pending_authorization: Duration,
+}
+
+/// What happens to a record's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// Kept until deleted.
+    Never,
+    /// Expires at this time.
+    At(Timestamp),
+    /// Live process state (leases): not migrated.
+    Transient,
+}
+
+impl TtlPolicy {
+    /// When the record under `key` expires, from its own times and the
+    /// policy. Leases are transient.
+    pub(crate) fn expiry(&self, inspected: &Inspected) -> Expiry {
+        let r = &inspected.record;
+        match inspected.kind {
+            "server_session" => time_at(r, "/last_seen")
+                .map_or(Expiry::Never, |t| Expiry::At(t.plus(self.session_idle))),
+            "event_stream" => Expiry::At(Timestamp::now().plus(self.event_retention * 3 / 2)),
+            "pending_authorization" => time_at(r, "/created_at").map_or(Expiry::Never, |t| {
+                Expiry::At(t.plus(self.pending_authorization))
+            }),
+            "task" => {
+                let created = time_at(r, "/created_at");
+                let ttl = r.pointer("/ttl_ms").and_then(serde_json::Value::as_u64);
+                match (created, ttl) {
+                    (Some(c), Some(ms)) => {
+                        Expiry::At(c.plus(Duration::from_millis(ms.saturating_mul(2))))
+                    }
+                    _ => Expiry::Never,
+                }
+            }
+            "refresh_lease" | "instance_lease" => Expiry::Transient,
+            _ => Expiry::Never,
+        }
+    }
+}
+
+/// Formats a time as UTC `YYYY-MM-DDTHH:MM:SSZ`.
+pub(crate) fn format_time(t: Timestamp) -> String {
+    let secs = t.as_unix_millis() / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Formats a duration the short way: `42s`, `5m`, `3h12m`, `2d4h`.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Parses a duration given as `90s`, `30m`, `2h`, `1d` or plain seconds.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, "s"), |i| text.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; write e.g. 90s, 30m, 2h or 1d"))?;
+    let secs = match unit {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("unknown unit in `{text}`; use ms, s, m, h or d")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_durations_format() {
+        assert_eq!(
+            format_time(Timestamp::from_unix_millis(0)),
+            "1970-01-01T00:00:00Z"
+        );
+        assert_eq!(
+            format_time(Timestamp::from_unix_millis(1_709_210_096_000)),
+            "2024-02-29T12:34:56Z"
+        );
+        assert_eq!(format_duration(Duration::from_secs(3725)), "1h02m");
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
+        assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[test]
+    fn keys_map_to_kinds_and_logs() {
+        assert_eq!(Kind::of("server/session/abc"), Kind::Sessions);
+        assert_eq!(Kind::of("cred/token/a/b"), Kind::Credentials);
+        assert_eq!(
+            log_of("server/stream/s%2F1"),
+            Some(("server/events/s%2F1".to_owned(), "event"))
+        );
+        assert_eq!(unescape("http:%2F%2Fh%25"), "http://h%");
+    }
+}

@@ -1,0 +1,232 @@
+//! `rm` and `gc`: deleting records, and sweeping expired state.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use serde_json::json;
+
+use crate::{
+    fail::{Code, Failure},
+    model::log_of,
+    output::print_json,
+    target::Store,
+};
+
+/// Asks on a terminal; anywhere else the command line is the consent.
+fn confirm(question: &str, yes: bool) -> Result<bool, Failure> {
+    if yes || !std::io::stdin().is_terminal() {
+        return Ok(true);
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+/// `rm`: deletes `keys` and every key under `prefix`, with the logs they
+/// name.
+pub(crate) async fn rm(
+    store: &Store,
+    mut keys: Vec<String>,
+    prefix: Option<String>,
+    dry_run: bool,
+    yes: bool,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    if let Some(prefix) = prefix {
+        keys.extend(store.list(&prefix).await?);
+    }
+    keys.sort();
+    keys.dedup();
+    let mut present = Vec::new();
+    for key in keys {
+        let backend = store.backend_for(&key);
+        match backend.kv.get(&key).await {
+            Ok(Some(_)) | Err(mcp_persist_core::Error::Corrupt { .. }) => present.push(key),
+            Ok(None) => eprintln!("note: no record under `{key}`"),
+            Err(e) => return Err(Failure::store(&backend.label, e)),
+        }
+    }
+    if present.is_empty() {
+        return Err(Failure::new(
+            Code::Other,
+            format!("nothing to delete in {}: no such key", store.label),
+        ));
+    }
+    let logs: Vec<String> = present
+        .iter()
+        .filter_map(|k| log_of(k).map(|(log, _)| log))
+        .collect();
+    if dry_run {
+        if json {
+            print_json(
+                out,
+                &json!({"dry_run": true, "would_delete": present, "logs": logs}),
+            )?;
+        } else {
+            for key in &present {
+                writeln!(out, "would delete {key}")?;
+            }
+            for log in &logs {
+                writeln!(out, "would delete log {log}")?;
+            }
+            writeln!(
+                out,
+                "dry run: {} records and {} logs would go",
+                present.len(),
+                logs.len()
+            )?;
+        }
+        return Ok(());
+    }
+    if !confirm(
+        &format!(
+            "delete {} records and {} logs from {}?",
+            present.len(),
+            logs.len(),
+            store.label
+        ),
+        yes,
+    )? {
+        writeln!(out, "nothing deleted")?;
+        return Ok(());
+    }
+    let mut deleted = 0u64;
+    let mut deleted_logs = 0u64;
+    for key in &present {
+        if let (Some((log, _)), Some(log_store)) = (log_of(key), store.log()) {
+            log_store
+                .delete_log(&log)
+                .await
+                .map_err(|e| Failure::store(&store.rest.label, e))?;
+            deleted_logs += 1;
+        }
+        let backend = store.backend_for(key);
+        if backend
+            .kv
+            .delete(key, None)
+            .await
+            .map_err(|e| Failure::store(&backend.label, e))?
+        {
+            deleted += 1;
+        }
+    }
+    if json {
+        print_json(
+            out,
+            &json!({"deleted": deleted, "logs_deleted": deleted_logs}),
+        )?;
+    } else {
+        writeln!(out, "deleted {deleted} records and {deleted_logs} logs")?;
+    }
+    Ok(())
+}
+
+/// In-flight journal entries whose client session is gone or replaced.
+async fn orphaned_inflight(store: &Store) -> Result<Vec<String>, Failure> {
+    let mut orphans = Vec::new();
+    for key in store.list("client/inflight/").await? {
+        // client/inflight/<profile>/<endpoint>/<session>/<id>
+        let parts: Vec<&str> = key.split('/').collect();
+        let [_, _, profile, endpoint, session, _] = parts.as_slice() else {
+            continue;
+        };
+        let session_key = format!("client/session/{profile}/{endpoint}");
+        let backend = store.backend_for(&session_key);
+        let current = match backend.kv.get(&session_key).await {
+            Ok(entry) => entry,
+            // A damaged session record is `check`'s business, not a sweep's.
+            Err(mcp_persist_core::Error::Corrupt { .. }) => continue,
+            Err(e) => return Err(Failure::store(&backend.label, e)),
+        };
+        let alive = current.is_some_and(|entry| {
+            mcp_persist_core::stores::inspect::inspect(&session_key, &entry.value)
+                .ok()
+                .and_then(|r| {
+                    r.record
+                        .pointer("/session_id")
+                        .and_then(serde_json::Value::as_str)
+                        .map(|id| id.replace('%', "%25").replace('/', "%2F") == *session)
+                })
+                .unwrap_or(true)
+        });
+        if !alive {
+            orphans.push(key);
+        }
+    }
+    Ok(orphans)
+}
+
+/// `gc`: the backends reclaim expired records and logs; in-flight entries
+/// of client sessions that are gone are deleted.
+pub(crate) async fn gc(
+    store: &Store,
+    dry_run: bool,
+    yes: bool,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    let orphans = orphaned_inflight(store).await?;
+    if dry_run {
+        if json {
+            print_json(
+                out,
+                &json!({"dry_run": true, "orphaned_in_flight": orphans}),
+            )?;
+        } else {
+            for key in &orphans {
+                writeln!(out, "would delete {key} (its client session is gone)")?;
+            }
+            writeln!(
+                out,
+                "dry run: {} orphaned in-flight entries would go; expired records are invisible already, and the backends' sweep would reclaim their space",
+                orphans.len()
+            )?;
+        }
+        return Ok(());
+    }
+    if !confirm(
+        &format!(
+            "sweep expired state and {} orphaned in-flight entries in {}?",
+            orphans.len(),
+            store.label
+        ),
+        yes,
+    )? {
+        writeln!(out, "nothing deleted")?;
+        return Ok(());
+    }
+    let mut removed = 0u64;
+    for key in &orphans {
+        let backend = store.backend_for(key);
+        if backend
+            .kv
+            .delete(key, None)
+            .await
+            .map_err(|e| Failure::store(&backend.label, e))?
+        {
+            removed += 1;
+        }
+    }
+    let mut swept = 0u64;
+    for backend in store.backends() {
+        swept += backend
+            .kv
+            .sweep_expired()
+            .await
+            .map_err(|e| Failure::store(&backend.label, e))?;
+    }
+    if json {
+        print_json(
+            out,
+            &json!({"expired_swept": swept, "orphaned_in_flight_deleted": removed}),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "swept {swept} expired records and logs; deleted {removed} orphaned in-flight entries"
+        )?;
+    }
+    Ok(())
+}
