@@ -440,6 +440,21 @@ pub trait LogStore: Backend {
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>>;
 
+    /// Appends like [`append`](LogStore::append), except that the backend
+    /// may return before the records are synced to stable storage: they are
+    /// committed (numbered, readable by every process, and kept through a
+    /// crash of this process) but a power cut or an OS crash may take the
+    /// last of them. Disk backends skip their `fsync` here; the default,
+    /// for backends without that distinction, is a plain `append`.
+    async fn append_unsynced(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        self.append(log, records, ttl).await
+    }
+
     /// Reads up to `limit` records with sequence numbers strictly after `after`.
     async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>>;
 

@@ -617,11 +617,17 @@ impl Inner {
         write_atomic(dir, TRIM_FILE, &[&bytes])
     }
 
+    /// Appends `records` to log `name`. With `sync`, the frames are
+    /// fdatasynced before this returns (they survive a power cut);
+    /// without, they are written to the file (they survive a crash of this
+    /// process, and other processes read them at once). A new segment is
+    /// always created whole and synced.
     pub(crate) fn log_append(
         &self,
         name: &str,
         records: &[Vec<u8>],
         ttl: Option<Duration>,
+        sync: bool,
     ) -> Result<Vec<u64>, Error> {
         let (hashed, dir) = self.log_paths(name);
         let _guard = self.lock_stripe("log", &hashed)?;
@@ -676,7 +682,9 @@ impl Inner {
                     .map_err(io("open for appending", &path))?;
                 file.write_all_at(&frames, t.end)
                     .map_err(io("write", &path))?;
-                file.sync_data().map_err(io("fsync", &path))?;
+                if sync {
+                    file.sync_data().map_err(io("fsync", &path))?;
+                }
                 Tail {
                     last_off: t.end + last_rel,
                     last_seq: last,

@@ -493,6 +493,32 @@ impl LogStore for SqliteStore {
         .await
     }
 
+    /// Commits without an fsync of the write-ahead log (as
+    /// [`Durability::Normal`] does for every commit), unless another write
+    /// of the same group commit needs one: the records survive a crash of
+    /// the process, not necessarily a power cut.
+    async fn append_unsynced(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u64>> {
+        validate_key(log)?;
+        for record in &records {
+            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+        }
+        let log = log.to_owned();
+        self.inner
+            .writer
+            .run_with(
+                log.len() + payload(&records),
+                true,
+                false,
+                move |conn, ctx| ops::log_append(conn, ctx, &log, &records, ttl),
+            )
+            .await
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, after, limit))]
     async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
         validate_key(log)?;

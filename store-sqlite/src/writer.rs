@@ -43,6 +43,9 @@ trait Job: Send {
     fn weight(&self) -> usize;
     /// Whether a commit of this job adds log records (wakes tailing readers).
     fn appends(&self) -> bool;
+    /// Whether this job's commit must be synced (the store's durability);
+    /// a batch of jobs that all waive it commits without an fsync.
+    fn synced(&self) -> bool;
     /// Runs the work on the connection; returns whether it succeeded.
     fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool;
     /// Sends the answer, once the fate of the transaction is known.
@@ -55,6 +58,7 @@ struct Task<T, F> {
     reply: oneshot::Sender<Result<T>>,
     weight: usize,
     appends: bool,
+    synced: bool,
 }
 
 impl<T, F> Job for Task<T, F>
@@ -68,6 +72,10 @@ where
 
     fn appends(&self) -> bool {
         self.appends
+    }
+
+    fn synced(&self) -> bool {
+        self.synced
     }
 
     fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool {
@@ -175,6 +183,7 @@ impl Writer {
                     &thread_stats,
                     &appended,
                     options.sweep_interval,
+                    options.durability == crate::Durability::Full,
                 );
                 tracing::debug!(db = ctx.db, "SQLite writer stopping");
             })
@@ -207,6 +216,22 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection, Ctx<'_>) -> Result<T> + Send + 'static,
     {
+        self.run_with(weight, appends, true, work).await
+    }
+
+    /// [`run`](Writer::run), where `synced: false` lets the commit skip its
+    /// fsync when no other job of the batch needs one.
+    pub(crate) async fn run_with<T, F>(
+        &self,
+        weight: usize,
+        appends: bool,
+        synced: bool,
+        work: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Ctx<'_>) -> Result<T> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Task {
             work: Some(work),
@@ -214,6 +239,7 @@ impl Writer {
             reply,
             weight,
             appends,
+            synced,
         });
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         if self.jobs.send(job).is_err() {
@@ -232,7 +258,12 @@ fn serve(
     stats: &Stats,
     appended: &Notify,
     sweep_interval: Option<Duration>,
+    full: bool,
 ) {
+    // Whether the connection syncs commits now; a store opened with
+    // `Durability::Full` drops to NORMAL for a batch whose every job waived
+    // the sync, and goes back before the next batch that needs it.
+    let mut syncing = full;
     let mut next_sweep = sweep_interval.map(|every| Instant::now() + every);
     loop {
         let first = match next_sweep {
@@ -263,6 +294,18 @@ fn serve(
         }
         stats.running.store(batch.len(), Ordering::Relaxed);
         stats.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+        let wanted = full && batch.iter().any(|job| job.synced());
+        if wanted != syncing {
+            let level = if wanted { "FULL" } else { "NORMAL" };
+            match conn.pragma_update(None, "synchronous", level) {
+                Ok(()) => syncing = wanted,
+                // Staying at FULL is safe; failing to return to it is not
+                // silent: this batch then commits without its fsync.
+                Err(e) => {
+                    tracing::warn!(db = ctx.db, level, error = %e, "could not change PRAGMA synchronous")
+                }
+            }
+        }
         let outcome = run_batch(conn, ctx, &mut batch);
         match &outcome {
             Ok(()) => {
@@ -338,6 +381,7 @@ fn sweep(conn: &Connection, ctx: Ctx<'_>) {
         reply,
         weight: 0,
         appends: false,
+        synced: true,
     })];
     let committed = run_batch(conn, ctx, &mut batch);
     let [job] = batch;

@@ -482,6 +482,8 @@ async fn main() -> anyhow::Result<()> {
         no_events / baseline
     );
     let piped = pipelined()?;
+    let mut written = options()?;
+    written.written_events = true;
     let (base_p50, base_p99) = warm_latency(demo::durable_router(
         Stores::new(MemoryStore::new()),
         &opts,
@@ -501,6 +503,11 @@ async fn main() -> anyhow::Result<()> {
             &opts,
         ),
         (
+            "durable, file, written",
+            Some(file("file-w").await?),
+            &written,
+        ),
+        (
             "durable, file, pipelined",
             Some(file("file-p").await?),
             &piped,
@@ -509,6 +516,11 @@ async fn main() -> anyhow::Result<()> {
             "durable, sqlite event store",
             Some(sqlite("s.db").await?),
             &opts,
+        ),
+        (
+            "durable, sqlite, written",
+            Some(sqlite("sw.db").await?),
+            &written,
         ),
         (
             "durable, sqlite, pipelined",

@@ -580,6 +580,9 @@ pub struct Options {
     /// Send events at once and commit them within 10 ms
     /// (`EventDurability::PIPELINED`) instead of committing each first.
     pub pipelined_events: bool,
+    /// Commit each event before sending it, without syncing it to disk
+    /// (`EventDurability::Written`).
+    pub written_events: bool,
 }
 
 impl Options {
@@ -600,6 +603,7 @@ impl Options {
             liveness_grace: Duration::from_secs(3),
             runs_file: None,
             pipelined_events: false,
+            written_events: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -613,6 +617,10 @@ impl Options {
             }
             if flag == "--pipelined-events" {
                 o.pipelined_events = true;
+                continue;
+            }
+            if flag == "--written-events" {
+                o.written_events = true;
                 continue;
             }
             let value = args
@@ -687,6 +695,8 @@ pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<Durab
         ))
         .event_durability(if options.pipelined_events {
             mcp_persist_core::EventDurability::PIPELINED
+        } else if options.written_events {
+            mcp_persist_core::EventDurability::Written
         } else {
             mcp_persist_core::EventDurability::Synced
         })

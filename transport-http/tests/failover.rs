@@ -247,6 +247,21 @@ async fn rmcp_client_gets_the_orphan_error() -> anyhow::Result<()> {
 /// lost. Never a gap, never a duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
+    crash_mid_stream("--pipelined-events").await
+}
+
+/// Under `Written` (committed, not synced) a SIGKILLed writer loses
+/// nothing it sent: another instance replays every event the client had,
+/// and everything after the last one, contiguously; never a 410.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn written_crash_loses_nothing_sent() -> anyhow::Result<()> {
+    crash_mid_stream("--written-events").await
+}
+
+/// Streams progress from an instance started with `level`, kills it with
+/// SIGKILL mid-stream and resumes on another instance of the same store.
+async fn crash_mid_stream(level: &str) -> anyhow::Result<()> {
+    let written = level == "--written-events";
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("state.db").display().to_string();
     let args = [
@@ -256,7 +271,7 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
         db.as_str(),
         "--liveness-grace-ms",
         "1000",
-        "--pipelined-events",
+        level,
     ];
     let mut a = Instance::process(&args).await?;
     let b = Instance::process(&args).await?;
@@ -300,7 +315,24 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
             .and_then(|s| s.parse().ok())
             .unwrap_or_default()
     };
+    if written {
+        // Every event the client received is in the store: a resume from
+        // the first one replays all the later ones it had.
+        let got = support::event_ids(complete);
+        let (status, replay) =
+            support::raw_resume(&http, &b.url(), "alice", &session, &got[0]).await?;
+        assert_eq!(status, 200, "{replay}");
+        let replayed = support::event_ids(&replay);
+        assert_eq!(
+            &replayed[..got.len() - 1],
+            &got[1..],
+            "events sent before the kill are missing"
+        );
+    }
     let (status, replay) = support::raw_resume(&http, &b.url(), "alice", &session, &last).await?;
+    if written {
+        assert_eq!(status, 200, "a written stream lost events: {replay}");
+    }
     match status {
         410 => assert!(replay.contains("lost"), "410 without saying why: {replay}"),
         200 => {
@@ -320,7 +352,7 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
         }
         other => panic!("resume answered {other}: {replay}"),
     }
-    eprintln!("pipelined resume after the kill answered {status}");
+    eprintln!("{level}: resume after the kill answered {status}");
     Ok(())
 }
 

@@ -264,3 +264,38 @@ pub async fn reopen_keeps_acknowledged_appends(f: &dyn LogFixture) {
     let next = append(&*store, "durable", &[b"more"]).await;
     assert!(next[0] > *seqs.last().expect("non-empty"));
 }
+
+/// Unsynced appends are committed like synced ones: numbered in one
+/// sequence with them, readable through another handle at once, and kept
+/// after a reopen (what a crash of the process leaves).
+pub async fn unsynced_appends_are_committed(f: &dyn LogFixture) {
+    let mut seqs = Vec::new();
+    {
+        let store = f.open_log().await;
+        let other = f.open_log().await;
+        for i in 0..20u32 {
+            let data = vec![i.to_be_bytes().to_vec()];
+            let got = if i % 3 == 0 {
+                store.append("written", data, None).await
+            } else {
+                store.append_unsynced("written", data, None).await
+            };
+            seqs.extend(got.expect("append"));
+            let seen = other
+                .read_after("written", 0, usize::MAX)
+                .await
+                .expect("read");
+            assert_eq!(seen.len(), seqs.len(), "not visible to another handle");
+        }
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+    let store = f.open_log().await;
+    let read = store
+        .read_after("written", 0, usize::MAX)
+        .await
+        .expect("read");
+    assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
+    for (i, r) in read.iter().enumerate() {
+        assert_eq!(r.data, (i as u32).to_be_bytes());
+    }
+}

@@ -164,6 +164,7 @@ macro_rules! log_conformance {
                 wait_after_times_out_empty,
                 large_records,
                 reopen_keeps_acknowledged_appends,
+                unsynced_appends_are_committed,
             );
         }
         mod log_typed_conformance {

@@ -39,6 +39,12 @@ pub enum EventDurability {
     /// nothing that was sent.
     #[default]
     Synced,
+    /// The event is committed before its id is returned and it is sent,
+    /// but not synced to disk ([`LogStore::append_unsynced`]): a crash of
+    /// the instance loses nothing that was sent; a power cut or an OS crash
+    /// of a machine holding a file or SQLite store may take the last events.
+    /// On memory and Redis it is the same as `Synced`.
+    Written,
     /// The id is assigned at once by the instance writing the stream (it
     /// owns the stream's sequence) and the event is sent at once; appends
     /// are committed in the background, many events per commit, at most
@@ -355,10 +361,15 @@ impl EventLog {
             return Ok(EventId::new(token, seq, stream));
         }
         let token = self.stream_token(stream, session).await?;
-        let seqs = self
-            .log
-            .append(&log_name(stream), vec![data], Some(self.config.retention))
-            .await?;
+        let log = log_name(stream);
+        let retention = Some(self.config.retention);
+        let seqs = if self.config.durability == EventDurability::Written {
+            self.log
+                .append_unsynced(&log, vec![data], retention)
+                .await?
+        } else {
+            self.log.append(&log, vec![data], retention).await?
+        };
         let seq = *seqs.first().ok_or_else(|| {
             Error::backend(
                 self.log.backend_name(),

@@ -121,9 +121,11 @@ impl DurableServerBuilder {
     /// [`EventDurability::PIPELINED`](mcp_persist_core::EventDurability::PIPELINED)
     /// sends at once and commits within 10 ms, many events per commit: a
     /// crash of this instance loses at most that window, and a client
-    /// resuming inside it gets 410 saying so. Combine with a backend's own
-    /// level (SQLite's `Durability::Normal`: committed, not synced) to trade
-    /// durability against a power cut for speed.
+    /// resuming inside it gets 410 saying so.
+    /// [`EventDurability::Written`](mcp_persist_core::EventDurability::Written)
+    /// commits each event before sending it without syncing it to disk
+    /// (file and SQLite skip their fsync): nothing sent is lost when the
+    /// instance crashes, a power cut may take the last events.
     pub fn event_durability(mut self, durability: mcp_persist_core::EventDurability) -> Self {
         if let Some(config) = &mut self.events {
             *config = config.with_durability(durability);
