@@ -6,8 +6,9 @@
 //! moments, then reopens the store and checks that every acknowledged write
 //! is there and nothing is garbage.
 //!
-//! `MCP_PERSIST_FILE_CRASH_KILLS` sets how many times the crash test kills
-//! its child (default 200, what CI runs, a few seconds on a laptop). For a
+//! `MCP_PERSIST_FILE_CRASH_KILLS` (or `MCP_PERSIST_KILLS`, which the SQLite
+//! crash test reads too) sets how many times the crash test kills its child
+//! (default 200, what CI runs, a few seconds on a laptop). For a
 //! longer hunt, run it alone:
 //!
 //! ```text
@@ -38,7 +39,10 @@ const COUNT_ENV: &str = "MCP_PERSIST_FILE_TEST_COUNT";
 
 /// Kills in the crash test (see the module docs).
 const KILLS_ENV: &str = "MCP_PERSIST_FILE_CRASH_KILLS";
-/// Kills when the variable is not set: what CI runs.
+/// The kill count every disk backend's crash test reads, when
+/// [`KILLS_ENV`] is not set.
+const SHARED_KILLS_ENV: &str = "MCP_PERSIST_KILLS";
+/// Kills when neither variable is set: what CI runs.
 const DEFAULT_KILLS: u32 = 200;
 
 const BLOB_BYTES: usize = 64 * 1024;
@@ -196,7 +200,7 @@ struct Acks {
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_acknowledged() {
-    let kills: u32 = match std::env::var(KILLS_ENV) {
+    let kills: u32 = match std::env::var(KILLS_ENV).or_else(|_| std::env::var(SHARED_KILLS_ENV)) {
         Ok(v) => v
             .parse()
             .ok()

@@ -491,11 +491,17 @@ async fn main() -> anyhow::Result<()> {
     )?)
     .await?;
     let mut latencies: Vec<(&str, (Duration, Duration))> = Vec::new();
+    let mut rates: Vec<(&str, f64, f64)> = Vec::new();
     for (name, stores, options) in [
         (
             "durable, memory event store",
             Some(Stores::new(MemoryStore::new())),
             &opts,
+        ),
+        (
+            "durable, memory, pipelined",
+            Some(Stores::new(MemoryStore::new())),
+            &piped,
         ),
         (
             "durable, file event store",
@@ -538,6 +544,7 @@ async fn main() -> anyhow::Result<()> {
             &piped,
         ),
         ("durable, redis event store", redis().await?, &opts),
+        ("durable, redis, written", redis().await?, &written),
         ("durable, redis, pipelined", redis().await?, &piped),
     ] {
         let Some(stores) = stores else { continue };
@@ -562,6 +569,7 @@ async fn main() -> anyhow::Result<()> {
             rate / baseline,
             many / baseline_many
         );
+        rates.push((name, rate, many));
     }
 
     println!();
@@ -571,11 +579,53 @@ async fn main() -> anyhow::Result<()> {
         base_p99.as_secs_f64() * 1e3
     );
     println!("{:<36} {:>12} {:>12}", "server", "p50 added", "p99 added");
-    for (name, (p50, p99)) in latencies {
+    for &(name, (p50, p99)) in &latencies {
         println!(
             "{name:<36} {:>9.2} ms {:>9.2} ms",
             (p50.as_secs_f64() - base_p50.as_secs_f64()) * 1e3,
             (p99.as_secs_f64() - base_p99.as_secs_f64()) * 1e3
+        );
+    }
+
+    // The aims, against the in-memory event store of this run.
+    let rate_of = |name: &str| rates.iter().find(|r| r.0 == name).map(|r| (r.1, r.2));
+    let latency_of = |name: &str| latencies.iter().find(|l| l.0 == name).map(|l| l.1);
+    if let Some((memory_one, memory_many)) = rate_of("durable, memory event store") {
+        println!();
+        for name in [
+            "durable, memory, pipelined",
+            "durable, file, pipelined",
+            "durable, sqlite, pipelined",
+            "durable, redis, pipelined",
+        ] {
+            if let Some((one, _)) = rate_of(name) {
+                let ratio = one / memory_one;
+                println!(
+                    "aim: {name}, one stream, at least 80% of the in-memory event store: {:.0}% ({})",
+                    ratio * 100.0,
+                    if ratio >= 0.8 { "met" } else { "not met" }
+                );
+            }
+        }
+        if let Some((_, many)) = rate_of("durable, sqlite event store") {
+            let ratio = many / memory_many;
+            println!(
+                "aim: sqlite synced, 64 streams, at least 30% of the in-memory aggregate: {:.0}% ({})",
+                ratio * 100.0,
+                if ratio >= 0.3 { "met" } else { "not met" }
+            );
+        }
+    }
+    if let Some((_, p99)) = latency_of("durable, sqlite, pipelined") {
+        let added = p99.saturating_sub(base_p99);
+        println!(
+            "aim: sqlite pipelined p99 added request latency under 1 ms: {:.2} ms ({})",
+            added.as_secs_f64() * 1e3,
+            if added < Duration::from_millis(1) {
+                "met"
+            } else {
+                "not met"
+            }
         );
     }
 
