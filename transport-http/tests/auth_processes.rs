@@ -145,7 +145,7 @@ async fn three_processes_refresh(backend: Backend, skews: [Option<&str>; 3]) {
 
     let exe = std::env::current_exe().unwrap();
     let mut children = Vec::new();
-    for i in 0..3 {
+    for (i, skew) in skews.into_iter().enumerate() {
         let spec = format!(
             "{}|{}|{}|child-{i}|{backend}",
             db.display(),
@@ -158,7 +158,7 @@ async fn three_processes_refresh(backend: Backend, skews: [Option<&str>; 3]) {
             .env(CHILD, spec)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        if let Some(skew) = skews[i] {
+        if let Some(skew) = skew {
             command
                 .env("LD_PRELOAD", FAKETIME_LIB)
                 .env("FAKETIME", skew)
