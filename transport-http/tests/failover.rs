@@ -423,3 +423,87 @@ async fn durable_client_reports_an_orphaned_call_as_lost() -> anyhow::Result<()>
     assert_eq!(handle.interrupted().len(), 1, "a lost call stays listed");
     Ok(())
 }
+
+/// A pipelined server that lost the events after the client's stored
+/// cursor (its writer died inside the commit window) answers the resume
+/// with 410; the durable client reports the call as lost
+/// (`RecoveryError::EventsGone`), keeps it listed and does not send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_client_reports_a_call_in_a_lost_window_as_lost() -> anyhow::Result<()> {
+    use mcp_persist_core::{ServerKey, SessionId};
+    use mcp_persist_transport_http::client::{DurableClientBuilder, Recovery, RecoveryError};
+    use rmcp::ServiceExt as _;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db").display().to_string();
+    let args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--pipelined-events",
+    ];
+    let server = Instance::process(&args).await?;
+    let stores = Stores::new(
+        mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("client.db")).await?,
+    );
+    let (transport, handle) = DurableClientBuilder::new(server.url(), &stores)
+        .build()
+        .await?;
+    let client = ().serve(transport).await?;
+    let call = tokio::spawn({
+        let peer = client.peer().clone();
+        async move {
+            let args = serde_json::json!({ "count": 1000, "delay_ms": 20, "tag": "window" });
+            let serde_json::Value::Object(args) = args else {
+                unreachable!("an object literal")
+            };
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("slow_progress").with_arguments(args),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    handle.flush().await;
+    call.abort();
+    drop(client);
+    drop(handle);
+
+    // The journaled cursor moves past what the server committed, as when
+    // the client received events its writer never committed.
+    let key = ServerKey::new(&server.url(), "default")?;
+    let state = stores.client_state();
+    let session: SessionId = state
+        .session(&key)
+        .await?
+        .expect("a stored session")
+        .record
+        .session_id;
+    let mut journal = state.inflight(&key, &session).await?;
+    anyhow::ensure!(journal.len() == 1, "one call journaled: {journal:?}");
+    let mut request = journal.remove(0);
+    let cursor = request.last_event_id.clone().expect("a stream cursor");
+    let mut parts: Vec<&str> = cursor.splitn(3, '-').collect();
+    let ahead = (parts[1].parse::<u64>()? + 100_000).to_string();
+    parts[1] = &ahead;
+    request.last_event_id = Some(parts.join("-"));
+    state.record_inflight(&key, &session, &request).await?;
+
+    let (_transport, handle) = DurableClientBuilder::new(server.url(), &stores)
+        .build()
+        .await?;
+    let mut outcomes = Vec::new();
+    for recovery in handle.recover() {
+        match recovery {
+            Recovery::Resumable(resumed) => outcomes.push(resumed.collect().await.map(|_| ())),
+            other => panic!("expected a resumable call, got {other:?}"),
+        }
+    }
+    assert_eq!(outcomes.len(), 1, "one interrupted call");
+    match &outcomes[0] {
+        Err(RecoveryError::EventsGone) => {}
+        other => panic!("expected the call reported as lost, got {other:?}"),
+    }
+    assert_eq!(handle.interrupted().len(), 1, "a lost call stays listed");
+    Ok(())
+}

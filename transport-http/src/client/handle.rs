@@ -185,7 +185,7 @@ impl ClientHandle {
         self.flush().await;
         info!(server = %self.shared.key(), session = %session, "session ended by the application");
         match sent {
-            Ok(()) | Err(WireError::SessionGone) => Ok(()),
+            Ok(()) | Err(WireError::SessionGone) | Err(WireError::EventsGone) => Ok(()),
             Err(WireError::Other(source)) => Err(ClientError::EndSession { source }),
         }
     }

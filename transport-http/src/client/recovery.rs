@@ -13,7 +13,7 @@ use rmcp::model::{
 use rmcp::{RoleClient, ServiceError, service::Peer};
 use serde_json::Value;
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// The interrupted requests and the session each was sent in.
 pub(crate) type Listed = Arc<std::sync::Mutex<Vec<(SessionId, InFlightRequest)>>>;
@@ -180,6 +180,13 @@ pub enum RecoveryError {
         /// What the server answered.
         error: ErrorData,
     },
+    /// The server no longer has the events after the stored cursor (410):
+    /// the instance that sent them stopped before committing them (a
+    /// `Pipelined` server's lost window), or retention dropped them. The
+    /// request's answer cannot be had: it is not sent again and stays
+    /// listed, for the application to re-issue or dismiss.
+    #[error("the server lost the response stream after the stored cursor; re-issue the request")]
+    EventsGone,
     /// The server refused `tasks/get` for another reason than an unknown
     /// task.
     #[error("the server refused tasks/get: {error}")]
@@ -285,6 +292,11 @@ impl ResumedRequest {
                         self.done = true;
                         self.context.session_gone(&self.session);
                         return Some(Err(RecoveryError::SessionGone));
+                    }
+                    Ok(Err(WireError::EventsGone)) => {
+                        self.done = true;
+                        warn!(request = %self.request.id, "the server lost this request's response stream (410); it stays listed");
+                        return Some(Err(RecoveryError::EventsGone));
                     }
                     Ok(Err(WireError::Other(source))) => {
                         self.done = true;
@@ -547,6 +559,9 @@ impl RecoveredTask {
                 self.context.session_gone(&self.session);
                 Err(RecoveryError::SessionGone)
             }
+            Err(WireError::EventsGone) => Err(RecoveryError::UnexpectedAnswer {
+                reason: "tasks/get answered 410 Gone".into(),
+            }),
             Err(WireError::Other(source)) => Err(RecoveryError::Transport { source }),
         }
     }

@@ -47,14 +47,19 @@ pub(crate) trait Wire: Send + Sync {
 pub(crate) enum WireError {
     /// The server no longer knows the session.
     SessionGone,
+    /// The server refused the resume cursor with 410: the events after it
+    /// are gone (lost with a crashed instance, or dropped by retention).
+    EventsGone,
     /// Anything else.
     Other(BoxError),
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<StreamableHttpError<E>> for WireError {
     fn from(e: StreamableHttpError<E>) -> Self {
-        if http_status(&e) == Some(404) {
-            return WireError::SessionGone;
+        match http_status(&e) {
+            Some(404) => return WireError::SessionGone,
+            Some(410) => return WireError::EventsGone,
+            _ => {}
         }
         WireError::Other(Box::new(e))
     }
