@@ -416,6 +416,29 @@ impl KvStore for FileStore {
     }
 }
 
+impl FileStore {
+    /// Validates and appends `records` to `log`, fdatasyncing them when
+    /// `sync` says so (see `Inner::log_append`).
+    async fn append_with(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+        sync: bool,
+    ) -> Result<Vec<u64>> {
+        validate_key(log)?;
+        for record in &records {
+            validate_value(record, self.inner.options.max_value_bytes)?;
+        }
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let log = log.to_owned();
+        self.blocking(move |inner| inner.log_append(&log, &records, ttl, sync))
+            .await
+    }
+}
+
 #[async_trait]
 impl LogStore for FileStore {
     fn max_record_bytes(&self) -> usize {
@@ -428,16 +451,7 @@ impl LogStore for FileStore {
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
-        for record in &records {
-            validate_value(record, self.inner.options.max_value_bytes)?;
-        }
-        if records.is_empty() {
-            return Ok(Vec::new());
-        }
-        let log = log.to_owned();
-        self.blocking(move |inner| inner.log_append(&log, &records, ttl, true))
-            .await
+        self.append_with(log, records, ttl, true).await
     }
 
     /// Writes the frames without `fdatasync`: they survive a crash of this
@@ -450,16 +464,7 @@ impl LogStore for FileStore {
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
-        for record in &records {
-            validate_value(record, self.inner.options.max_value_bytes)?;
-        }
-        if records.is_empty() {
-            return Ok(Vec::new());
-        }
-        let log = log.to_owned();
-        self.blocking(move |inner| inner.log_append(&log, &records, ttl, false))
-            .await
+        self.append_with(log, records, ttl, false).await
     }
 
     async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {

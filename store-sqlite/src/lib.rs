@@ -372,6 +372,31 @@ impl SqliteStore {
             .map_err(|e| Error::backend(NAME, e))?
     }
 
+    /// Validates and appends `records` to `log` through the writer thread;
+    /// `synced: false` lets its group commit skip the fsync.
+    async fn append_with(
+        &self,
+        log: &str,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+        synced: bool,
+    ) -> Result<Vec<u64>> {
+        validate_key(log)?;
+        for record in &records {
+            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+        }
+        let log = log.to_owned();
+        self.inner
+            .writer
+            .run_with(
+                log.len() + payload(&records),
+                true,
+                synced,
+                move |conn, ctx| ops::log_append(conn, ctx, &log, &records, ttl),
+            )
+            .await
+    }
+
     /// Runs a write on the writer thread and waits for its commit.
     async fn write<T, F>(&self, weight: usize, appends: bool, work: F) -> Result<T>
     where
@@ -482,15 +507,7 @@ impl LogStore for SqliteStore {
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
-        for record in &records {
-            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
-        }
-        let log = log.to_owned();
-        self.write(log.len() + payload(&records), true, move |conn, ctx| {
-            ops::log_append(conn, ctx, &log, &records, ttl)
-        })
-        .await
+        self.append_with(log, records, ttl, true).await
     }
 
     /// Commits without an fsync of the write-ahead log (as
@@ -503,20 +520,7 @@ impl LogStore for SqliteStore {
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
-        for record in &records {
-            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
-        }
-        let log = log.to_owned();
-        self.inner
-            .writer
-            .run_with(
-                log.len() + payload(&records),
-                true,
-                false,
-                move |conn, ctx| ops::log_append(conn, ctx, &log, &records, ttl),
-            )
-            .await
+        self.append_with(log, records, ttl, false).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, after, limit))]
