@@ -156,6 +156,7 @@ compile_error!(
     "mcp-persist-store-file supports Unix only (POSIX renames, directory fsync, file modes)"
 );
 
+mod commit;
 mod fsio;
 mod kv;
 mod log;
@@ -201,6 +202,14 @@ pub struct FileStoreOptions {
     /// How long after expiring a record or log is left alone by
     /// [`Backend::sweep_expired`] (default [`SWEEP_MARGIN`]).
     pub sweep_margin: Duration,
+    /// Group commit (default on): synced appends to several logs that wait
+    /// at the same time share one sync of the filesystem (`syncfs`) instead
+    /// of one `fdatasync`, and so one disk cache flush, each. That sync also
+    /// writes back anything else dirty on the same filesystem: turn it off
+    /// when the store shares a filesystem with heavy unrelated writes. Used
+    /// only on Linux 5.8 and later (where `syncfs` reports write-back
+    /// errors) and when the store's logs are on one filesystem.
+    pub group_commit: bool,
 }
 
 impl Default for FileStoreOptions {
@@ -209,6 +218,7 @@ impl Default for FileStoreOptions {
             segment_bytes: 4 * 1024 * 1024,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             sweep_margin: SWEEP_MARGIN,
+            group_commit: true,
         }
     }
 }
@@ -225,6 +235,12 @@ impl FileStoreOptions {
     /// the contract does not need it).
     pub fn max_value_bytes(mut self, bytes: usize) -> Self {
         self.max_value_bytes = bytes.min(DEFAULT_MAX_VALUE_BYTES);
+        self
+    }
+
+    /// Sets [`group_commit`](Self::group_commit).
+    pub fn group_commit(mut self, on: bool) -> Self {
+        self.group_commit = on;
         self
     }
 

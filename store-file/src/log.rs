@@ -57,6 +57,7 @@ use tracing::{debug, warn};
 
 use crate::{
     STALE_TEMP_AGE,
+    commit::{Syncer, syncfs},
     fsio::{
         ensure_private_dir, expiry_ms, hashed_name, io, io_error, is_hashed_name, is_live,
         remove_stale_temps, sync_dir, u32_at, u64_at, unix_micros, unix_ms, write_atomic,
@@ -437,6 +438,23 @@ impl Frames {
     }
 }
 
+/// A synced append's share of a group commit round: its segment alone, or
+/// the whole filesystem for a round of several.
+struct SegmentSync<'a> {
+    file: &'a File,
+    root: &'a File,
+}
+
+impl Syncer for SegmentSync<'_> {
+    fn sync_one(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        syncfs(self.root)
+    }
+}
+
 /// What [`Inner::verify_logs`] found.
 #[derive(Debug, Default)]
 pub(crate) struct LogCheck {
@@ -630,7 +648,7 @@ impl Inner {
         sync: bool,
     ) -> Result<Vec<u64>, Error> {
         let (hashed, dir) = self.log_paths(name);
-        let _guard = self.lock_stripe("log", &hashed)?;
+        let guard = self.lock_stripe("log", &hashed)?;
         ensure_private_dir(&dir)?;
         let now = unix_ms();
         let tail = self.scan_tail(&hashed, &dir, name, Cut::Must)?;
@@ -673,6 +691,8 @@ impl Inner {
         };
         let (frames, seqs, last_rel, last_crc) = encode_frames(next, expires_ms, records);
         let last = *seqs.last().expect("append is never called without records");
+        // The segment written in place, to sync once the lock is released.
+        let mut to_sync = None;
         let tail = match current {
             Some(t) if t.end < self.options.segment_bytes => {
                 let path = dir.join(segment_name(t.seg_first));
@@ -682,9 +702,7 @@ impl Inner {
                     .map_err(io("open for appending", &path))?;
                 file.write_all_at(&frames, t.end)
                     .map_err(io("write", &path))?;
-                if sync {
-                    file.sync_data().map_err(io("fsync", &path))?;
-                }
+                to_sync = Some((file, path));
                 Tail {
                     last_off: t.end + last_rel,
                     last_seq: last,
@@ -694,7 +712,18 @@ impl Inner {
                     ..t
                 }
             }
-            _ => {
+            full => {
+                if let Some(t) = full {
+                    // The full segment may end in frames another append wrote
+                    // and has not synced yet (or never will, unsynced): they
+                    // reach the disk before the segment after them exists, so
+                    // a power cut can never leave a torn frame anywhere but
+                    // in the last segment.
+                    let path = dir.join(segment_name(t.seg_first));
+                    File::open(&path)
+                        .and_then(|file| file.sync_data())
+                        .map_err(io("fsync", &path))?;
+                }
                 let first = next;
                 let header = encode_segment_header(first, name);
                 let seg = segment_name(first);
@@ -714,6 +743,22 @@ impl Inner {
             }
         };
         self.tails().insert(hashed, tail);
+        drop(guard);
+        // Synced outside the log's lock, so appends to other logs of the same
+        // lock stripe (and the next append to this one) go on meanwhile, and
+        // appends to many logs share syncs (group commit). Nothing is lost by
+        // the wait: the frames are in the file, readers may see them (as of
+        // any write), and the caller hears of them only after this.
+        if let (true, Some((file, path))) = (sync, to_sync) {
+            match &self.group {
+                Some(group) => group.rounds.sync(&SegmentSync {
+                    file: &file,
+                    root: &group.root,
+                }),
+                None => file.sync_data(),
+            }
+            .map_err(io("fsync", &path))?;
+        }
         Ok(seqs)
     }
 

@@ -3,7 +3,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs, io,
-    os::unix::fs::PermissionsExt,
+    os::unix::fs::{MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::{
         Mutex, MutexGuard,
@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use crate::{
     FileStoreOptions,
+    commit::{GroupSync, syncfs_reports_errors},
     fsio::{
         DIR_MODE, LockGuard, ensure_private_dir, io, io_error, lock_file, warn_if_open_to_others,
         write_atomic,
@@ -61,6 +62,16 @@ pub(crate) struct Inner {
     pub(crate) recovered: Mutex<HashSet<String>>,
     /// Whether a record file open to others has been warned about already.
     warned_mode: AtomicBool,
+    /// Group commit of synced appends, when on and trustworthy here.
+    pub(crate) group: Option<GroupCommit>,
+}
+
+/// Group commit of synced log appends ([`crate::commit`]).
+#[derive(Debug)]
+pub(crate) struct GroupCommit {
+    /// The store directory, open: `syncfs` syncs its filesystem.
+    pub(crate) root: fs::File,
+    pub(crate) rounds: GroupSync,
 }
 
 impl Inner {
@@ -90,7 +101,7 @@ impl Inner {
             }
             Err(e) => return Err(io_error("open store directory", &root, e)),
         }
-        let inner = Inner {
+        let mut inner = Inner {
             kv_dir: root.join("kv"),
             log_dir: root.join("log"),
             lock_dir: root.join("lock"),
@@ -101,6 +112,7 @@ impl Inner {
             tails: Mutex::new(HashMap::new()),
             recovered: Mutex::new(HashSet::new()),
             warned_mode: AtomicBool::new(false),
+            group: None,
         };
         for dir in [
             &inner.kv_dir,
@@ -112,7 +124,33 @@ impl Inner {
         }
         inner.init_meta()?;
         inner.empty_trash();
+        inner.group = inner.group_commit()?;
         Ok(inner)
+    }
+
+    /// Group commit, when the options ask for it and `syncfs` can be trusted
+    /// with the logs: errors reported (Linux 5.8+) and one filesystem.
+    fn group_commit(&self) -> Result<Option<GroupCommit>, Error> {
+        if !self.options.group_commit {
+            return Ok(None);
+        }
+        if !syncfs_reports_errors() {
+            debug!("group commit off: syncfs does not report write-back errors here");
+            return Ok(None);
+        }
+        let root = fs::File::open(&self.root).map_err(io("open", &self.root))?;
+        let root_dev = root.metadata().map_err(io("inspect", &self.root))?.dev();
+        let log_dev = fs::metadata(&self.log_dir)
+            .map_err(io("inspect", &self.log_dir))?
+            .dev();
+        if root_dev != log_dev {
+            debug!("group commit off: the logs are on another filesystem than the store");
+            return Ok(None);
+        }
+        Ok(Some(GroupCommit {
+            root,
+            rounds: GroupSync::default(),
+        }))
     }
 
     /// Creates the metadata file if it is missing, and checks its format.
