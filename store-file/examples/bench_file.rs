@@ -13,14 +13,14 @@
 use std::{
     fs::{self, File, OpenOptions},
     io::Write,
-    os::unix::fs::OpenOptionsExt,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions};
-use mcp_persist_store_file::FileStore;
+use mcp_persist_store_file::{FileStore, FileStoreOptions};
 
 /// Time spent on each side of a comparison at most.
 const BUDGET: Duration = Duration::from_millis(2400);
@@ -31,6 +31,8 @@ const SLICES: u32 = 6;
 const MAX_OPS: u64 = 200_000;
 const VALUE_BYTES: usize = 256;
 const BATCH: usize = 100;
+/// Logs appended to at once in the concurrent comparison.
+const STREAMS: usize = 64;
 
 /// Runs `ours` and `raw` in alternating slices until each has spent its
 /// budget or count; returns both rates in operations per second.
@@ -69,6 +71,122 @@ fn compare(
         ours_n as f64 / ours_t.as_secs_f64(),
         raw_n as f64 / raw_t.as_secs_f64(),
     ))
+}
+
+/// Cache flushes the disk holding `dir` has completed so far (Linux block
+/// statistics, the 16th field), or `None` where they cannot be read.
+fn disk_flushes(dir: &Path) -> Option<u64> {
+    let dev = fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let mut sys = std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if sys.join("partition").exists() {
+        // Flushes are counted on the whole disk.
+        sys = sys.join("..");
+    }
+    let stat = fs::read_to_string(sys.join("stat")).ok()?;
+    stat.split_whitespace().nth(15)?.parse().ok()
+}
+
+/// Rates (records per second) and disk flushes per record of one side of
+/// the concurrent comparison.
+#[derive(Default)]
+struct Side {
+    records: u64,
+    time: Duration,
+    flushes: Option<u64>,
+}
+
+impl Side {
+    fn add(&mut self, records: u64, time: Duration, flushes: Option<u64>) {
+        self.records += records;
+        self.time += time;
+        self.flushes = match (self.records == records, self.flushes, flushes) {
+            (true, _, f) => f,
+            (false, Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+    }
+
+    fn rate(&self) -> f64 {
+        self.records as f64 / self.time.as_secs_f64()
+    }
+
+    fn flushes_per_record(&self) -> String {
+        match self.flushes {
+            Some(f) if self.records > 0 => format!("{:.3}", f as f64 / self.records as f64),
+            _ => "n/a".into(),
+        }
+    }
+}
+
+/// Appends to `STREAMS` logs at once for a slice, each log from its own
+/// task; returns how many records went in.
+fn our_slice(
+    rt: &tokio::runtime::Runtime,
+    store: &FileStore,
+    value: &[u8],
+    slice: Duration,
+) -> Result<u64> {
+    let start = Instant::now();
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..STREAMS {
+            let store = store.clone();
+            let value = value.to_vec();
+            tasks.spawn(async move {
+                let log = format!("bench/stream-{i}");
+                let mut n = 0u64;
+                while start.elapsed() < slice {
+                    store.append(&log, vec![value.clone()], None).await?;
+                    n += 1;
+                }
+                anyhow::Ok(n)
+            });
+        }
+        let mut total = 0;
+        while let Some(n) = tasks.join_next().await {
+            total += n??;
+        }
+        Ok(total)
+    })
+}
+
+/// The raw side: `STREAMS` threads, each writing and fdatasyncing its own
+/// file, for a slice; returns how many records went in.
+fn raw_slice(files: &mut [File], frame: &[u8], slice: Duration) -> Result<u64> {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = files
+            .iter_mut()
+            .map(|file| {
+                scope.spawn(move || -> Result<u64> {
+                    let mut n = 0u64;
+                    while start.elapsed() < slice {
+                        file.write_all(frame)?;
+                        file.sync_data()?;
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("appender thread"))
+            .sum()
+    })
+}
+
+/// Measures `f` (which returns a record count) with the disk's flushes.
+fn measured(dir: &Path, f: impl FnOnce() -> Result<u64>) -> Result<(u64, Duration, Option<u64>)> {
+    let flushes = disk_flushes(dir);
+    let start = Instant::now();
+    let records = f()?;
+    let time = start.elapsed();
+    let flushes = flushes
+        .zip(disk_flushes(dir))
+        .map(|(a, b)| b.saturating_sub(a));
+    Ok((records, time, flushes))
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -201,6 +319,45 @@ fn main() -> Result<()> {
         baseline: "one write+fdatasync per batch",
     });
 
+    // Many logs at once, with and without group commit, beside threads
+    // that each write and fdatasync their own file; slices alternate.
+    let grouped = &store;
+    let ungrouped = rt.block_on(FileStore::open_with(
+        tmp.path().join("store-ungrouped"),
+        FileStoreOptions::default().group_commit(false),
+    ))?;
+    let mut raw_files = (0..STREAMS)
+        .map(|i| {
+            OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .open(raw_dir.join(format!("log-{i}")))
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let (mut with_group, mut without_group, mut raw_side) =
+        (Side::default(), Side::default(), Side::default());
+    let slice = BUDGET / SLICES;
+    for _ in 0..SLICES {
+        let (n, t, f) = measured(tmp.path(), || our_slice(&rt, grouped, &value, slice))?;
+        with_group.add(n, t, f);
+        let (n, t, f) = measured(tmp.path(), || our_slice(&rt, &ungrouped, &value, slice))?;
+        without_group.add(n, t, f);
+        let (n, t, f) = measured(tmp.path(), || raw_slice(&mut raw_files, &frame, slice))?;
+        raw_side.add(n, t, f);
+    }
+    for (what, side) in [
+        ("log append, 64 logs at once", &with_group),
+        ("  the same, group commit off", &without_group),
+    ] {
+        rows.push(Row {
+            what,
+            ours: side.rate(),
+            raw: raw_side.rate(),
+            baseline: "64 threads, each append+fdatasync",
+        });
+    }
+
     println!(
         "{:<40} {:>12} {:>12} {:>7}  raw baseline (same run, same disk)",
         "operation", "file ops/s", "raw ops/s", "ratio"
@@ -215,6 +372,12 @@ fn main() -> Result<()> {
             row.baseline
         );
     }
+    println!(
+        "disk cache flushes per record, 64 logs at once: group commit {}, group commit off {}, raw threads {}",
+        with_group.flushes_per_record(),
+        without_group.flushes_per_record(),
+        raw_side.flushes_per_record(),
+    );
     println!(
         "note: fsync latency depends on the disk's journal commits and other writers; \
          both sides take turns, but compare ratios over a few runs"
