@@ -499,6 +499,13 @@ async fn main() -> anyhow::Result<()> {
             &opts,
         ),
         (
+            // Memory has nothing to sync: the same as synced, measured so
+            // every level has a row on every backend.
+            "durable, memory, written",
+            Some(Stores::new(MemoryStore::new())),
+            &written,
+        ),
+        (
             "durable, memory, pipelined",
             Some(Stores::new(MemoryStore::new())),
             &piped,
