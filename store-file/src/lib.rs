@@ -38,6 +38,9 @@
 //!   stay inside the directory, as distinct records.
 //! * **The async runtime never blocks.** Every file operation runs through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running.
+//! * **Group commit.** Synced appends to several logs waiting at the same
+//!   time share one sync of the filesystem instead of one `fdatasync` each
+//!   (see [`FileStoreOptions::group_commit()`]).
 //!
 //! # Torn tails and damage in logs
 //!
