@@ -68,11 +68,15 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     logs.push((BUS_LOG.to_owned(), "fleet_notice"));
     let mut log_records = 0u64;
     let mut logs_checked = 0u64;
+    let mut damaged_logs = Vec::new();
     if let Some(log) = ctx.log() {
         for (name, kind) in &logs {
             let records = match read_log(&**log, name).await {
                 Ok(records) => records,
                 Err(e @ (Error::Corrupt { .. } | Error::NewerSchema { .. })) => {
+                    if matches!(e, Error::Corrupt { .. }) {
+                        damaged_logs.push(name.clone());
+                    }
                     findings.push(Finding {
                         key: name.clone(),
                         reason: reason(&e),
@@ -156,6 +160,15 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
             }
             table.print(out)?;
             writeln!(out)?;
+        }
+        let file_store = ctx.store.backends().iter().any(|b| b.file.is_some());
+        if file_store && !damaged_logs.is_empty() {
+            writeln!(
+                out,
+                "to set the damaged logs aside and let their streams go on: mcp-persist quarantine {} {}\n",
+                ctx.store.label,
+                damaged_logs.join(" ")
+            )?;
         }
         writeln!(
             out,

@@ -11,6 +11,7 @@
 //! | `stats` | counts and bytes per kind, oldest and newest |
 //! | `check` | decodes every record and log; lists damage; exit 1 when any |
 //! | `rm KEY...`, `gc` | deletes records, sweeps expired state |
+//! | `quarantine STORE LOG...` | sets damaged logs of a file store aside |
 //! | `copy SOURCE DEST` | migrates between backends, resumably |
 //!
 //! Stores are named by URL: `sqlite:PATH`, `file:DIR`,
@@ -124,6 +125,16 @@ enum Command {
         /// Do not ask on a terminal.
         #[arg(long, short)]
         yes: bool,
+    },
+    /// Set damaged logs of a file store aside (into its `quarantine/`
+    /// directory) so their streams and tasks go on; nothing is deleted and
+    /// no event number is reused. `check` names the damaged logs.
+    Quarantine {
+        /// The store URL (a file store).
+        store: String,
+        /// Logs to set aside, as `check` prints them.
+        #[arg(required = true)]
+        logs: Vec<String>,
     },
     /// Sweep expired state: the backends reclaim expired records and logs,
     /// and in-flight journal entries of client sessions that are gone are
@@ -253,6 +264,11 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
             }
             let store = open(&store, Access::Existing).await?;
             sweep::rm(&store, keys, prefix, dry_run, yes, json, &mut out).await?;
+            None
+        }
+        Command::Quarantine { store, logs } => {
+            let store = open(&store, Access::Existing).await?;
+            sweep::quarantine(&store, &logs, json, &mut out).await?;
             None
         }
         Command::Gc {

@@ -230,3 +230,56 @@ pub(crate) async fn gc(
     }
     Ok(())
 }
+
+/// `quarantine`: sets damaged logs of a file store aside, into the store's
+/// `quarantine/` directory, so the streams (or tasks) they belong to can go
+/// on. Nothing is deleted, and the log's numbering continues above every
+/// number it issued, so no event id is ever reused.
+pub(crate) async fn quarantine(
+    store: &Store,
+    logs: &[String],
+    json: bool,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    let Some((backend, file)) = store
+        .backends()
+        .into_iter()
+        .find_map(|b| b.file.as_ref().map(|file| (b, file)))
+    else {
+        return Err(crate::fail::usage(format!(
+            "{} is not a file store: only file stores set damaged logs aside; \
+             elsewhere delete the record that names the log with `mcp-persist rm`",
+            store.label
+        )));
+    };
+    let mut moved = Vec::new();
+    let mut missing = Vec::new();
+    for log in logs {
+        match file.quarantine_log(log).await {
+            Ok(Some(path)) => moved.push((log.clone(), path)),
+            Ok(None) => missing.push(log.clone()),
+            Err(e) => return Err(Failure::store(&backend.label, e)),
+        }
+    }
+    if json {
+        let moved: Vec<_> = moved
+            .iter()
+            .map(|(log, path)| json!({"log": log, "moved_to": path.display().to_string()}))
+            .collect();
+        print_json(out, &json!({"quarantined": moved, "missing": missing}))?;
+    } else {
+        for (log, path) in &moved {
+            writeln!(out, "set aside log {log} in {}", path.display())?;
+        }
+        for log in &missing {
+            writeln!(out, "no log named {log}")?;
+        }
+    }
+    if moved.is_empty() {
+        return Err(Failure::new(
+            Code::Other,
+            format!("nothing set aside in {}: no such log", store.label),
+        ));
+    }
+    Ok(())
+}

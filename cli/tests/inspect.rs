@@ -3,6 +3,7 @@
 
 mod support;
 
+use anyhow::Context as _;
 use support::*;
 
 async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
@@ -317,5 +318,76 @@ async fn newer_schema_exits_4() -> anyhow::Result<()> {
     );
     let out = cli(&["show", &url, "server/session/from-the-future"]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    Ok(())
+}
+
+/// A log of a file store damaged in its middle: `check` names it and says
+/// how to set it aside; `quarantine` moves it into `quarantine/`, after
+/// which the store checks clean and the log's numbering goes on above every
+/// number it issued. Other backends are refused with what to do instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_sets_a_damaged_file_log_aside() -> anyhow::Result<()> {
+    use mcp_persist_core::LogStore;
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("store");
+    let url = format!("file:{}", root.display());
+    let log = "server/events/damaged-stream";
+    {
+        let store = mcp_persist_store_file::FileStore::open(&root).await?;
+        let seqs = store
+            .append(
+                log,
+                vec![vec![b'a'; 64], vec![b'b'; 64], vec![b'c'; 64]],
+                None,
+            )
+            .await?;
+        assert_eq!(seqs, vec![1, 2, 3]);
+    }
+    // Flip a byte of the first record: a bad checksum with more data after
+    // it is damage, not a torn tail.
+    let log_dir = std::fs::read_dir(root.join("log"))?
+        .next()
+        .context("the log's directory")??
+        .path();
+    let segment = std::fs::read_dir(&log_dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .context("the log's segment")?;
+    let mut bytes = std::fs::read(&segment)?;
+    let first_a = bytes
+        .windows(64)
+        .position(|w| w == [b'a'; 64])
+        .context("the first record's data")?;
+    bytes[first_a] = b'x';
+    std::fs::write(&segment, &bytes)?;
+
+    let out = cli(&["check", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let report = stdout(&out);
+    assert!(report.contains(log), "{report}");
+
+    let moved = cli_expect(&["quarantine", &url, log], 0);
+    assert!(moved.contains(&format!("set aside log {log}")), "{moved}");
+    assert!(!segment.exists(), "the damaged segment is still in place");
+    let kept = std::fs::read_dir(root.join("quarantine"))?.count();
+    assert_eq!(kept, 1, "the damaged files are kept for inspection");
+
+    let clean = cli_expect(&["check", &url], 0);
+    assert!(clean.contains("all sound"), "{clean}");
+    let store = mcp_persist_store_file::FileStore::open(&root).await?;
+    let next = store.append(log, vec![b"d".to_vec()], None).await?;
+    assert!(next[0] > 3, "a number was issued again: {next:?}");
+    drop(store);
+
+    let out = cli(&["quarantine", &url, "server/events/no-such-stream"]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stdout(&out).contains("no log named"), "{}", stdout(&out));
+
+    let sqlite = format!("sqlite:{}", dir.path().join("s.db").display());
+    drop(open_local(&sqlite).await?);
+    let out = cli(&["quarantine", &sqlite, log]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("mcp-persist rm"), "{}", stderr(&out));
     Ok(())
 }

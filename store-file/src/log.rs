@@ -1098,7 +1098,7 @@ impl Inner {
             for (i, &first) in segments.iter().enumerate() {
                 let is_last = i + 1 == segments.len();
                 let path = dir.join(segment_name(first));
-                let label = format!("log/{hashed}/{}", segment_name(first));
+                let mut label = format!("log/{hashed}/{}", segment_name(first));
                 let Ok(file) = File::open(&path) else {
                     expect = None;
                     continue;
@@ -1119,6 +1119,8 @@ impl Inner {
                     expect = None;
                     continue;
                 }
+                // The header is sound: name the log, for `quarantine_log`.
+                label = format!("log {} ({label})", header.name);
                 if let Some(want) = expect
                     && want != first
                 {
