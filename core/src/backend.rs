@@ -7,11 +7,17 @@
 //!
 //! # Keys
 //!
-//! A key is a non-empty UTF-8 string of at most [`MAX_KEY_BYTES`] bytes with no
-//! NUL character; any other character, `/`, `..`, spaces and non-ASCII text
-//! included, is allowed and must round-trip exactly through
-//! [`KvStore::list`]. Backends check keys with [`validate_key`] and reject
-//! others with [`Error::InvalidInput`]. Log names follow the same rules.
+//! Keys and log names arrive as [`Key`]s, already valid (a non-empty UTF-8
+//! string of at most [`MAX_KEY_BYTES`] bytes with no NUL character): a
+//! backend never checks them again. Any character, `/`, `..`, spaces and
+//! non-ASCII text included, must round-trip exactly through
+//! [`KvStore::list`].
+//!
+//! # The kit
+//!
+//! Expiry instants, TTL conversions, the sweep margin and value limits come
+//! from [`kit`](crate::kit), so every backend rounds the same way (up:
+//! nothing expires early) and keeps the same margin.
 //!
 //! # Versions
 //!
@@ -32,7 +38,7 @@
 //! | backend | clock that decides expiry | a step forward | a step back |
 //! |---|---|---|---|
 //! | memory | the process's monotonic clock | nothing | nothing |
-//! | file, SQLite, Secrets Manager | the reading machine's wall clock against an absolute expiry | records expire early for reads; a sweep still keeps what expired less than its margin (60 s) ago | expired records read as live again until the clock catches up |
+//! | file, SQLite, Secrets Manager | the reading machine's wall clock against an absolute expiry ([`kit::now`](crate::kit::now)) | records expire early for reads; a sweep still keeps what expired less than its margin ([`kit::SWEEP_MARGIN`](crate::kit::SWEEP_MARGIN), 60 s) ago | expired records read as live again until the clock catches up |
 //! | Redis | the Redis server's clock | as the server's clock does | as the server's clock does |
 //!
 //! Nothing that decides who holds a lease reads a wall clock: refresh
@@ -54,8 +60,8 @@
 //! ```
 //! use std::{collections::HashMap, sync::Mutex};
 //! use async_trait::async_trait;
-//! use mcp_persist_core::{backend::{validate_key, validate_value, DEFAULT_MAX_VALUE_BYTES},
-//!     Backend, Error, KvEntry, KvStore, PutMode, PutOptions, Result, Version};
+//! use mcp_persist_core::{backend::DEFAULT_MAX_VALUE_BYTES, kit,
+//!     Backend, Error, Key, KvEntry, KvStore, PutMode, PutOptions, Result, Version};
 //!
 //! /// A store without TTL support: it refuses writes that ask for one.
 //! #[derive(Default)]
@@ -68,47 +74,46 @@
 //!
 //! #[async_trait]
 //! impl KvStore for TinyStore {
-//!     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-//!         validate_key(key)?;
+//!     async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
 //!         let map = self.map.lock().expect("not poisoned");
-//!         Ok(map.get(key).map(|(v, n)| KvEntry::new(v.clone(), Version::new(*n))))
+//!         Ok(map.get(key.as_str()).map(|(v, n)| KvEntry::new(v.clone(), Version::new(*n))))
 //!     }
-//!     async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
-//!         validate_key(key)?;
-//!         validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+//!     async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+//!         kit::check_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
 //!         if options.ttl.is_some() {
 //!             return Err(Error::Unsupported { operation: "ttl", backend: "tiny" });
 //!         }
 //!         let mut map = self.map.lock().expect("not poisoned");
-//!         let current = map.get(key).map(|(_, n)| Version::new(*n));
+//!         let current = map.get(key.as_str()).map(|(_, n)| Version::new(*n));
 //!         options.mode.check(key, current)?;
 //!         let mut clock = self.clock.lock().expect("not poisoned");
 //!         *clock += 1;
-//!         map.insert(key.to_owned(), (value, *clock));
+//!         map.insert(key.to_string(), (value, *clock));
 //!         Ok(Version::new(*clock))
 //!     }
-//!     async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
-//!         validate_key(key)?;
+//!     async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
 //!         let mut map = self.map.lock().expect("not poisoned");
-//!         let current = map.get(key).map(|(_, n)| Version::new(*n));
+//!         let current = map.get(key.as_str()).map(|(_, n)| Version::new(*n));
 //!         match (if_version, current) {
-//!             (Some(want), have) if have != Some(want) => Err(Error::Conflict { key: key.into() }),
-//!             _ => Ok(map.remove(key).is_some()),
+//!             (Some(want), have) if have != Some(want) => Err(Error::Conflict { key: key.to_string() }),
+//!             _ => Ok(map.remove(key.as_str()).is_some()),
 //!         }
 //!     }
-//!     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+//!     async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
 //!         let map = self.map.lock().expect("not poisoned");
-//!         let mut keys: Vec<String> = map.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+//!         let mut keys: Vec<Key> = map.keys().filter(|k| k.starts_with(prefix))
+//!             .map(|k| Key::new(k.as_str())).collect::<Result<_>>()?;
 //!         keys.sort();
 //!         Ok(keys)
 //!     }
 //! }
 //! # tokio_test_block_on(async {
 //! let store = TinyStore::default();
-//! let v1 = store.put("a", b"1".to_vec(), PutOptions::new(PutMode::Create)).await.unwrap();
-//! let v2 = store.put("a", b"2".to_vec(), PutOptions::new(PutMode::Update(v1))).await.unwrap();
+//! let a = Key::new("a").unwrap();
+//! let v1 = store.put(&a, b"1".to_vec(), PutOptions::new(PutMode::Create)).await.unwrap();
+//! let v2 = store.put(&a, b"2".to_vec(), PutOptions::new(PutMode::Update(v1))).await.unwrap();
 //! assert!(v2 > v1);
-//! assert!(matches!(store.put("a", b"3".to_vec(), PutOptions::new(PutMode::Update(v1))).await,
+//! assert!(matches!(store.put(&a, b"3".to_vec(), PutOptions::new(PutMode::Update(v1))).await,
 //!                  Err(Error::Conflict { .. })));
 //! # });
 //! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -129,44 +134,13 @@ use std::{fmt, time::Duration};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result};
+use crate::{Error, Key, Result};
 
-/// The longest key (and log name) in bytes that every backend must accept.
-pub const MAX_KEY_BYTES: usize = 1024;
+pub use crate::key::MAX_KEY_BYTES;
 
 /// The value size every general-purpose backend accepts (16 MiB). A backend
 /// with a smaller service limit says so through [`KvStore::max_value_bytes`].
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
-
-/// Checks a key or log name against the rules in the [module docs](self).
-pub fn validate_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::invalid("key", "must not be empty"));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::TooLarge {
-            what: "key",
-            size: key.len(),
-            limit: MAX_KEY_BYTES,
-        });
-    }
-    if key.contains('\0') {
-        return Err(Error::invalid("key", "must not contain NUL"));
-    }
-    Ok(())
-}
-
-/// Checks a value against a backend's size limit.
-pub fn validate_value(value: &[u8], limit: usize) -> Result<()> {
-    if value.len() > limit {
-        return Err(Error::TooLarge {
-            what: "value",
-            size: value.len(),
-            limit,
-        });
-    }
-    Ok(())
-}
 
 /// The version of a key's record, as returned by every write.
 ///
@@ -221,7 +195,9 @@ impl PutMode {
             (PutMode::Overwrite, _) | (PutMode::Create, None) => Ok(()),
             (PutMode::Create, Some(_)) => Err(Error::AlreadyExists { key: key.into() }),
             (PutMode::Update(want), Some(have)) if want == have => Ok(()),
-            (PutMode::Update(_), _) => Err(Error::Conflict { key: key.into() }),
+            (PutMode::Update(_), _) => Err(Error::Conflict {
+                key: key.to_string(),
+            }),
         }
     }
 }
@@ -310,8 +286,8 @@ impl fmt::Debug for KvEntry {
 ///   precondition; a precondition never fails silently into an overwrite.
 /// * **TTL**: an expired record is never returned and counts as absent.
 /// * **Durability**: an `Ok` write is committed before the call returns.
-/// * **Limits**: keys per [`validate_key`], values up to
-///   [`max_value_bytes`](KvStore::max_value_bytes), else [`Error::TooLarge`].
+/// * **Limits**: values up to [`max_value_bytes`](KvStore::max_value_bytes),
+///   else [`Error::TooLarge`] ([`kit::check_value`](crate::kit::check_value)).
 #[cfg_attr(
     feature = "conformance",
     doc = "\n\n[`conformance`]: crate::conformance"
@@ -328,22 +304,22 @@ pub trait KvStore: Backend {
     }
 
     /// Reads the live record under `key`, or `None` when absent or expired.
-    async fn get(&self, key: &str) -> Result<Option<KvEntry>>;
+    async fn get(&self, key: &Key) -> Result<Option<KvEntry>>;
 
     /// Writes `value` under `key` according to `options` (its
     /// [`mode`](PutOptions::mode), and a [`ttl`](PutOptions::ttl) after which
     /// it expires), and returns the new version. A write without a TTL
     /// clears any TTL the key had.
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version>;
+    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version>;
 
     /// Deletes the record under `key`. With `if_version`, deletes only if the
     /// live record is at that version, else [`Error::Conflict`] (also when the
     /// key is absent). Returns whether a live record was deleted.
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool>;
+    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool>;
 
     /// Every live key starting with `prefix` (empty: all keys), sorted
     /// bytewise. Meant for tools and sweeps, not hot paths.
-    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>>;
 }
 
 impl fmt::Debug for dyn KvStore {
@@ -435,7 +411,7 @@ pub trait LogStore: Backend {
     /// Appends `records` to `log` and returns their sequence numbers.
     async fn append(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>>;
@@ -448,7 +424,7 @@ pub trait LogStore: Backend {
     /// for backends without that distinction, is a plain `append`.
     async fn append_unsynced(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
@@ -456,7 +432,7 @@ pub trait LogStore: Backend {
     }
 
     /// Reads up to `limit` records with sequence numbers strictly after `after`.
-    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>>;
+    async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>>;
 
     /// Like [`read_after`](LogStore::read_after), but when nothing is there yet,
     /// waits up to `timeout` for another task or process to append, and returns
@@ -464,7 +440,7 @@ pub trait LogStore: Backend {
     /// told about appends (Redis `XREAD BLOCK`, an in-process notifier) override it.
     async fn wait_after(
         &self,
-        log: &str,
+        log: &Key,
         after: u64,
         limit: usize,
         timeout: Duration,
@@ -485,10 +461,10 @@ pub trait LogStore: Backend {
     /// are never returned again. Later appends still get greater numbers.
     /// Returns how many were dropped (a backend that reclaims whole segments
     /// may report them later, when the space is freed).
-    async fn trim(&self, log: &str, before: u64) -> Result<u64>;
+    async fn trim(&self, log: &Key, before: u64) -> Result<u64>;
 
     /// Deletes the whole log. Deleting an absent log is not an error.
-    async fn delete_log(&self, log: &str) -> Result<()>;
+    async fn delete_log(&self, log: &Key) -> Result<()>;
 }
 
 impl fmt::Debug for dyn LogStore {

@@ -105,7 +105,10 @@ pub mod backend;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+pub mod declare;
 mod error;
+mod key;
+pub mod kit;
 pub mod memory;
 pub mod records;
 pub mod retry;
@@ -115,6 +118,7 @@ mod types;
 
 pub use backend::{Backend, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Version};
 pub use error::{BoxError, Error, Result};
+pub use key::{Key, MAX_KEY_BYTES};
 pub use memory::MemoryStore;
 pub use records::{
     ClientRegistration, CredentialKey, Credentials, DiscoverCache, InFlightRequest, LegacySession,

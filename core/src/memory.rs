@@ -16,8 +16,10 @@ use crate::{
     Result,
     backend::{
         Backend, DEFAULT_MAX_VALUE_BYTES, KvEntry, KvStore, LogRecord, LogStore, PutMode,
-        PutOptions, Version, validate_key, validate_value,
+        PutOptions, Version,
     },
+    key::Key,
+    kit::check_value,
 };
 
 const NAME: &str = "memory";
@@ -26,12 +28,13 @@ const NAME: &str = "memory";
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// use mcp_persist_core::{KvStore, LogStore, MemoryStore, PutMode, PutOptions};
+/// use mcp_persist_core::{Key, KvStore, LogStore, MemoryStore, PutMode, PutOptions};
 /// let store = MemoryStore::new();
-/// let v = store.put("k", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
-/// assert_eq!(store.get("k").await?.unwrap().version, v);
-/// let seqs = store.append("log", vec![b"a".to_vec(), b"b".to_vec()], None).await?;
-/// assert_eq!(store.read_after("log", seqs[0], 10).await?[0].data, b"b");
+/// let (k, log) = (Key::new("k")?, Key::new("log")?);
+/// let v = store.put(&k, b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
+/// assert_eq!(store.get(&k).await?.unwrap().version, v);
+/// let seqs = store.append(&log, vec![b"a".to_vec(), b"b".to_vec()], None).await?;
+/// assert_eq!(store.read_after(&log, seqs[0], 10).await?[0].data, b"b");
 /// # Ok::<_, mcp_persist_core::Error>(()) }).unwrap();
 /// ```
 #[derive(Clone, Default)]
@@ -53,10 +56,10 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    kv: HashMap<String, KvSlot>,
+    kv: HashMap<Key, KvSlot>,
     /// Last version handed out per key, kept after deletes so versions never repeat.
-    versions: HashMap<String, u64>,
-    logs: HashMap<String, Log>,
+    versions: HashMap<Key, u64>,
+    logs: HashMap<Key, Log>,
 }
 
 struct KvSlot {
@@ -130,27 +133,25 @@ impl Backend for MemoryStore {
 
 #[async_trait]
 impl KvStore for MemoryStore {
-    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-        validate_key(key)?;
+    async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
         let mut state = self.state();
         Ok(state
             .live_kv(key, Instant::now())
             .map(|slot| KvEntry::new(slot.value.clone(), Version::new(slot.version))))
     }
 
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
-        validate_key(key)?;
-        validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+        check_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
         let now = Instant::now();
         let mut state = self.state();
         let current = state.live_kv(key, now).map(|s| Version::new(s.version));
         mode.check(key, current)?;
-        let version = state.versions.entry(key.to_owned()).or_default();
+        let version = state.versions.entry(key.clone()).or_default();
         *version += 1;
         let version = *version;
         state.kv.insert(
-            key.to_owned(),
+            key.clone(),
             KvSlot {
                 value,
                 version,
@@ -160,8 +161,7 @@ impl KvStore for MemoryStore {
         Ok(Version::new(version))
     }
 
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
-        validate_key(key)?;
+    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
         let mut state = self.state();
         let current = state
             .live_kv(key, Instant::now())
@@ -172,10 +172,10 @@ impl KvStore for MemoryStore {
         Ok(state.kv.remove(key).is_some() && current.is_some())
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         let now = Instant::now();
         let state = self.state();
-        let mut keys: Vec<String> = state
+        let mut keys: Vec<Key> = state
             .kv
             .iter()
             .filter(|(k, slot)| k.starts_with(prefix) && live(slot.expires, now))
@@ -190,19 +190,18 @@ impl KvStore for MemoryStore {
 impl LogStore for MemoryStore {
     async fn append(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
         for record in &records {
-            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+            check_value(record, DEFAULT_MAX_VALUE_BYTES)?;
         }
         let now = Instant::now();
         let seqs = {
             let mut state = self.state();
             if state.live_log(log, now).is_none() {
-                state.logs.insert(log.to_owned(), Log::default());
+                state.logs.insert(log.clone(), Log::default());
             }
             let entry = state.live_log(log, now).expect("inserted above");
             let mut seqs = Vec::with_capacity(records.len());
@@ -220,8 +219,7 @@ impl LogStore for MemoryStore {
         Ok(seqs)
     }
 
-    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
-        validate_key(log)?;
+    async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
         let mut state = self.state();
         Ok(state
             .live_log(log, Instant::now())
@@ -237,7 +235,7 @@ impl LogStore for MemoryStore {
 
     async fn wait_after(
         &self,
-        log: &str,
+        log: &Key,
         after: u64,
         limit: usize,
         timeout: Duration,
@@ -257,8 +255,7 @@ impl LogStore for MemoryStore {
         }
     }
 
-    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
-        validate_key(log)?;
+    async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
         let mut state = self.state();
         let Some(l) = state.live_log(log, Instant::now()) else {
             return Ok(0);
@@ -268,8 +265,7 @@ impl LogStore for MemoryStore {
         Ok(dropped as u64)
     }
 
-    async fn delete_log(&self, log: &str) -> Result<()> {
-        validate_key(log)?;
+    async fn delete_log(&self, log: &Key) -> Result<()> {
         self.state().logs.remove(log);
         Ok(())
     }
@@ -285,11 +281,12 @@ mod tests {
         let store = MemoryStore::new();
         let kv: Arc<dyn KvStore> = Arc::new(store.clone());
         let log: Arc<dyn LogStore> = Arc::new(store);
-        kv.put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        let (k, l) = (Key::new("k").unwrap(), Key::new("l").unwrap());
+        kv.put(&k, b"v".to_vec(), PutOptions::new(PutMode::Create))
             .await
             .unwrap();
-        log.append("l", vec![b"r".to_vec()], None).await.unwrap();
-        assert_eq!(kv.get("k").await.unwrap().unwrap().value, b"v");
-        assert_eq!(log.read_after("l", 0, 1).await.unwrap()[0].data, b"r");
+        log.append(&l, vec![b"r".to_vec()], None).await.unwrap();
+        assert_eq!(kv.get(&k).await.unwrap().unwrap().value, b"v");
+        assert_eq!(log.read_after(&l, 0, 1).await.unwrap()[0].data, b"r");
     }
 }

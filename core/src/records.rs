@@ -19,15 +19,21 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{
     Error, Result, Secret,
+    declare::{self, Declaration},
     types::{ProtocolEra, ProtocolVersion, RequestId, SessionId, Timestamp},
 };
 
-/// A kind of persisted record.
+/// A kind of persisted record, tied to its [declaration](crate::declare).
+///
+/// An implementation names its [`Declaration`] and nothing else: the kind's
+/// name, schema version and key layout are written there, once.
 pub trait Record: Serialize + DeserializeOwned {
+    /// Where this kind is declared.
+    const DECLARATION: &'static Declaration;
     /// The name written into the envelope.
-    const KIND: &'static str;
+    const KIND: &'static str = Self::DECLARATION.kind;
     /// The schema version this build writes and the newest it reads.
-    const SCHEMA: u32;
+    const SCHEMA: u32 = Self::DECLARATION.schema;
 }
 
 #[derive(Serialize)]
@@ -129,8 +135,7 @@ impl ServerProfile {
 }
 
 impl Record for ServerProfile {
-    const KIND: &'static str = "server_profile";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::SERVER_PROFILE;
 }
 
 /// A cached `server/discover` result.
@@ -221,8 +226,7 @@ impl LegacySession {
 }
 
 impl Record for LegacySession {
-    const KIND: &'static str = "legacy_session";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::LEGACY_SESSION;
 }
 
 /// A request sent and not yet answered, journaled so that after a restart
@@ -264,8 +268,7 @@ impl InFlightRequest {
 }
 
 impl Record for InFlightRequest {
-    const KIND: &'static str = "in_flight_request";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::IN_FLIGHT_REQUEST;
 }
 
 // ---------------------------------------------------------------- credentials
@@ -385,8 +388,7 @@ impl Credentials {
 }
 
 impl Record for Credentials {
-    const KIND: &'static str = "credentials";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::CREDENTIALS;
 }
 
 /// A client's registration with an authorization server.
@@ -491,8 +493,7 @@ impl PendingAuthorization {
 }
 
 impl Record for PendingAuthorization {
-    const KIND: &'static str = "pending_authorization";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::PENDING_AUTHORIZATION;
 }
 
 // ---------------------------------------------------------------- server side
@@ -537,15 +538,14 @@ impl ServerSession {
 }
 
 impl Record for ServerSession {
-    const KIND: &'static str = "server_session";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::SERVER_SESSION;
 }
 
 /// Metadata of one SSE event stream: its owner and its unguessable token.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct StreamMeta {
     pub(crate) session: Option<SessionId>,
-    pub(crate) token: String,
+    pub(crate) token: Secret,
     pub(crate) created_at: Timestamp,
     /// The sequence number of the last record dropped by retention (0: none).
     pub(crate) dropped_through: u64,
@@ -558,8 +558,7 @@ pub(crate) struct StreamMeta {
 }
 
 impl Record for StreamMeta {
-    const KIND: &'static str = "event_stream";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::EVENT_STREAM;
 }
 
 /// One stored SSE event.
@@ -569,8 +568,7 @@ pub(crate) struct EventRecord {
 }
 
 impl Record for EventRecord {
-    const KIND: &'static str = "event";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static Declaration = &declare::EVENT;
 }
 
 #[cfg(test)]
@@ -629,7 +627,7 @@ mod tests {
         }
         let profile_bytes = encode(&StreamMeta {
             session: None,
-            token: "t".into(),
+            token: Secret::new("t"),
             created_at: Timestamp::now(),
             dropped_through: 0,
             writer: None,

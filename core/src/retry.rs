@@ -22,16 +22,17 @@ use crate::{Error, Result};
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use mcp_persist_core::{KvStore, MemoryStore, PutMode, PutOptions, retry::retry_cas};
+/// use mcp_persist_core::{Key, KvStore, MemoryStore, PutMode, PutOptions, retry::retry_cas};
 ///
 /// let store = Arc::new(MemoryStore::new());
 /// let store = &store;
-/// let counter = retry_cas("counter", 16, move || async move {
-///     let (n, mode) = match store.get("counter").await? {
+/// let key = &Key::new("counter")?;
+/// let counter = retry_cas(key, 16, move || async move {
+///     let (n, mode) = match store.get(key).await? {
 ///         Some(e) => (String::from_utf8_lossy(&e.value).parse::<u64>().unwrap_or(0), PutMode::Update(e.version)),
 ///         None => (0, PutMode::Create),
 ///     };
-///     store.put("counter", (n + 1).to_string().into_bytes(), PutOptions::new(mode)).await?;
+///     store.put(key, (n + 1).to_string().into_bytes(), PutOptions::new(mode)).await?;
 ///     Ok(n + 1)
 /// })
 /// .await?;

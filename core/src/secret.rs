@@ -1,8 +1,8 @@
 //! [`Secret`]: a string that never prints.
 
-use std::fmt;
+use std::{cell::Cell, fmt};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 /// A token, client secret or PKCE verifier.
@@ -10,8 +10,11 @@ use zeroize::{Zeroize, ZeroizeOnDrop};
 /// `Debug` and `Display` print `[redacted]`; the text is reachable only through
 /// [`expose_secret`](Secret::expose_secret), so it cannot slip into a log line
 /// or an error message by accident. The memory is zeroed when the value drops.
-/// It serializes as the plain string, because stores must keep it; files that
-/// hold it are created 0600 by the file and SQLite backends.
+/// It serializes as the plain string, because stores must keep it (sealed
+/// first when the store encrypts), except while a tool renders a record for
+/// people ([`inspect`](crate::stores::inspect)), where every `Secret` field
+/// serializes as `[redacted]` whatever its name: a new secret field cannot
+/// reach `mcp-persist show` by being forgotten in a list.
 ///
 /// ```
 /// use mcp_persist_core::Secret;
@@ -19,9 +22,39 @@ use zeroize::{Zeroize, ZeroizeOnDrop};
 /// assert_eq!(format!("{token:?} {token}"), "[redacted] [redacted]");
 /// assert_eq!(token.expose_secret(), "eyJhbGciOi...");
 /// ```
-#[derive(Clone, PartialEq, Eq, Zeroize, ZeroizeOnDrop, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Zeroize, ZeroizeOnDrop, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// What a [`Secret`] serializes as while [`redacting`].
+pub(crate) const REDACTED: &str = "[redacted]";
+
+thread_local! {
+    static REDACTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every [`Secret`] serialized on this thread as
+/// [`REDACTED`].
+pub(crate) fn redacting<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            REDACTING.with(|r| r.set(self.0));
+        }
+    }
+    let _reset = Reset(REDACTING.with(|r| r.replace(true)));
+    f()
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if REDACTING.with(Cell::get) {
+            serializer.serialize_str(REDACTED)
+        } else {
+            serializer.serialize_str(&self.0)
+        }
+    }
+}
 
 impl Secret {
     /// Wraps a secret value.

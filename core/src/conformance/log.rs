@@ -1,5 +1,6 @@
 //! Conformance tests of the [`LogStore`] contract.
 
+use super::key;
 use std::{sync::Arc, time::Duration};
 
 use super::LogFixture;
@@ -7,14 +8,18 @@ use crate::LogStore;
 
 async fn append(store: &dyn LogStore, log: &str, records: &[&[u8]]) -> Vec<u64> {
     store
-        .append(log, records.iter().map(|r| r.to_vec()).collect(), None)
+        .append(
+            &key(log),
+            records.iter().map(|r| r.to_vec()).collect(),
+            None,
+        )
         .await
         .unwrap_or_else(|e| panic!("append to {log:?} failed: {e}"))
 }
 
 async fn data_after(store: &dyn LogStore, log: &str, after: u64) -> Vec<Vec<u8>> {
     store
-        .read_after(log, after, usize::MAX)
+        .read_after(&key(log), after, usize::MAX)
         .await
         .unwrap_or_else(|e| panic!("read {log:?} failed: {e}"))
         .into_iter()
@@ -41,7 +46,7 @@ pub async fn append_assigns_increasing_seqs(f: &dyn LogFixture) {
         all.windows(2).all(|w| w[0] < w[1]),
         "not increasing: {all:?}"
     );
-    let read = store.read_after("l", 0, 100).await.expect("read");
+    let read = store.read_after(&key("l"), 0, 100).await.expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), all);
     assert_eq!(
         read.iter().map(|r| r.data.clone()).collect::<Vec<_>>(),
@@ -53,20 +58,23 @@ pub async fn append_assigns_increasing_seqs(f: &dyn LogFixture) {
 pub async fn read_after_is_exclusive_and_limited(f: &dyn LogFixture) {
     let store = f.open_log().await;
     let seqs = append(&*store, "l", &[b"0", b"1", b"2", b"3", b"4"]).await;
-    let after_second = store.read_after("l", seqs[1], 100).await.expect("read");
+    let after_second = store
+        .read_after(&key("l"), seqs[1], 100)
+        .await
+        .expect("read");
     assert_eq!(
         after_second.iter().map(|r| r.seq).collect::<Vec<_>>(),
         seqs[2..].to_vec(),
         "read_after must exclude the given record"
     );
-    let limited = store.read_after("l", seqs[0], 2).await.expect("read");
+    let limited = store.read_after(&key("l"), seqs[0], 2).await.expect("read");
     assert_eq!(
         limited.iter().map(|r| r.seq).collect::<Vec<_>>(),
         seqs[1..3].to_vec()
     );
     assert!(
         store
-            .read_after("l", seqs[4], 100)
+            .read_after(&key("l"), seqs[4], 100)
             .await
             .expect("read")
             .is_empty()
@@ -92,7 +100,7 @@ pub async fn concurrent_appends_strictly_increase(f: &dyn LogFixture) {
             for i in 0..EACH {
                 let record = format!("{t}:{i}").into_bytes();
                 let seqs = store
-                    .append("shared", vec![record], None)
+                    .append(&key("shared"), vec![record], None)
                     .await
                     .expect("append");
                 mine.push(seqs[0]);
@@ -110,7 +118,7 @@ pub async fn concurrent_appends_strictly_increase(f: &dyn LogFixture) {
         all.extend(mine);
     }
     let read = store
-        .read_after("shared", 0, usize::MAX)
+        .read_after(&key("shared"), 0, usize::MAX)
         .await
         .expect("read");
     assert_eq!(read.len(), TASKS * EACH);
@@ -144,11 +152,15 @@ pub async fn expired_log_reads_empty(f: &dyn LogFixture) {
     let store = f.open_log().await;
     let written = tokio::time::Instant::now();
     store
-        .append("short", vec![b"x".to_vec()], Some(ttl))
+        .append(&key("short"), vec![b"x".to_vec()], Some(ttl))
         .await
         .expect("append");
     store
-        .append("long", vec![b"y".to_vec()], Some(Duration::from_secs(600)))
+        .append(
+            &key("long"),
+            vec![b"y".to_vec()],
+            Some(Duration::from_secs(600)),
+        )
         .await
         .expect("append");
     let live = data_after(&*store, "short", 0).await;
@@ -170,8 +182,8 @@ pub async fn expired_log_reads_empty(f: &dyn LogFixture) {
 pub async fn trim_drops_older_records(f: &dyn LogFixture) {
     let store = f.open_log().await;
     let seqs = append(&*store, "l", &[b"0", b"1", b"2", b"3"]).await;
-    store.trim("l", seqs[2]).await.expect("trim");
-    let left = store.read_after("l", 0, 100).await.expect("read");
+    store.trim(&key("l"), seqs[2]).await.expect("trim");
+    let left = store.read_after(&key("l"), 0, 100).await.expect("read");
     assert_eq!(
         left.iter().map(|r| r.seq).collect::<Vec<_>>(),
         seqs[2..].to_vec()
@@ -179,7 +191,7 @@ pub async fn trim_drops_older_records(f: &dyn LogFixture) {
     let next = append(&*store, "l", &[b"4"]).await;
     assert!(next[0] > seqs[3]);
     store
-        .trim("absent", 10)
+        .trim(&key("absent"), 10)
         .await
         .expect("trim of an absent log");
 }
@@ -189,8 +201,11 @@ pub async fn delete_log(f: &dyn LogFixture) {
     let store = f.open_log().await;
     append(&*store, "gone", &[b"a"]).await;
     append(&*store, "kept", &[b"b"]).await;
-    store.delete_log("gone").await.expect("delete");
-    store.delete_log("never").await.expect("delete absent");
+    store.delete_log(&key("gone")).await.expect("delete");
+    store
+        .delete_log(&key("never"))
+        .await
+        .expect("delete absent");
     assert!(data_after(&*store, "gone", 0).await.is_empty());
     assert_eq!(data_after(&*store, "kept", 0).await, vec![b"b".to_vec()]);
 }
@@ -202,7 +217,7 @@ pub async fn wait_after_sees_later_append(f: &dyn LogFixture) {
     let first = append(&*writer, "tail", &[b"before"]).await;
     let waiting = tokio::spawn(async move {
         reader
-            .wait_after("tail", first[0], 10, Duration::from_secs(10))
+            .wait_after(&key("tail"), first[0], 10, Duration::from_secs(10))
             .await
             .expect("wait")
     });
@@ -221,7 +236,7 @@ pub async fn wait_after_times_out_empty(f: &dyn LogFixture) {
     let store = f.open_log().await;
     let seqs = append(&*store, "quiet", &[b"only"]).await;
     let got = store
-        .wait_after("quiet", seqs[0], 10, Duration::from_millis(200))
+        .wait_after(&key("quiet"), seqs[0], 10, Duration::from_millis(200))
         .await
         .expect("wait");
     assert!(got.is_empty());
@@ -233,7 +248,7 @@ pub async fn large_records(f: &dyn LogFixture) {
     let size = store.max_record_bytes().min(1024 * 1024);
     let record: Vec<u8> = (0..size).map(|i| (i * 13 % 251) as u8).collect();
     store
-        .append("big", vec![record.clone(), b"small".to_vec()], None)
+        .append(&key("big"), vec![record.clone(), b"small".to_vec()], None)
         .await
         .expect("append");
     assert_eq!(
@@ -254,7 +269,7 @@ pub async fn reopen_keeps_acknowledged_appends(f: &dyn LogFixture) {
     }
     let store = f.open_log().await;
     let read = store
-        .read_after("durable", 0, usize::MAX)
+        .read_after(&key("durable"), 0, usize::MAX)
         .await
         .expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
@@ -276,13 +291,13 @@ pub async fn unsynced_appends_are_committed(f: &dyn LogFixture) {
         for i in 0..20u32 {
             let data = vec![i.to_be_bytes().to_vec()];
             let got = if i % 3 == 0 {
-                store.append("written", data, None).await
+                store.append(&key("written"), data, None).await
             } else {
-                store.append_unsynced("written", data, None).await
+                store.append_unsynced(&key("written"), data, None).await
             };
             seqs.extend(got.expect("append"));
             let seen = other
-                .read_after("written", 0, usize::MAX)
+                .read_after(&key("written"), 0, usize::MAX)
                 .await
                 .expect("read");
             assert_eq!(seen.len(), seqs.len(), "not visible to another handle");
@@ -291,7 +306,7 @@ pub async fn unsynced_appends_are_committed(f: &dyn LogFixture) {
     }
     let store = f.open_log().await;
     let read = store
-        .read_after("written", 0, usize::MAX)
+        .read_after(&key("written"), 0, usize::MAX)
         .await
         .expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);

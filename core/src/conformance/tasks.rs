@@ -168,7 +168,7 @@ pub async fn task_newer_schema_is_typed_error(f: &dyn LogFixture) {
     let kv = f.open_kv().await;
     let tasks = store(kv.clone(), f.open_log().await);
     let id = TaskId::new("from-the-future").expect("id");
-    let key = "server/task/from-the-future";
+    let key = &crate::declare::TASK.key(&["from-the-future"]);
     let bytes = br#"{"kind":"task","schema":99,"record":{"whatever":true}}"#.to_vec();
     kv.put(key, bytes.clone(), PutOptions::new(PutMode::Create))
         .await

@@ -5,6 +5,7 @@
 //! repeat, a rotated refresh token is never lost, and event replay stays
 //! within its stream.
 
+use super::key;
 use std::{
     collections::BTreeMap,
     sync::{
@@ -607,8 +608,8 @@ pub async fn server_session_roundtrip(f: &dyn KvFixture) {
 
 /// The backend key under which the client session of the server whose path
 /// contains `path_part` is stored, found through `list` as a tool would.
-async fn raw_session_key(kv: &dyn crate::KvStore, path_part: &str) -> String {
-    kv.list("client/session/")
+async fn raw_session_key(kv: &dyn crate::KvStore, path_part: &str) -> crate::Key {
+    kv.list(crate::declare::LEGACY_SESSION.prefix)
         .await
         .expect("list")
         .into_iter()
@@ -693,7 +694,7 @@ pub async fn corrupt_record_is_typed_error(f: &dyn KvFixture) {
             .await
             .expect_err("corrupt must not load");
         assert!(
-            matches!(err, Error::Corrupt { ref key, .. } if *key == raw_key),
+            matches!(err, Error::Corrupt { ref key, .. } if raw_key == *key),
             "got {err:?}"
         );
         assert!(
@@ -718,7 +719,7 @@ pub async fn event_replay_roundtrip(f: &dyn LogFixture) {
     for n in 0..10 {
         ids.push(
             store
-                .append("s1", Some(&sid), &serde_json::json!({"n": n}))
+                .append(&key("s1"), Some(&sid), &serde_json::json!({"n": n}))
                 .await
                 .expect("append"),
         );
@@ -755,13 +756,13 @@ pub async fn event_replay_never_crosses_streams(f: &dyn LogFixture) {
     for n in 0..5 {
         a_ids.push(
             store
-                .append("a", Some(&a_sess), &serde_json::json!({"a": n}))
+                .append(&key("a"), Some(&a_sess), &serde_json::json!({"a": n}))
                 .await
                 .expect("append"),
         );
         b_ids.push(
             store
-                .append("b", Some(&b_sess), &serde_json::json!({"b": n}))
+                .append(&key("b"), Some(&b_sess), &serde_json::json!({"b": n}))
                 .await
                 .expect("append"),
         );
@@ -799,7 +800,7 @@ pub async fn event_replay_never_crosses_streams(f: &dyn LogFixture) {
     // A stream recorded without a session, asked for within a session:
     // refused too, so no session reaches sessionless streams.
     let loose = store
-        .append("loose", None, &serde_json::json!({"loose": 0}))
+        .append(&key("loose"), None, &serde_json::json!({"loose": 0}))
         .await
         .expect("append");
     let err = store
@@ -814,11 +815,11 @@ pub async fn event_replay_never_crosses_streams(f: &dyn LogFixture) {
 pub async fn event_replay_after_reopen(f: &dyn LogFixture) {
     let writer = event_store(f.open_kv().await, f.open_log().await);
     let first = writer
-        .append("tail", None, &serde_json::json!(1))
+        .append(&key("tail"), None, &serde_json::json!(1))
         .await
         .expect("append");
     let second = writer
-        .append("tail", None, &serde_json::json!(2))
+        .append(&key("tail"), None, &serde_json::json!(2))
         .await
         .expect("append");
     let reader = event_store(f.open_kv().await, f.open_log().await);
@@ -842,7 +843,7 @@ pub async fn event_replay_after_reopen(f: &dyn LogFixture) {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let third = writer
-        .append("tail", None, &serde_json::json!(3))
+        .append(&key("tail"), None, &serde_json::json!(3))
         .await
         .expect("append");
     let got = tokio::time::timeout(Duration::from_secs(10), tail)
@@ -859,7 +860,7 @@ pub async fn event_replay_after_reopen(f: &dyn LogFixture) {
 pub async fn forged_event_id_is_rejected(f: &dyn LogFixture) {
     let store = event_store(f.open_kv().await, f.open_log().await);
     let id = store
-        .append("s", None, &serde_json::json!(null))
+        .append(&key("s"), None, &serde_json::json!(null))
         .await
         .expect("append");
     let with_space = format!("{}-1-has space", &id.to_string()[..32]);
@@ -964,7 +965,7 @@ pub async fn pipelined_events_replay_whole_and_refuse_lost_ids(f: &dyn LogFixtur
     for n in 0..100 {
         ids.push(
             writer
-                .append("piped", Some(&sid), &serde_json::json!({ "n": n }))
+                .append(&key("piped"), Some(&sid), &serde_json::json!({ "n": n }))
                 .await
                 .expect("append"),
         );

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tracing::debug;
 
 use crate::{
-    LogStore, Result,
+    Key, LogStore, Result, declare,
     records::{Record, decode, encode},
     types::Timestamp,
 };
@@ -50,8 +50,7 @@ pub struct BusMessage {
 }
 
 impl Record for BusMessage {
-    const KIND: &'static str = "fleet_notice";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::FLEET_NOTICE;
 }
 
 /// How much of the bus is kept.
@@ -101,13 +100,17 @@ impl fmt::Debug for NotificationBus {
     }
 }
 
-const LOG: &str = "server/bus";
 /// The largest notice the bus carries, encoded: every instance reads every
 /// notice, so one huge notice would slow the whole fleet. A resource URI of
 /// this size is not a URI any client can use either.
 pub const MAX_NOTICE_BYTES: usize = 16 * 1024;
 /// Each publisher trims the bus once every this many of its publishes.
 const TRIM_EVERY: u64 = 64;
+
+/// The bus's log.
+fn log() -> Key {
+    declare::FLEET_NOTICE.key(&[])
+}
 
 impl NotificationBus {
     /// The bus in `log`, keeping what `retention` says.
@@ -145,12 +148,15 @@ impl NotificationBus {
         }
         let seqs = self
             .log
-            .append(LOG, vec![encoded], Some(self.retention.max_age))
+            .append(&log(), vec![encoded], Some(self.retention.max_age))
             .await?;
         let seq = seqs.last().copied().unwrap_or_default();
         let published = self.published.fetch_add(1, Ordering::Relaxed) + 1;
         if published.is_multiple_of(TRIM_EVERY) && seq > self.retention.max_len {
-            let dropped = self.log.trim(LOG, seq - self.retention.max_len + 1).await?;
+            let dropped = self
+                .log
+                .trim(&log(), seq - self.retention.max_len + 1)
+                .await?;
             debug!(dropped, "fleet bus trimmed to its length limit");
         }
         debug!(seq, notice = ?message.notice, "fleet notice published");
@@ -162,7 +168,7 @@ impl NotificationBus {
     pub async fn head(&self) -> Result<u64> {
         let mut after = 0;
         loop {
-            let records = self.log.read_after(LOG, after, 1024).await?;
+            let records = self.log.read_after(&log(), after, 1024).await?;
             match records.last() {
                 Some(last) => after = last.seq,
                 None => return Ok(after),
@@ -179,7 +185,7 @@ impl NotificationBus {
         after: u64,
         timeout: Duration,
     ) -> Result<(u64, Vec<(u64, BusMessage)>)> {
-        let records = self.log.wait_after(LOG, after, 256, timeout).await?;
+        let records = self.log.wait_after(&log(), after, 256, timeout).await?;
         let mut last = after;
         let mut out = Vec::with_capacity(records.len());
         let oldest = Timestamp::now()
@@ -187,7 +193,7 @@ impl NotificationBus {
             .saturating_sub(u64::try_from(self.retention.max_age.as_millis()).unwrap_or(u64::MAX));
         for record in records {
             last = last.max(record.seq);
-            match decode::<BusMessage>(LOG, &record.data) {
+            match decode::<BusMessage>(declare::FLEET_NOTICE.prefix, &record.data) {
                 Ok(message) if message.published_at.as_unix_millis() >= oldest => {
                     out.push((record.seq, message));
                 }

@@ -2,10 +2,10 @@ use std::{ops::Range, sync::Arc};
 
 use tracing::debug;
 
-use super::{Stored, component, read, write};
+use super::{Stored, read, write};
 use crate::retry::retry_cas;
 use crate::{
-    Error, KvStore, PutMode, Result, ServerKey, Version,
+    Error, Key, KvStore, PutMode, Result, ServerKey, Version, declare,
     records::{InFlightRequest, LegacySession, ServerProfile},
     types::{RequestId, SessionId, Timestamp},
 };
@@ -29,47 +29,44 @@ pub struct ClientStateStore {
 /// reads larger ones rounded).
 pub const MAX_REQUEST_ID: i64 = (1 << 53) - 1;
 
-fn server_part(server: &ServerKey) -> String {
-    format!(
-        "{}/{}",
-        component(server.profile()),
-        component(server.endpoint())
-    )
-}
-
 impl ClientStateStore {
     /// A store over `kv`.
     pub fn new(kv: Arc<dyn KvStore>) -> Self {
         ClientStateStore { kv }
     }
 
-    fn profile_key(server: &ServerKey) -> String {
-        format!("client/profile/{}", server_part(server))
+    fn profile_key(server: &ServerKey) -> Result<Key> {
+        declare::SERVER_PROFILE.try_key(&[server.profile(), server.endpoint()])
     }
 
-    fn session_key(server: &ServerKey) -> String {
-        format!("client/session/{}", server_part(server))
+    fn session_key(server: &ServerKey) -> Result<Key> {
+        declare::LEGACY_SESSION.try_key(&[server.profile(), server.endpoint()])
     }
 
     fn inflight_prefix(server: &ServerKey, session: &SessionId) -> String {
-        format!(
-            "client/inflight/{}/{}/",
-            server_part(server),
-            component(session.as_str())
-        )
+        declare::IN_FLIGHT_REQUEST.prefix_of(&[
+            server.profile(),
+            server.endpoint(),
+            session.as_str(),
+        ])
     }
 
-    fn inflight_key(server: &ServerKey, session: &SessionId, id: &RequestId) -> String {
+    fn inflight_key(server: &ServerKey, session: &SessionId, id: &RequestId) -> Result<Key> {
         let id = match id {
             RequestId::Number(n) => format!("n{n}"),
-            RequestId::String(s) => format!("s{}", component(s)),
+            RequestId::String(s) => format!("s{s}"),
         };
-        format!("{}{id}", Self::inflight_prefix(server, session))
+        declare::IN_FLIGHT_REQUEST.try_key(&[
+            server.profile(),
+            server.endpoint(),
+            session.as_str(),
+            &id,
+        ])
     }
 
     /// The stored profile of `server`.
     pub async fn profile(&self, server: &ServerKey) -> Result<Option<ServerProfile>> {
-        Ok(read(&*self.kv, &Self::profile_key(server))
+        Ok(read(&*self.kv, &Self::profile_key(server)?)
             .await?
             .map(|s: Stored<ServerProfile>| s.record))
     }
@@ -78,7 +75,7 @@ impl ClientStateStore {
     pub async fn save_profile(&self, server: &ServerKey, profile: &ServerProfile) -> Result<()> {
         write(
             &*self.kv,
-            &Self::profile_key(server),
+            &Self::profile_key(server)?,
             profile,
             PutMode::Overwrite,
             None,
@@ -90,13 +87,13 @@ impl ClientStateStore {
 
     /// Forgets the profile of `server` (its era will be probed again).
     pub async fn forget_profile(&self, server: &ServerKey) -> Result<()> {
-        self.kv.delete(&Self::profile_key(server), None).await?;
+        self.kv.delete(&Self::profile_key(server)?, None).await?;
         Ok(())
     }
 
     /// The stored legacy session with `server`, with its version.
     pub async fn session(&self, server: &ServerKey) -> Result<Option<Stored<LegacySession>>> {
-        read(&*self.kv, &Self::session_key(server)).await
+        read(&*self.kv, &Self::session_key(server)?).await
     }
 
     /// Stores a session: `PutMode::Create` for a new one (fails if another
@@ -107,7 +104,7 @@ impl ClientStateStore {
         session: &LegacySession,
         mode: PutMode,
     ) -> Result<Version> {
-        write(&*self.kv, &Self::session_key(server), session, mode, None).await
+        write(&*self.kv, &Self::session_key(server)?, session, mode, None).await
     }
 
     /// Applies `change` to the stored session with compare-and-swap, retrying
@@ -118,8 +115,7 @@ impl ClientStateStore {
         server: &ServerKey,
         change: impl FnMut(&mut LegacySession) + Send,
     ) -> Result<Option<LegacySession>> {
-        let key = Self::session_key(server);
-        let key = key.as_str();
+        let key = &Self::session_key(server)?;
         let change = &std::sync::Mutex::new(change);
         retry_cas(key, CAS_ATTEMPTS, move || async move {
             let Some(Stored {
@@ -167,7 +163,7 @@ impl ClientStateStore {
             .await;
         if let Some(mark) = impossible {
             return Err(Error::Corrupt {
-                key: Self::session_key(server),
+                key: Self::session_key(server)?.to_string(),
                 reason: format!(
                     "the request-id high-water mark {mark} cannot hand out {count} more ids \
                      (ids stay within 0..={MAX_REQUEST_ID}); forget the session to start a new one"
@@ -193,7 +189,7 @@ impl ClientStateStore {
                 self.kv.delete(&key, None).await?;
             }
         }
-        self.kv.delete(&Self::session_key(server), None).await?;
+        self.kv.delete(&Self::session_key(server)?, None).await?;
         debug!(server = %server, "forgot client session");
         Ok(())
     }
@@ -205,7 +201,7 @@ impl ClientStateStore {
         session: &SessionId,
         request: &InFlightRequest,
     ) -> Result<()> {
-        let key = Self::inflight_key(server, session, &request.id);
+        let key = Self::inflight_key(server, session, &request.id)?;
         write(&*self.kv, &key, request, PutMode::Overwrite, None).await?;
         Ok(())
     }
@@ -218,7 +214,7 @@ impl ClientStateStore {
         id: &RequestId,
     ) -> Result<()> {
         self.kv
-            .delete(&Self::inflight_key(server, session, id), None)
+            .delete(&Self::inflight_key(server, session, id)?, None)
             .await?;
         Ok(())
     }

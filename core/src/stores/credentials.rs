@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
-use super::{Stored, component, read, write};
+use super::{Stored, read, write};
 use crate::retry::Backoff;
 use crate::{
-    BoxError, Error, KvStore, PutMode, Result, Version,
+    BoxError, Error, Key, KvStore, PutMode, Result, Version, declare,
     records::{CredentialKey, Credentials, PendingAuthorization, Record},
     types::{Timestamp, hex, random_token},
 };
@@ -52,7 +52,7 @@ pub struct AuthStore {
 /// another process has watched it unchanged for the lease TTL.
 #[derive(Debug)]
 pub struct RefreshLease {
-    key: String,
+    key: Key,
     version: Version,
     /// When the lease could be taken over at the earliest, by this
     /// process's clock (informational: nobody compares clocks).
@@ -85,8 +85,7 @@ pub(crate) struct LeaseRecord {
 }
 
 impl Record for LeaseRecord {
-    const KIND: &'static str = "refresh_lease";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::REFRESH_LEASE;
 }
 
 /// Which issuer a resource was last authorized with.
@@ -97,12 +96,7 @@ pub(crate) struct ResourceIssuer {
 }
 
 impl Record for ResourceIssuer {
-    const KIND: &'static str = "resource_issuer";
-    const SCHEMA: u32 = 1;
-}
-
-fn key_part(key: &CredentialKey) -> String {
-    format!("{}/{}", component(&key.issuer), component(&key.resource))
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::RESOURCE_ISSUER;
 }
 
 impl AuthStore {
@@ -131,26 +125,26 @@ impl AuthStore {
         }
     }
 
-    fn token_key(key: &CredentialKey) -> String {
-        format!("cred/token/{}", key_part(key))
+    fn token_key(key: &CredentialKey) -> Result<Key> {
+        declare::CREDENTIALS.try_key(&[&key.issuer, &key.resource])
     }
 
-    fn lease_key(key: &CredentialKey) -> String {
-        format!("cred/lease/{}", key_part(key))
+    fn lease_key(key: &CredentialKey) -> Result<Key> {
+        declare::REFRESH_LEASE.try_key(&[&key.issuer, &key.resource])
     }
 
-    fn issuer_key(resource: &str) -> String {
-        format!("cred/issuer/{}", component(resource))
+    fn issuer_key(resource: &str) -> Result<Key> {
+        declare::RESOURCE_ISSUER.try_key(&[resource])
     }
 
-    fn pending_key(state: &str) -> String {
+    fn pending_key(state: &str) -> Key {
         // The state value is a secret of the flow: only its hash names a key.
-        format!("cred/pending/{}", hex(&Sha256::digest(state.as_bytes())))
+        declare::PENDING_AUTHORIZATION.key(&[&hex(&Sha256::digest(state.as_bytes()))])
     }
 
     /// The credential for `key`, with its version.
     pub async fn load(&self, key: &CredentialKey) -> Result<Option<Stored<Credentials>>> {
-        read(&*self.kv, &Self::token_key(key)).await
+        read(&*self.kv, &Self::token_key(key)?).await
     }
 
     /// Stores a credential obtained by a full authorization (not a refresh),
@@ -158,7 +152,7 @@ impl AuthStore {
     pub async fn save(&self, credentials: &Credentials) -> Result<Version> {
         let v = write(
             &*self.kv,
-            &Self::token_key(&credentials.key),
+            &Self::token_key(&credentials.key)?,
             credentials,
             PutMode::Overwrite,
             None,
@@ -173,7 +167,7 @@ impl AuthStore {
     pub async fn replace(&self, credentials: &Credentials, expected: Version) -> Result<Version> {
         write(
             &*self.kv,
-            &Self::token_key(&credentials.key),
+            &Self::token_key(&credentials.key)?,
             credentials,
             PutMode::Update(expected),
             None,
@@ -183,7 +177,7 @@ impl AuthStore {
 
     /// Deletes the credential for `key` (after the server revoked it, say).
     pub async fn delete(&self, key: &CredentialKey) -> Result<()> {
-        self.kv.delete(&Self::token_key(key), None).await?;
+        self.kv.delete(&Self::token_key(key)?, None).await?;
         Ok(())
     }
 
@@ -195,7 +189,7 @@ impl AuthStore {
         key: &CredentialKey,
         ttl: Duration,
     ) -> Result<Option<RefreshLease>> {
-        let lease_key = Self::lease_key(key);
+        let lease_key = Self::lease_key(key)?;
         let record = LeaseRecord {
             holder: hex(&random_token()?),
             taken_at: Timestamp::now(),
@@ -326,7 +320,7 @@ impl AuthStore {
     /// this resource while another issuer is in force.
     pub async fn current_issuer(&self, resource: &str) -> Result<Option<String>> {
         Ok(
-            read::<ResourceIssuer>(&*self.kv, &Self::issuer_key(resource))
+            read::<ResourceIssuer>(&*self.kv, &Self::issuer_key(resource)?)
                 .await?
                 .map(|s| s.record.issuer),
         )
@@ -341,7 +335,7 @@ impl AuthStore {
         };
         write(
             &*self.kv,
-            &Self::issuer_key(resource),
+            &Self::issuer_key(resource)?,
             &record,
             PutMode::Overwrite,
             None,
@@ -385,8 +379,8 @@ impl AuthStore {
     }
 
     /// Every stored credential key (for tools and migrations).
-    pub async fn keys(&self) -> Result<Vec<String>> {
-        self.kv.list("cred/token/").await
+    pub async fn keys(&self) -> Result<Vec<Key>> {
+        self.kv.list(declare::CREDENTIALS.prefix).await
     }
 }
 

@@ -6,10 +6,10 @@ use std::{
 
 use tracing::{debug, warn};
 
-use super::{Stored, component, read, write};
+use super::{Stored, read, write};
 use crate::retry::retry_cas;
 use crate::{
-    Error, KvStore, LogStore, PutMode, Result,
+    Error, Key, KvStore, LogStore, PutMode, Result, Secret, declare,
     records::{EventRecord, StreamMeta, decode, encode},
     types::{EventId, SessionId, Timestamp, hex, random_token},
 };
@@ -165,12 +165,12 @@ impl std::fmt::Debug for EventLog {
     }
 }
 
-fn meta_key(stream: &str) -> String {
-    format!("server/stream/{}", component(stream))
+fn meta_key(stream: &str) -> Result<Key> {
+    declare::EVENT_STREAM.try_key(&[stream])
 }
 
-fn log_name(stream: &str) -> String {
-    format!("server/events/{}", component(stream))
+fn log_name(stream: &str) -> Result<Key> {
+    declare::EVENT.try_key(&[stream])
 }
 
 impl EventLog {
@@ -199,8 +199,7 @@ impl EventLog {
     pub async fn describe_request(&self, stream: &str, request: serde_json::Value) -> Result<()> {
         // A pipelined stream's metadata is written with its first commit.
         self.flushed(stream).await;
-        let key = meta_key(stream);
-        let key = key.as_str();
+        let key = &meta_key(stream)?;
         let request = &request;
         retry_cas(key, 8, move || async move {
             let Some(Stored {
@@ -230,7 +229,7 @@ impl EventLog {
     /// Who writes `stream` and which request it answers, when recorded;
     /// `None` for an unknown stream.
     pub async fn origin(&self, stream: &str) -> Result<Option<StreamOrigin>> {
-        Ok(read::<StreamMeta>(&*self.kv, &meta_key(stream))
+        Ok(read::<StreamMeta>(&*self.kv, &meta_key(stream)?)
             .await?
             .map(|s| StreamOrigin {
                 writer: s.record.writer,
@@ -276,12 +275,11 @@ impl EventLog {
         {
             return Ok(c.token);
         }
-        let key = meta_key(stream);
-        let key = key.as_str();
+        let key = &meta_key(stream)?;
         retry_cas(key, 8, move || async move {
             match read::<StreamMeta>(&*self.kv, key).await? {
                 Some(Stored { record, version }) => {
-                    let token = parse_token(key, &record.token)?;
+                    let token = parse_token(key, record.token.expose_secret())?;
                     // Refresh the metadata's TTL along with the log's; if
                     // another writer refreshed it meanwhile, theirs does.
                     match write(
@@ -311,7 +309,7 @@ impl EventLog {
                     let token = random_token()?;
                     let meta = StreamMeta {
                         session: session.cloned(),
-                        token: hex(&token),
+                        token: Secret::new(hex(&token)),
                         created_at: Timestamp::now(),
                         dropped_through: 0,
                         writer: self.writer.as_deref().map(str::to_owned),
@@ -361,7 +359,7 @@ impl EventLog {
             return Ok(EventId::new(token, seq, stream));
         }
         let token = self.stream_token(stream, session).await?;
-        let log = log_name(stream);
+        let log = log_name(stream)?;
         let retention = Some(self.config.retention);
         let seqs = if self.config.durability == EventDurability::Written {
             self.log
@@ -397,7 +395,7 @@ impl EventLog {
         if known || self.cached(stream).is_some() {
             return Ok((self.stream_token(stream, session).await?, None));
         }
-        if read::<StreamMeta>(&*self.kv, &meta_key(stream))
+        if read::<StreamMeta>(&*self.kv, &meta_key(stream)?)
             .await?
             .is_some()
         {
@@ -406,7 +404,7 @@ impl EventLog {
         let token = random_token()?;
         let meta = StreamMeta {
             session: session.cloned(),
-            token: hex(&token),
+            token: Secret::new(hex(&token)),
             created_at: Timestamp::now(),
             dropped_through: 0,
             writer: self.writer.as_deref().map(str::to_owned),
@@ -464,9 +462,9 @@ impl EventLog {
                 Error::backend(self.log.backend_name(), "pipeline state vanished")
             })?;
             let seq = pipe.next_seq;
-            pipe.next_seq = seq.checked_add(1).ok_or_else(|| {
-                Error::corrupt(log_name(stream), "the stream's sequence number overflowed")
-            })?;
+            pipe.next_seq = seq
+                .checked_add(1)
+                .ok_or_else(|| Error::corrupt(stream, "the stream's sequence number overflowed"))?;
             pipe.pending.push((seq, data));
             let schedule = !pipe.flushing;
             pipe.flushing = true;
@@ -485,7 +483,7 @@ impl EventLog {
 
     /// The number of the last event stored for `stream` (0 when none).
     async fn last_stored_seq(&self, stream: &str) -> Result<u64> {
-        let name = log_name(stream);
+        let name = log_name(stream)?;
         let mut after = 0;
         loop {
             let records = self.log.read_after(&name, after, 1024).await?;
@@ -513,8 +511,9 @@ impl EventLog {
                 (std::mem::take(&mut pipe.pending), pipe.meta.take())
             };
             let (batch, meta) = batch;
-            if let Some(meta) = meta {
-                let key = meta_key(stream);
+            if let Some(meta) = meta
+                && let Ok(key) = meta_key(stream)
+            {
                 if let Err(e) = write(
                     &*self.kv,
                     &key,
@@ -530,10 +529,14 @@ impl EventLog {
             let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
             let last = expected.last().copied().unwrap_or_default();
             let data: Vec<Vec<u8>> = batch.into_iter().map(|(_, d)| d).collect();
-            let outcome = self
-                .log
-                .append(&log_name(stream), data, Some(self.config.retention))
-                .await;
+            let outcome = match log_name(stream) {
+                Ok(name) => {
+                    self.log
+                        .append(&name, data, Some(self.config.retention))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
             let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
             let Some(pipe) = pipes.get_mut(stream) else {
                 return;
@@ -625,7 +628,7 @@ impl EventLog {
     }
 
     async fn enforce_length(&self, stream: &str) -> Result<()> {
-        let name = log_name(stream);
+        let name = log_name(stream)?;
         let records = self.log.read_after(&name, 0, usize::MAX).await?;
         let max = usize::try_from(self.config.max_events_per_stream).unwrap_or(usize::MAX);
         if records.len() <= max {
@@ -634,8 +637,7 @@ impl EventLog {
         let first_kept = records[records.len() - max].seq;
         let last_dropped = records[records.len() - max - 1].seq;
         // Record the bound before dropping, so a replay never silently skips.
-        let key = meta_key(stream);
-        let key = key.as_str();
+        let key = &meta_key(stream)?;
         let recorded = retry_cas(key, 8, move || async move {
             let Some(Stored {
                 mut record,
@@ -682,7 +684,7 @@ impl EventLog {
         // On the writing instance, pipelined events (and a new stream's
         // metadata) are committed before they are looked at.
         self.flushed(id.stream()).await;
-        let key = meta_key(id.stream());
+        let key = meta_key(id.stream())?;
         let unknown = || Error::NotFound {
             what: "event stream",
             detail: Some("the stream has expired or never existed".into()),
@@ -690,7 +692,7 @@ impl EventLog {
         let Some(Stored { record: meta, .. }) = read::<StreamMeta>(&*self.kv, &key).await? else {
             return Err(unknown());
         };
-        if parse_token(&key, &meta.token)? != *id.token() {
+        if parse_token(&key, meta.token.expose_secret())? != *id.token() {
             warn!(
                 stream = id.stream(),
                 "event id with a wrong token: forged or from an expired stream"
@@ -721,7 +723,7 @@ impl EventLog {
             // The id's own event must be stored: if it is not, it was sent
             // but lost with the instance that wrote it.
             if id.seq() > 0 {
-                let name = log_name(id.stream());
+                let name = log_name(id.stream())?;
                 let found = self.log.read_after(&name, id.seq() - 1, 1).await?;
                 if found.first().is_none_or(|r| r.seq != id.seq()) {
                     return Err(Error::NotFound {
@@ -755,7 +757,7 @@ impl EventLog {
     }
 
     async fn read_after(&self, id: &EventId, limit: usize) -> Result<Vec<StoredEvent>> {
-        let name = log_name(id.stream());
+        let name = log_name(id.stream())?;
         let records = self.log.read_after(&name, id.seq(), limit).await?;
         self.to_events(id, &name, records)
     }
@@ -784,7 +786,7 @@ impl EventLog {
     /// none came.
     pub async fn tail(&self, after: &EventId, timeout: Duration) -> Result<Vec<StoredEvent>> {
         self.flushed(after.stream()).await;
-        let name = log_name(after.stream());
+        let name = log_name(after.stream())?;
         let records = self
             .log
             .wait_after(&name, after.seq(), 1024, timeout)
@@ -798,8 +800,8 @@ impl EventLog {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(stream);
-        self.log.delete_log(&log_name(stream)).await?;
-        self.kv.delete(&meta_key(stream), None).await?;
+        self.log.delete_log(&log_name(stream)?).await?;
+        self.kv.delete(&meta_key(stream)?, None).await?;
         Ok(())
     }
 }

@@ -3,20 +3,13 @@
 
 use serde::Deserialize;
 
-use super::{
-    BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
-    credentials::ResourceIssuer, tasks::InboxRecord,
-};
 use crate::{
     Error, Result,
-    records::{
-        Credentials, EventRecord, InFlightRequest, LegacySession, PendingAuthorization, Record,
-        ServerProfile, ServerSession, StreamMeta, decode,
-    },
+    declare::{self, Declaration, Space},
 };
 
 /// What replaces a secret in an [`Inspected`] record.
-pub const REDACTED: &str = "[redacted]";
+pub const REDACTED: &str = crate::secret::REDACTED;
 
 /// A record decoded under the current schema of its kind, for tools.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,12 +17,37 @@ pub const REDACTED: &str = "[redacted]";
 pub struct Inspected {
     /// The record kind named in its envelope (`server_session`, `credentials`, ...).
     pub kind: &'static str,
+    /// The kind's declaration: its key layout, family and lifetime.
+    pub declaration: &'static Declaration,
     /// The schema version it was written with.
     pub schema: u32,
-    /// The decoded record as JSON, every secret (tokens, client secrets,
-    /// PKCE verifiers, key material, stream tokens) replaced by
-    /// [`REDACTED`].
+    /// The decoded record as JSON, every secret (every field of type
+    /// [`Secret`](crate::Secret): tokens, client secrets, PKCE verifiers, key
+    /// material, stream tokens) replaced by [`REDACTED`].
     pub record: serde_json::Value,
+}
+
+impl Inspected {
+    /// The first time among `pointers` that the record holds.
+    fn time(&self, pointers: &[&str]) -> Option<crate::Timestamp> {
+        pointers.iter().find_map(|p| {
+            self.record
+                .pointer(p)
+                .and_then(serde_json::Value::as_u64)
+                .map(crate::Timestamp::from_unix_millis)
+        })
+    }
+
+    /// When the record was last written, by its own account.
+    pub fn written_at(&self) -> Option<crate::Timestamp> {
+        self.time(self.declaration.written_at)
+    }
+
+    /// When the record was created, by its own account.
+    pub fn created_at(&self) -> Option<crate::Timestamp> {
+        self.time(self.declaration.created_at)
+            .or_else(|| self.written_at())
+    }
 }
 
 #[derive(Deserialize)]
@@ -38,42 +56,24 @@ struct KindOnly {
     schema: u32,
 }
 
-fn typed<T: Record>(key: &str, bytes: &[u8], secrets: &[&str]) -> Result<Inspected> {
-    let record = decode::<T>(key, bytes)?;
-    let mut json = serde_json::to_value(&record).map_err(|e| Error::Corrupt {
-        key: key.to_owned(),
-        reason: format!("{} record does not serialize back", T::KIND),
-        source: Some(Box::new(e)),
-    })?;
-    for pointer in secrets {
-        if let Some(v) = json.pointer_mut(pointer)
-            && !v.is_null()
-        {
-            *v = serde_json::Value::String(REDACTED.to_owned());
-        }
-    }
-    Ok(Inspected {
-        kind: T::KIND,
-        schema: T::SCHEMA,
-        record: json,
-    })
-}
-
 /// Decodes `bytes` read from `key` (a key-value record, or a log record
 /// named `<log>#<seq>`) under the current schema of the kind its envelope
 /// names, with the same checks as the typed stores: unparsable bytes, an
 /// unknown kind or a record that does not match its schema are
 /// [`Error::Corrupt`] naming `key`; a schema newer than this build knows is
-/// [`Error::NewerSchema`]. Reads nothing else and writes nothing.
+/// [`Error::NewerSchema`]. A record whose kind is not the one declared for
+/// its key (a session record under a credential key, say) is
+/// [`Error::Corrupt`] too. Reads nothing else and writes nothing.
 ///
 /// ```
-/// use mcp_persist_core::{records::encode, stores::inspect, *};
+/// use mcp_persist_core::{declare, records::encode, stores::inspect, *};
 /// let creds = Credentials::new(
 ///     CredentialKey::new("https://as.example", "https://mcp.example/mcp")?,
 ///     Secret::new("token-text"),
 ///     ClientRegistration::new("client-1"),
 /// );
-/// let shown = inspect::inspect("cred/token/x", &encode(&creds)?)?;
+/// let key = declare::CREDENTIALS.key(&["https://as.example", "https://mcp.example/mcp"]);
+/// let shown = inspect::inspect(&key, &encode(&creds)?)?;
 /// assert_eq!(shown.kind, "credentials");
 /// assert_eq!(shown.record["access_token"], inspect::REDACTED);
 /// assert!(!shown.record.to_string().contains("token-text"));
@@ -85,41 +85,45 @@ pub fn inspect(key: &str, bytes: &[u8]) -> Result<Inspected> {
         reason: "not a record envelope".into(),
         source: Some(Box::new(e)),
     })?;
-    match head.kind.as_str() {
-        ServerProfile::KIND => typed::<ServerProfile>(key, bytes, &[]),
-        LegacySession::KIND => typed::<LegacySession>(key, bytes, &[]),
-        InFlightRequest::KIND => typed::<InFlightRequest>(key, bytes, &[]),
-        Credentials::KIND => typed::<Credentials>(
-            key,
-            bytes,
-            &["/access_token", "/refresh_token", "/client/client_secret"],
-        ),
-        PendingAuthorization::KIND => {
-            typed::<PendingAuthorization>(key, bytes, &["/pkce_verifier", "/state"])
-        }
-        ServerSession::KIND => typed::<ServerSession>(key, bytes, &[]),
-        StreamMeta::KIND => typed::<StreamMeta>(key, bytes, &["/token"]),
-        EventRecord::KIND => typed::<EventRecord>(key, bytes, &[]),
-        KeyRing::KIND => typed::<KeyRing>(key, bytes, &["/active/secret", "/previous/secret"]),
-        TaskRecord::KIND => typed::<TaskRecord>(key, bytes, &[]),
-        InboxRecord::KIND => typed::<InboxRecord>(key, bytes, &[]),
-        InstanceLease::KIND => typed::<InstanceLease>(key, bytes, &[]),
-        BusMessage::KIND => typed::<BusMessage>(key, bytes, &[]),
-        LeaseRecord::KIND => typed::<LeaseRecord>(key, bytes, &[]),
-        ResourceIssuer::KIND => typed::<ResourceIssuer>(key, bytes, &[]),
-        other => Err(Error::corrupt(
+    let Some(declaration) = declare::of_kind(&head.kind) else {
+        return Err(Error::corrupt(
             key,
             format!(
-                "holds an unknown record kind {other:?} (schema {})",
-                head.schema
+                "holds an unknown record kind {:?} (schema {})",
+                head.kind, head.schema
             ),
-        )),
+        ));
+    };
+    // A log record is named `<log>#<seq>`; its kind is checked against the log.
+    let (space, name) = match key.rsplit_once('#') {
+        Some((log, seq)) if seq.bytes().all(|b| b.is_ascii_digit()) && !seq.is_empty() => {
+            (Space::Log, log)
+        }
+        _ => (Space::Kv, key),
+    };
+    if let Some(expected) = declare::of_key_in(space, name)
+        && expected != declaration
+    {
+        return Err(Error::corrupt(
+            key,
+            format!(
+                "holds a {:?} record where a {} was expected",
+                declaration.kind, expected.kind
+            ),
+        ));
     }
+    Ok(Inspected {
+        kind: declaration.kind,
+        declaration,
+        schema: head.schema,
+        record: declaration.decode_redacted(key, bytes)?,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::{Credentials, StreamMeta};
     use crate::{ClientRegistration, CredentialKey, Secret, SessionId, Timestamp, records::encode};
 
     #[test]
@@ -130,14 +134,18 @@ mod tests {
             ClientRegistration::new("c").with_client_secret(Secret::new("CLIENT-1")),
         )
         .with_refresh_token(Secret::new("REFRESH-1"));
-        let shown = inspect("k", &encode(&creds).unwrap()).unwrap();
+        let shown = inspect(
+            &crate::declare::CREDENTIALS.key(&["https://as.example", "https://mcp.example/mcp"]),
+            &encode(&creds).unwrap(),
+        )
+        .unwrap();
         let text = shown.record.to_string();
         for secret in ["ACCESS-1", "CLIENT-1", "REFRESH-1"] {
             assert!(!text.contains(secret), "{secret} shown");
         }
         let meta = StreamMeta {
             session: Some(SessionId::new("s").unwrap()),
-            token: "00112233445566778899aabbccddeeff".into(),
+            token: Secret::new("00112233445566778899aabbccddeeff"),
             created_at: Timestamp::now(),
             dropped_through: 0,
             writer: None,

@@ -3,10 +3,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{Stored, component, read, write};
+use super::{Stored, read, write};
 use crate::retry::retry_cas;
 use crate::{
-    Error, KvStore, PutMode, Result, Secret,
+    Error, Key, KvStore, PutMode, Result, Secret, declare,
     records::Record,
     types::{Timestamp, check_visible_ascii, hex},
 };
@@ -58,8 +58,7 @@ impl KeyRing {
 }
 
 impl Record for KeyRing {
-    const KIND: &'static str = "shared_key_ring";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::SHARED_KEY_RING;
 }
 
 /// Secret keys every instance of a server fleet must share, such as the key
@@ -81,9 +80,9 @@ pub struct SharedKeyStore {
     kv: Arc<dyn KvStore>,
 }
 
-fn key_of(name: &str) -> Result<String> {
+fn key_of(name: &str) -> Result<Key> {
     check_visible_ascii("key name", name, MAX_NAME_BYTES)?;
-    Ok(format!("server/key/{}", component(name)))
+    declare::SHARED_KEY_RING.try_key(&[name])
 }
 
 fn new_key() -> Result<SharedKey> {
@@ -107,8 +106,7 @@ impl SharedKeyStore {
     /// as it is (replacing it would invalidate what its keys signed); delete
     /// it to start over.
     pub async fn get_or_create(&self, name: &str) -> Result<KeyRing> {
-        let key = key_of(name)?;
-        let key = key.as_str();
+        let key = &key_of(name)?;
         // Losing the race to create it means another instance did: the next
         // attempt reads theirs.
         retry_cas(key, ATTEMPTS, move || async move {
@@ -131,8 +129,7 @@ impl SharedKeyStore {
     /// Instances keep signing with the key they loaded until they load the
     /// ring again; both keys are accepted meanwhile.
     pub async fn rotate(&self, name: &str) -> Result<KeyRing> {
-        let key = key_of(name)?;
-        let key = key.as_str();
+        let key = &key_of(name)?;
         retry_cas(key, ATTEMPTS, move || async move {
             let (mode, previous) = match read::<KeyRing>(&*self.kv, key).await? {
                 Some(Stored { record, version }) => (PutMode::Update(version), Some(record.active)),
@@ -231,7 +228,7 @@ mod tests {
         ));
         // A damaged ring is reported, never replaced.
         kv.put(
-            "server/key/broken",
+            &crate::declare::SHARED_KEY_RING.key(&["broken"]),
             b"not json".to_vec(),
             PutOptions::new(PutMode::Create),
         )
@@ -245,7 +242,9 @@ mod tests {
             keys.rotate("broken").await,
             Err(Error::Corrupt { .. })
         ));
-        let kept = KvStore::get(&*kv, "server/key/broken").await.expect("get");
+        let kept = KvStore::get(&*kv, &crate::declare::SHARED_KEY_RING.key(&["broken"]))
+            .await
+            .expect("get");
         assert_eq!(kept.expect("still there").value, b"not json");
     }
 }

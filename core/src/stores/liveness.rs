@@ -25,9 +25,9 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{component, read, write};
+use super::{read, write};
 use crate::{
-    Error, KvStore, PutMode, Result, Version,
+    Error, Key, KvStore, PutMode, Result, Version, declare,
     records::Record,
     types::{Timestamp, hex, random_token},
 };
@@ -50,8 +50,7 @@ pub struct InstanceLease {
 }
 
 impl Record for InstanceLease {
-    const KIND: &'static str = "instance_lease";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::INSTANCE_LEASE;
 }
 
 /// What an observer knows about an instance.
@@ -121,8 +120,6 @@ impl OwnLease {
     }
 }
 
-const KEY_PREFIX: &str = "server/instance/";
-
 impl InstanceLeases {
     /// Leases in `kv`; an instance whose lease has not changed for `grace`
     /// is dead. Instances renew every third of `grace`.
@@ -139,8 +136,8 @@ impl InstanceLeases {
         self.grace
     }
 
-    fn key(id: &str) -> String {
-        format!("{KEY_PREFIX}{}", component(id))
+    fn key(id: &str) -> Result<Key> {
+        declare::INSTANCE_LEASE.try_key(&[id])
     }
 
     /// A fresh random instance id (128 bits), to name this process before
@@ -166,7 +163,7 @@ impl InstanceLeases {
             renew_every_ms: u64::try_from(renew_every.as_millis()).unwrap_or(u64::MAX),
             beats: 0,
         };
-        let version = write(&*self.kv, &Self::key(&id), &lease, PutMode::Create, None).await?;
+        let version = write(&*self.kv, &Self::key(&id)?, &lease, PutMode::Create, None).await?;
         info!(instance = %id, ?renew_every, "instance lease registered");
         Ok(OwnLease {
             id,
@@ -180,7 +177,7 @@ impl InstanceLeases {
     /// again and the caller is told so with `Ok(false)`: work it held may
     /// have been handed over, and its own records' generations say which.
     pub async fn renew(&self, lease: &mut OwnLease) -> Result<bool> {
-        let key = Self::key(&lease.id);
+        let key = Self::key(&lease.id)?;
         let current = read::<InstanceLease>(&*self.kv, &key).await?;
         let (mut record, mode, intact) = match current {
             Some(stored) if stored.version == lease.version => {
@@ -213,7 +210,7 @@ impl InstanceLeases {
     /// dead at once.
     pub async fn release(&self, lease: &OwnLease) -> Result<()> {
         self.kv
-            .delete(&Self::key(&lease.id), Some(lease.version))
+            .delete(&Self::key(&lease.id)?, Some(lease.version))
             .await?;
         Ok(())
     }
@@ -225,7 +222,7 @@ impl InstanceLeases {
     /// version for at least the grace period. A dead instance's record is
     /// removed (only if still at the version observed).
     pub async fn observe(&self, id: &str) -> Result<Liveness> {
-        let key = Self::key(id);
+        let key = Self::key(id)?;
         let Some(entry) = self.kv.get(&key).await? else {
             self.forget(id);
             return Ok(Liveness::Dead);
@@ -264,7 +261,7 @@ impl InstanceLeases {
 
     /// The ids of every registered instance (live or not yet observed dead).
     pub async fn list(&self) -> Result<Vec<String>> {
-        let keys = self.kv.list(KEY_PREFIX).await?;
+        let keys = self.kv.list(declare::INSTANCE_LEASE.prefix).await?;
         let mut ids = Vec::with_capacity(keys.len());
         for key in keys {
             if let Some(stored) = read::<InstanceLease>(&*self.kv, &key).await? {

@@ -1,38 +1,30 @@
 //! Typed stores: MCP meaning over the two backend primitives.
 //!
-//! Each store owns its key layout (below), its record schemas
-//! ([`records`](crate::records)) and its invariants. Key components that come
-//! from outside (URLs, session ids, issuers) are escaped so that `/` always
-//! separates components and no two inputs share a key.
+//! Each store owns its record schemas ([`records`](crate::records)) and its
+//! invariants; the key layout of every kind it keeps is declared once in
+//! [`declare`](crate::declare), where the table of keys is.
 //!
-//! | store | key | record |
-//! |---|---|---|
-//! | [`ClientStateStore`] | `client/profile/<profile>/<endpoint>` | [`ServerProfile`](crate::ServerProfile) |
-//! | | `client/session/<profile>/<endpoint>` | [`LegacySession`](crate::LegacySession) |
-//! | | `client/inflight/<profile>/<endpoint>/<session>/<id>` | [`InFlightRequest`](crate::InFlightRequest) |
-//! | [`AuthStore`] | `cred/token/<issuer>/<resource>` | [`Credentials`](crate::Credentials) |
-//! | | `cred/lease/<issuer>/<resource>` | refresh lease (holder, short TTL) |
-//! | | `cred/issuer/<resource>` | the issuer in force for the resource |
-//! | | `cred/pending/<sha256 of state>` | [`PendingAuthorization`](crate::PendingAuthorization) |
-//! | [`ServerSessionStore`] | `server/session/<session id>` | [`ServerSession`](crate::ServerSession) |
-//! | [`EventLog`] | `server/stream/<stream id>` (KV) | stream owner and token |
-//! | | `server/events/<stream id>` (log) | one record per SSE event |
-//! | [`SharedKeyStore`] | `server/key/<name>` | [`KeyRing`] (active and previous key) |
-//! | [`TaskStore`] | `server/task/<task id>` (KV) | [`TaskRecord`] |
-//! | | `server/task-inbox/<task id>` (log) | wake-ups for the instance running it |
-//! | [`NotificationBus`] | `server/bus` (log) | one [`BusMessage`] per published notice |
-//! | [`InstanceLeases`] | `server/instance/<instance id>` | [`InstanceLease`] |
+//! | store | kinds |
+//! |---|---|
+//! | [`ClientStateStore`] | [`SERVER_PROFILE`](crate::declare::SERVER_PROFILE), [`LEGACY_SESSION`](crate::declare::LEGACY_SESSION), [`IN_FLIGHT_REQUEST`](crate::declare::IN_FLIGHT_REQUEST) |
+//! | [`AuthStore`] | [`CREDENTIALS`](crate::declare::CREDENTIALS), [`REFRESH_LEASE`](crate::declare::REFRESH_LEASE), [`RESOURCE_ISSUER`](crate::declare::RESOURCE_ISSUER), [`PENDING_AUTHORIZATION`](crate::declare::PENDING_AUTHORIZATION) |
+//! | [`ServerSessionStore`] | [`SERVER_SESSION`](crate::declare::SERVER_SESSION) |
+//! | [`EventLog`] | [`EVENT_STREAM`](crate::declare::EVENT_STREAM), [`EVENT`](crate::declare::EVENT) |
+//! | [`SharedKeyStore`] | [`SHARED_KEY_RING`](crate::declare::SHARED_KEY_RING) |
+//! | [`TaskStore`] | [`TASK`](crate::declare::TASK), [`TASK_INBOX`](crate::declare::TASK_INBOX) |
+//! | [`NotificationBus`] | [`FLEET_NOTICE`](crate::declare::FLEET_NOTICE) |
+//! | [`InstanceLeases`] | [`INSTANCE_LEASE`](crate::declare::INSTANCE_LEASE) |
 
 mod bundle;
 mod bus;
 mod client;
-mod credentials;
+pub(crate) mod credentials;
 mod events;
 pub mod inspect;
 mod keys;
 mod liveness;
 mod session;
-mod tasks;
+pub(crate) mod tasks;
 
 pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
@@ -50,7 +42,7 @@ pub use tasks::{
 use std::time::Duration;
 
 use crate::{
-    KvStore, PutMode, PutOptions, Result, Version,
+    Key, KvStore, PutMode, PutOptions, Result, Version,
     records::{Record, decode, encode},
 };
 
@@ -63,20 +55,7 @@ pub struct Stored<T> {
     pub version: Version,
 }
 
-/// Escapes a key component: `%` and `/` become `%25` and `%2F`.
-pub(crate) fn component(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '/' => out.push_str("%2F"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-pub(crate) async fn read<T: Record>(kv: &dyn KvStore, key: &str) -> Result<Option<Stored<T>>> {
+pub(crate) async fn read<T: Record>(kv: &dyn KvStore, key: &Key) -> Result<Option<Stored<T>>> {
     match kv.get(key).await? {
         None => Ok(None),
         Some(entry) => Ok(Some(Stored {
@@ -88,7 +67,7 @@ pub(crate) async fn read<T: Record>(kv: &dyn KvStore, key: &str) -> Result<Optio
 
 pub(crate) async fn write<T: Record>(
     kv: &dyn KvStore,
-    key: &str,
+    key: &Key,
     record: &T,
     mode: PutMode,
     ttl: Option<Duration>,

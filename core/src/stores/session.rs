@@ -9,9 +9,8 @@ use tracing::debug;
 use super::{read, write};
 use crate::retry::retry_cas;
 use crate::{
-    Error, KvStore, PutMode, Result,
+    Error, Key, KvStore, PutMode, Result, declare,
     records::ServerSession,
-    stores::component,
     types::{SessionId, Timestamp},
 };
 
@@ -72,15 +71,15 @@ impl ServerSessionStore {
         self.idle_ttl
     }
 
-    fn key(id: &SessionId) -> String {
-        format!("server/session/{}", component(id.as_str()))
+    fn key(id: &SessionId) -> Result<Key> {
+        declare::SERVER_SESSION.try_key(&[id.as_str()])
     }
 
     /// Stores a new session; [`Error::AlreadyExists`] if the id is taken.
     pub async fn create(&self, session: &ServerSession) -> Result<()> {
         write(
             &*self.kv,
-            &Self::key(&session.session_id),
+            &Self::key(&session.session_id)?,
             session,
             PutMode::Create,
             Some(self.idle_ttl),
@@ -94,7 +93,7 @@ impl ServerSessionStore {
     pub async fn save(&self, session: &ServerSession) -> Result<()> {
         write(
             &*self.kv,
-            &Self::key(&session.session_id),
+            &Self::key(&session.session_id)?,
             session,
             PutMode::Overwrite,
             Some(self.idle_ttl),
@@ -105,7 +104,7 @@ impl ServerSessionStore {
 
     /// The live session `id`, or `None` when unknown or idle too long.
     pub async fn load(&self, id: &SessionId) -> Result<Option<ServerSession>> {
-        Ok(read(&*self.kv, &Self::key(id)).await?.map(|s| s.record))
+        Ok(read(&*self.kv, &Self::key(id)?).await?.map(|s| s.record))
     }
 
     /// Marks the session used now, extending its TTL. Writes at most once per
@@ -132,16 +131,14 @@ impl ServerSessionStore {
             if !self.strict {
                 return Ok(true);
             }
-            let live = self.kv.get(&Self::key(id)).await?.is_some();
+            let live = self.kv.get(&Self::key(id)?).await?.is_some();
             if !live {
                 self.forget_touch(id);
             }
             return Ok(live);
         }
 
-        let key = Self::key(id);
-
-        let key = key.as_str();
+        let key = &Self::key(id)?;
         let touched = retry_cas(key, 8, move || async move {
             let Some(stored) = read::<ServerSession>(&*self.kv, key).await? else {
                 self.forget_touch(id);
@@ -177,7 +174,7 @@ impl ServerSessionStore {
     /// Deletes session `id` (the client sent DELETE, or the server ended it).
     pub async fn delete(&self, id: &SessionId) -> Result<()> {
         self.forget_touch(id);
-        self.kv.delete(&Self::key(id), None).await?;
+        self.kv.delete(&Self::key(id)?, None).await?;
         Ok(())
     }
 }

@@ -13,9 +13,9 @@ use std::{
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
-use super::{Stored, component, read, write};
+use super::{Stored, read, write};
 use crate::{
-    Error, KvStore, LogStore, PutMode, Result,
+    Error, Key, KvStore, LogStore, PutMode, Result, declare,
     records::Record,
     retry::Backoff,
     types::{Timestamp, check_visible_ascii, hex, random_token},
@@ -282,8 +282,7 @@ impl TaskRecord {
 }
 
 impl Record for TaskRecord {
-    const KIND: &'static str = "task";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::TASK;
 }
 
 /// What [`TaskStore::update`] did.
@@ -308,8 +307,7 @@ pub(crate) struct InboxRecord {
 }
 
 impl Record for InboxRecord {
-    const KIND: &'static str = "task_inbox";
-    const SCHEMA: u32 = 1;
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::TASK_INBOX;
 }
 
 /// Durable tasks over a key-value store (records) and a log store (inboxes).
@@ -338,7 +336,6 @@ impl fmt::Debug for TaskStore {
     }
 }
 
-const KEY_PREFIX: &str = "server/task/";
 /// How many times a change is retried against concurrent writers.
 const CAS_ATTEMPTS: usize = 32;
 
@@ -348,12 +345,12 @@ impl TaskStore {
         TaskStore { kv, log }
     }
 
-    fn key(id: &TaskId) -> String {
-        format!("{KEY_PREFIX}{}", component(id.as_str()))
+    fn key(id: &TaskId) -> Result<Key> {
+        declare::TASK.try_key(&[id.as_str()])
     }
 
-    fn inbox(id: &TaskId) -> String {
-        format!("server/task-inbox/{}", component(id.as_str()))
+    fn inbox(id: &TaskId) -> Result<Key> {
+        declare::TASK_INBOX.try_key(&[id.as_str()])
     }
 
     fn ttl_of(record: &TaskRecord) -> Option<Duration> {
@@ -367,7 +364,7 @@ impl TaskStore {
     pub async fn create(&self, record: &TaskRecord) -> Result<Stored<TaskRecord>> {
         let version = write(
             &*self.kv,
-            &Self::key(&record.task_id),
+            &Self::key(&record.task_id)?,
             record,
             PutMode::Create,
             Self::ttl_of(record),
@@ -383,7 +380,7 @@ impl TaskStore {
     /// The task `id`, or `None` when unknown. A task whose TTL ran out while
     /// it was not finished is settled `failed` first.
     pub async fn load(&self, id: &TaskId) -> Result<Option<Stored<TaskRecord>>> {
-        let Some(stored) = read::<TaskRecord>(&*self.kv, &Self::key(id)).await? else {
+        let Some(stored) = read::<TaskRecord>(&*self.kv, &Self::key(id)?).await? else {
             return Ok(None);
         };
         let expired = !stored.record.status.is_terminal()
@@ -424,7 +421,7 @@ impl TaskStore {
     where
         F: FnMut(&mut TaskRecord) -> Result<bool> + Send,
     {
-        let key = Self::key(id);
+        let key = Self::key(id)?;
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
         for _ in 0..CAS_ATTEMPTS {
             let Some(stored) = read::<TaskRecord>(&*self.kv, &key).await? else {
@@ -455,20 +452,22 @@ impl TaskStore {
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::Conflict { key })
+        Err(Error::Conflict {
+            key: key.to_string(),
+        })
     }
 
     /// Wakes whoever waits on task `id`'s inbox (the instance running it),
     /// after a change it must look at. Returns the inbox position.
     pub async fn ring(&self, id: &TaskId, reason: &str) -> Result<u64> {
-        let ttl = match read::<TaskRecord>(&*self.kv, &Self::key(id)).await? {
+        let ttl = match read::<TaskRecord>(&*self.kv, &Self::key(id)?).await? {
             Some(stored) => Self::ttl_of(&stored.record),
             None => Some(Duration::from_secs(60)),
         };
         let bytes = crate::records::encode(&InboxRecord {
             reason: reason.to_owned(),
         })?;
-        let seqs = self.log.append(&Self::inbox(id), vec![bytes], ttl).await?;
+        let seqs = self.log.append(&Self::inbox(id)?, vec![bytes], ttl).await?;
         Ok(seqs.last().copied().unwrap_or_default())
     }
 
@@ -477,7 +476,7 @@ impl TaskStore {
     pub async fn wait_ring(&self, id: &TaskId, after: u64, timeout: Duration) -> Result<u64> {
         let records = self
             .log
-            .wait_after(&Self::inbox(id), after, 64, timeout)
+            .wait_after(&Self::inbox(id)?, after, 64, timeout)
             .await?;
         Ok(records.last().map_or(after, |r| r.seq))
     }
@@ -486,7 +485,7 @@ impl TaskStore {
     pub async fn inbox_position(&self, id: &TaskId) -> Result<u64> {
         let mut after = 0;
         loop {
-            let records = self.log.read_after(&Self::inbox(id), after, 256).await?;
+            let records = self.log.read_after(&Self::inbox(id)?, after, 256).await?;
             match records.last() {
                 Some(last) => after = last.seq,
                 None => return Ok(after),
@@ -496,14 +495,14 @@ impl TaskStore {
 
     /// Deletes task `id` and its inbox.
     pub async fn delete(&self, id: &TaskId) -> Result<()> {
-        self.kv.delete(&Self::key(id), None).await?;
-        self.log.delete_log(&Self::inbox(id)).await?;
+        self.kv.delete(&Self::key(id)?, None).await?;
+        self.log.delete_log(&Self::inbox(id)?).await?;
         Ok(())
     }
 
     /// The ids of every stored task.
     pub async fn list(&self) -> Result<Vec<TaskId>> {
-        let keys = self.kv.list(KEY_PREFIX).await?;
+        let keys = self.kv.list(declare::TASK.prefix).await?;
         let mut ids = Vec::with_capacity(keys.len());
         for key in keys {
             match read::<TaskRecord>(&*self.kv, &key).await {
