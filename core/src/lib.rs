@@ -111,6 +111,7 @@ mod key;
 pub mod kit;
 pub mod memory;
 pub mod records;
+pub mod registry;
 pub mod retry;
 mod secret;
 pub mod stores;

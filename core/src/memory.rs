@@ -271,6 +271,38 @@ impl LogStore for MemoryStore {
     }
 }
 
+/// Opens `memory:` URLs: a new, empty [`MemoryStore`] at each open (for
+/// tests and examples). There is never an existing one to open.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryOpener;
+
+#[async_trait]
+impl crate::registry::Opener for MemoryOpener {
+    fn schemes(&self) -> &'static [&'static str] {
+        &["memory"]
+    }
+
+    fn forms(&self) -> &'static str {
+        "memory:                             an empty in-process store (tests, examples)"
+    }
+
+    async fn open(
+        &self,
+        url: &crate::registry::StoreUrl,
+        options: crate::registry::OpenOptions,
+    ) -> Result<crate::registry::OpenedStore> {
+        if options.mode == crate::registry::OpenMode::Existing {
+            return Err(crate::Error::NotFound {
+                what: "store",
+                detail: Some(format!(
+                    "{url}: a memory store exists only in the process that made it"
+                )),
+            });
+        }
+        Ok(crate::registry::OpenedStore::both(MemoryStore::new(), url))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,8 +40,10 @@ pub fn key(text: impl AsRef<str>) -> Key {
     Key::new(text).unwrap_or_else(|e| panic!("{text:?} is not a valid key: {e}"))
 }
 
+pub mod crash;
 pub mod kv;
 pub mod log;
+pub mod samples;
 pub mod tasks;
 pub mod typed;
 
@@ -61,6 +63,67 @@ pub trait LogFixture: KvFixture {
     async fn open_log(&self) -> Arc<dyn LogStore>;
 }
 
+/// A fixture made from an open closure (see [`conformance!`](crate::conformance!)):
+/// each test gets a fresh [`Place`](crash::Place), and every `open_*` opens
+/// the store there again, as a restarted process would.
+pub struct PlaceFixture {
+    place: crash::Place,
+    _guard: crash::PlaceGuard,
+    open: crash::Opener,
+}
+
+impl PlaceFixture {
+    /// A fresh place for a store opened by `open`.
+    pub fn new(open: crash::Opener) -> Self {
+        let (place, guard) = crash::Place::fresh();
+        PlaceFixture {
+            place,
+            _guard: guard,
+            open,
+        }
+    }
+}
+
+#[async_trait]
+impl KvFixture for PlaceFixture {
+    async fn open_kv(&self) -> Arc<dyn KvStore> {
+        (self.open)(self.place.clone()).await.kv
+    }
+}
+
+#[async_trait]
+impl LogFixture for PlaceFixture {
+    async fn open_log(&self) -> Arc<dyn LogStore> {
+        (self.open)(self.place.clone())
+            .await
+            .log
+            .expect("the log suite runs on a backend with a log")
+    }
+}
+
+/// Gives an open closure its signature, so that its parameter needs no
+/// annotation in a backend's test file.
+#[doc(hidden)]
+pub fn __opener<F, Fut, S: 'static, E: 'static>(
+    open: F,
+    wrap: fn(S) -> crash::Opened,
+) -> crash::Opener
+where
+    F: Fn(crash::Place) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<S, E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    Arc::new(move |place| {
+        let opening = open(place);
+        Box::pin(async move {
+            match opening.await {
+                Ok(store) => wrap(store),
+                Err(e) => panic!("opening the store under test failed: {e}"),
+            }
+        })
+    })
+}
+
 /// The fixture of the memory backend: every open returns the same store.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryFixture(pub MemoryStore);
@@ -77,6 +140,82 @@ impl LogFixture for MemoryFixture {
     async fn open_log(&self) -> Arc<dyn LogStore> {
         Arc::new(self.0.clone())
     }
+}
+
+/// The whole suite for a backend, from one closure that opens it at a
+/// [`Place`](crash::Place): the key-value and log contracts, every typed
+/// store, and the crash suite (writers killed with SIGKILL, two processes
+/// racing on one key) in child processes of the test binary.
+///
+/// The closure takes a `Place` (a fresh folder and a unique name) and
+/// returns a future of `Result<Store, E>`; it is called again for every
+/// reopen and in every child process, so it must open the same store each
+/// time it gets the same place. A backend's whole conformance test file:
+///
+/// ```ignore
+/// // tests/conformance.rs
+/// mcp_persist_core::conformance!(open: |place| async move {
+///     mcp_persist_store_sqlite::SqliteStore::open(place.dir.join("store.db")).await
+/// });
+/// ```
+///
+/// `conformance!(kv_only, open: …)` is the same for a backend without logs
+/// (the key-value, key-value typed and crash suites).
+#[macro_export]
+macro_rules! conformance {
+    (open: $open:expr $(,)?) => {
+        $crate::__conformance_suite!(both, $open; kv log);
+    };
+    (kv_only, open: $open:expr $(,)?) => {
+        $crate::__conformance_suite!(kv, $open; kv);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_suite {
+    ($wrap:ident, $open:expr; $($suite:ident)+) => {
+        mod conformance_suite {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn opener() -> $crate::conformance::crash::Opener {
+                $crate::conformance::__opener($open, $crate::conformance::crash::Opened::$wrap)
+            }
+
+            #[allow(dead_code)]
+            async fn fixture() -> $crate::conformance::PlaceFixture {
+                $crate::conformance::PlaceFixture::new(opener())
+            }
+
+            $( $crate::__conformance_suite!(@$suite); )+
+
+            /// Not a test of its own: the entry point of the crash suite's
+            /// child processes (it returns at once when run by the harness).
+            #[test]
+            fn crash_child() {
+                $crate::conformance::crash::child_main(&opener());
+            }
+
+            #[test]
+            fn sigkill_loses_no_acknowledged_write() {
+                $crate::conformance::crash::sigkill_loses_no_acknowledged_write(
+                    &opener(),
+                    &$crate::conformance::crash::test_name(module_path!(), "crash_child"),
+                );
+            }
+
+            #[test]
+            fn two_processes_increment_exact() {
+                $crate::conformance::crash::two_processes_increment_exact(
+                    &opener(),
+                    &$crate::conformance::crash::test_name(module_path!(), "crash_child"),
+                );
+            }
+        }
+    };
+    (@kv) => { $crate::kv_conformance!(fixture()); };
+    (@log) => { $crate::log_conformance!(fixture()); };
 }
 
 #[doc(hidden)]

@@ -1,0 +1,292 @@
+//! Store URLs: one place that turns `sqlite:state.db`, `file:./state`,
+//! `redis://host:6379/?prefix=app`, … into an open backend.
+//!
+//! Each backend crate has an [`Opener`] for its schemes; a [`Registry`] holds
+//! the openers an application (or a tool) was built with and opens whichever
+//! backend a URL names. The `mcp-persist` facade builds the registry of the
+//! backends its features enable (`mcp_persist::registry()`), and the
+//! command line uses that registry: no tool matches backends by hand, and a
+//! new backend is one line there.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use mcp_persist_core::registry::{OpenOptions, Registry};
+//! use mcp_persist_core::{Error, memory};
+//!
+//! let registry = Registry::new().with(memory::MemoryOpener);
+//! let store = registry.open("memory:", OpenOptions::default()).await?;
+//! assert_eq!(store.kv.backend_name(), "memory");
+//! assert!(store.log.is_some());
+//!
+//! let err = registry.open("nosuch://x", OpenOptions::default()).await.unwrap_err();
+//! assert!(matches!(err, Error::InvalidInput { .. }));
+//! assert!(err.to_string().contains("memory:"), "{err}"); // it lists what it knows
+//! # Ok::<_, Error>(()) }).unwrap();
+//! ```
+
+use std::{fmt, sync::Arc};
+
+use async_trait::async_trait;
+
+use crate::{Error, KvStore, LogStore, Result, Stores};
+
+/// Whether opening may create the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OpenMode {
+    /// Create the store when it does not exist yet (what applications do).
+    #[default]
+    Create,
+    /// Open only a store that already exists, and write nothing while
+    /// opening: what tools that only read need. Anything that is not a store
+    /// of this backend (a missing path, an empty or foreign file, a folder
+    /// that is not a store) is [`Error::NotFound`] with `what` = `"store"`,
+    /// and is left exactly as it was.
+    Existing,
+}
+
+/// How to open a store.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct OpenOptions {
+    /// Create, or only open what exists.
+    pub mode: OpenMode,
+}
+
+impl OpenOptions {
+    /// Options that open only an existing store, writing nothing on the way.
+    pub fn existing() -> Self {
+        OpenOptions {
+            mode: OpenMode::Existing,
+        }
+    }
+}
+
+/// A store URL: its scheme and the rest, with a form for people that never
+/// shows a password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreUrl {
+    text: String,
+    scheme_len: usize,
+}
+
+impl StoreUrl {
+    /// Splits `text` at its scheme (everything before the first `:`).
+    pub fn parse(text: &str) -> Result<StoreUrl> {
+        let text = text.trim();
+        let Some(colon) = text.find(':') else {
+            return Err(Error::invalid(
+                "store URL",
+                format!(
+                    "`{}` has no scheme (such as sqlite: or redis://)",
+                    redact(text)
+                ),
+            ));
+        };
+        let scheme = &text[..colon];
+        if scheme.is_empty()
+            || !scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        {
+            return Err(Error::invalid(
+                "store URL",
+                format!("`{}` does not start with a scheme", redact(text)),
+            ));
+        }
+        Ok(StoreUrl {
+            text: text.to_owned(),
+            scheme_len: colon,
+        })
+    }
+
+    /// The scheme, without the colon (`sqlite`, `redis+cluster`, ...).
+    pub fn scheme(&self) -> &str {
+        &self.text[..self.scheme_len]
+    }
+
+    /// What follows `scheme:`.
+    pub fn rest(&self) -> &str {
+        &self.text[self.scheme_len + 1..]
+    }
+
+    /// The whole URL, password included: for the opener only.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The URL with any password replaced by `****`, for messages and logs.
+    pub fn redacted(&self) -> String {
+        redact(&self.text)
+    }
+}
+
+/// `text` with the password of any `user:password@` part replaced.
+pub fn redact(text: &str) -> String {
+    let Some(authority_start) = text.find("://").map(|i| i + 3) else {
+        return text.to_owned();
+    };
+    let rest = &text[authority_start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:****{}",
+            &text[..authority_start],
+            &authority[..colon],
+            &text[authority_start + at..]
+        ),
+        _ => text.to_owned(),
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreUrl({})", self.redacted())
+    }
+}
+
+/// An open backend: its key-value half, its log half if it has one, and a
+/// name for people.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct OpenedStore {
+    /// The key-value half.
+    pub kv: Arc<dyn KvStore>,
+    /// The log half, when the backend has logs.
+    pub log: Option<Arc<dyn LogStore>>,
+    /// The URL it was opened from, password hidden.
+    pub label: String,
+}
+
+impl OpenedStore {
+    /// A backend with both halves, opened from `url`.
+    pub fn both<S: KvStore + LogStore>(store: S, url: &StoreUrl) -> Self {
+        let store = Arc::new(store);
+        OpenedStore {
+            kv: store.clone(),
+            log: Some(store),
+            label: url.redacted(),
+        }
+    }
+
+    /// A key-value-only backend, opened from `url`.
+    pub fn kv_only<S: KvStore>(store: S, url: &StoreUrl) -> Self {
+        OpenedStore {
+            kv: Arc::new(store),
+            log: None,
+            label: url.redacted(),
+        }
+    }
+
+    /// The typed stores over this backend.
+    pub fn stores(&self) -> Stores {
+        Stores::from_parts(self.kv.clone(), self.log.clone())
+    }
+}
+
+impl fmt::Debug for OpenedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenedStore")
+            .field("backend", &self.kv.backend_name())
+            .field("label", &self.label)
+            .field("log", &self.log.is_some())
+            .finish()
+    }
+}
+
+/// Opens the backends of some URL schemes.
+#[async_trait]
+pub trait Opener: Send + Sync + 'static {
+    /// The schemes handled, without the colon (`sqlite`; `redis`, `rediss`).
+    fn schemes(&self) -> &'static [&'static str];
+
+    /// The URL forms, one per line, for help texts and errors: `sqlite:PATH
+    /// a SQLite database file`.
+    fn forms(&self) -> &'static str;
+
+    /// Opens the store `url` names. Errors are typed: a malformed URL is
+    /// [`Error::InvalidInput`], an unreachable server
+    /// [`Error::Unavailable`], a missing store under
+    /// [`OpenMode::Existing`] [`Error::NotFound`].
+    async fn open(&self, url: &StoreUrl, options: OpenOptions) -> Result<OpenedStore>;
+}
+
+/// The openers an application or tool was built with.
+#[derive(Clone, Default)]
+pub struct Registry {
+    openers: Vec<Arc<dyn Opener>>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("schemes", &self.schemes())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// A registry that knows no backend yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same registry, also opening `opener`'s schemes.
+    pub fn with(mut self, opener: impl Opener) -> Self {
+        self.openers.push(Arc::new(opener));
+        self
+    }
+
+    /// Every scheme known.
+    pub fn schemes(&self) -> Vec<&'static str> {
+        self.openers
+            .iter()
+            .flat_map(|o| o.schemes().iter().copied())
+            .collect()
+    }
+
+    /// Every URL form known, one per line, for help texts.
+    pub fn forms(&self) -> String {
+        let mut out = String::new();
+        for opener in &self.openers {
+            for line in opener.forms().lines() {
+                out.push_str("  ");
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// The opener of `scheme`.
+    fn opener(&self, url: &StoreUrl) -> Result<&Arc<dyn Opener>> {
+        self.openers
+            .iter()
+            .find(|o| o.schemes().contains(&url.scheme()))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "store URL",
+                    format!(
+                        "no backend for `{}:` in this build; the store URLs it knows are:\n{}",
+                        url.scheme(),
+                        self.forms()
+                    ),
+                )
+            })
+    }
+
+    /// Opens the store `url` names.
+    pub async fn open(&self, url: &str, options: OpenOptions) -> Result<OpenedStore> {
+        let url = StoreUrl::parse(url)?;
+        let opener = self.opener(&url)?;
+        tracing::debug!(url = %url, mode = ?options.mode, "opening a store");
+        opener.open(&url, options).await
+    }
+}
