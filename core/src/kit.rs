@@ -52,7 +52,7 @@ pub fn now() -> Timestamp {
 
 /// Whole milliseconds of `d`, rounded up, saturating.
 fn ceil_millis(d: Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 

@@ -456,7 +456,7 @@ pub async fn reopen_keeps_acknowledged_writes(f: &dyn KvFixture) {
     }
     let store = f.open_kv().await;
     for i in 0..50u32 {
-        let entry = store.get(&key(&format!("durable/{i}"))).await.expect("get");
+        let entry = store.get(&key(format!("durable/{i}"))).await.expect("get");
         if i == 7 {
             assert!(entry.is_none(), "deleted key came back after reopen");
             continue;

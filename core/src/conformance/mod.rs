@@ -104,14 +104,11 @@ impl LogFixture for PlaceFixture {
 /// Gives an open closure its signature, so that its parameter needs no
 /// annotation in a backend's test file.
 #[doc(hidden)]
-pub fn __opener<F, Fut, S: 'static, E: 'static>(
-    open: F,
-    wrap: fn(S) -> crash::Opened,
-) -> crash::Opener
+pub fn __opener<F, Fut, S: 'static, E>(open: F, wrap: fn(S) -> crash::Opened) -> crash::Opener
 where
     F: Fn(crash::Place) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<S, E>> + Send + 'static,
-    E: std::fmt::Display,
+    E: std::fmt::Display + 'static,
 {
     Arc::new(move |place| {
         let opening = open(place);

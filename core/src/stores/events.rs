@@ -513,8 +513,7 @@ impl EventLog {
             let (batch, meta) = batch;
             if let Some(meta) = meta
                 && let Ok(key) = meta_key(stream)
-            {
-                if let Err(e) = write(
+                && let Err(e) = write(
                     &*self.kv,
                     &key,
                     &meta,
@@ -522,9 +521,8 @@ impl EventLog {
                     Some(self.meta_ttl()),
                 )
                 .await
-                {
-                    warn!(stream, error = %e, "writing a pipelined stream's metadata failed; its events cannot be resumed");
-                }
+            {
+                warn!(stream, error = %e, "writing a pipelined stream's metadata failed; its events cannot be resumed");
             }
             let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
             let last = expected.last().copied().unwrap_or_default();
