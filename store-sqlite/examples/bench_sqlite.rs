@@ -16,6 +16,7 @@
 //! Each measurement stops at a count or a time limit, whichever comes
 //! first; the whole run takes well under a minute.
 
+use mcp_persist_core::conformance::key;
 use std::{
     path::Path,
     sync::{
@@ -148,7 +149,7 @@ async fn store_appends(store: &SqliteStore) -> Result<Row> {
     let (ops, elapsed) = concurrent(APPENDERS, move |task, i| {
         let s = s.clone();
         async move {
-            s.append(&format!("stream/{task}"), vec![record(i)], None)
+            s.append(&key(format!("stream/{task}")), vec![record(i)], None)
                 .await?;
             Ok(())
         }
@@ -176,7 +177,7 @@ async fn store_reads(store: &SqliteStore, tasks: usize, what: &'static str) -> R
         let s = s.clone();
         let counted = Arc::clone(&counted);
         async move {
-            let log = format!("stream/{}", task % APPENDERS);
+            let log = key(format!("stream/{}", task % APPENDERS));
             let found = s.read_after(&log, 0, READ_BATCH).await?;
             anyhow::ensure!(!found.is_empty(), "appended above");
             counted.fetch_add(found.len(), Ordering::Relaxed);
@@ -199,7 +200,7 @@ async fn store_puts(store: &SqliteStore, tasks: usize, what: &'static str) -> Re
         let s = s.clone();
         async move {
             s.put(
-                &format!("key/{task}"),
+                &key(format!("key/{task}")),
                 record(i),
                 PutOptions::new(PutMode::Overwrite),
             )
@@ -224,7 +225,7 @@ async fn store_gets(store: &SqliteStore, tasks: usize, what: &'static str) -> Re
     let (ops, elapsed) = concurrent(tasks, move |task, _| {
         let s = s.clone();
         async move {
-            let found = s.get(&format!("key/{}", task % APPENDERS)).await?;
+            let found = s.get(&key(format!("key/{}", task % APPENDERS))).await?;
             anyhow::ensure!(found.is_some(), "written above");
             Ok(())
         }

@@ -94,24 +94,26 @@
 //!
 //! ```
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
-//! use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions};
+//! use mcp_persist_core::{Key, KvStore, LogStore, PutMode, PutOptions};
 //! use mcp_persist_store_sqlite::SqliteStore;
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = SqliteStore::open(dir.path().join("state.db")).await?;
 //!
-//! let v1 = store.put("greeting", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
+//! let greeting = Key::new("greeting")?;
+//! let v1 = store.put(&greeting, b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
 //! // Compare-and-swap: only succeeds while the record is still at v1.
-//! store.put("greeting", b"hi".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
+//! store.put(&greeting, b"hi".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
 //!
-//! let seqs = store.append("events", vec![b"one".to_vec(), b"two".to_vec()], None).await?;
-//! let later = store.read_after("events", seqs[0], 10).await?;
+//! let events = Key::new("events")?;
+//! let seqs = store.append(&events, vec![b"one".to_vec(), b"two".to_vec()], None).await?;
+//! let later = store.read_after(&events, seqs[0], 10).await?;
 //! assert_eq!(later[0].data, b"two");
 //!
 //! // A restarted process sees everything that was acknowledged.
 //! drop(store);
 //! let store = SqliteStore::open(dir.path().join("state.db")).await?;
-//! assert_eq!(store.get("greeting").await?.unwrap().value, b"hi");
+//! assert_eq!(store.get(&greeting).await?.unwrap().value, b"hi");
 //! # Ok::<_, Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 //!
@@ -130,31 +132,32 @@ use std::{
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
-    backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
-    retry::Backoff,
+    Backend, Error, Key, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
+    backend::DEFAULT_MAX_VALUE_BYTES, kit::check_value, retry::Backoff,
 };
 use rusqlite::Connection;
 use tokio::sync::Notify;
 
 mod checksum;
 mod error;
+mod opener;
 mod ops;
 mod schema;
 mod writer;
 
 use error::{Ctx, NAME};
+pub use opener::SqliteOpener;
 pub use schema::SCHEMA_VERSION;
 use writer::Writer;
 
 /// How long after its expiry a record or log may be deleted by a sweep
-/// ([`Backend::sweep_expired`] or the periodic one).
+/// ([`Backend::sweep_expired`] or the periodic one): the kit's margin.
 ///
 /// An expired row is never returned, whatever its age; the margin only
 /// delays reclaiming its space, so that a wall clock stepped forward for
 /// less than this cannot make a sweep delete live data for good (see
 /// [Clocks and TTL](crate#clocks-and-ttl)).
-pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
+pub use mcp_persist_core::kit::SWEEP_MARGIN;
 
 /// How hard a commit works to survive a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -376,16 +379,15 @@ impl SqliteStore {
     /// `synced: false` lets its group commit skip the fsync.
     async fn append_with(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
         synced: bool,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
         for record in &records {
-            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+            check_value(record, DEFAULT_MAX_VALUE_BYTES)?;
         }
-        let log = log.to_owned();
+        let log = log.clone();
         self.inner
             .writer
             .run_with(
@@ -461,19 +463,17 @@ impl Backend for SqliteStore {
 #[async_trait]
 impl KvStore for SqliteStore {
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key))]
-    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-        validate_key(key)?;
-        let key = key.to_owned();
+    async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
+        let key = key.clone();
         self.read(move |conn, ctx| ops::kv_get(conn, ctx, &key))
             .await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key, mode = ?options.mode))]
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
-        validate_key(key)?;
-        validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
-        let key = key.to_owned();
+        check_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+        let key = key.clone();
         self.write(key.len() + value.len(), false, move |conn, ctx| {
             ops::kv_put(conn, ctx, &key, &value, mode, ttl)
         })
@@ -481,9 +481,8 @@ impl KvStore for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key))]
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
-        validate_key(key)?;
-        let key = key.to_owned();
+    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
+        let key = key.clone();
         self.write(key.len(), false, move |conn, ctx| {
             ops::kv_delete(conn, ctx, &key, if_version)
         })
@@ -491,7 +490,7 @@ impl KvStore for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, prefix))]
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         let prefix = prefix.to_owned();
         self.read(move |conn, ctx| ops::kv_list(conn, ctx, &prefix))
             .await
@@ -503,7 +502,7 @@ impl LogStore for SqliteStore {
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, records = records.len()))]
     async fn append(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
@@ -516,7 +515,7 @@ impl LogStore for SqliteStore {
     /// the process, not necessarily a power cut.
     async fn append_unsynced(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
@@ -524,9 +523,8 @@ impl LogStore for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, after, limit))]
-    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
-        validate_key(log)?;
-        let log = log.to_owned();
+    async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+        let log = log.clone();
         self.read(move |conn, ctx| ops::log_read_after(conn, ctx, &log, after, limit))
             .await
     }
@@ -536,7 +534,7 @@ impl LogStore for SqliteStore {
     /// an append by another process or another `SqliteStore` on the same file.
     async fn wait_after(
         &self,
-        log: &str,
+        log: &Key,
         after: u64,
         limit: usize,
         timeout: Duration,
@@ -565,9 +563,8 @@ impl LogStore for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log, before))]
-    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
-        validate_key(log)?;
-        let log = log.to_owned();
+    async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
+        let log = log.clone();
         self.write(log.len(), false, move |conn, ctx| {
             ops::log_trim(conn, ctx, &log, before)
         })
@@ -575,9 +572,8 @@ impl LogStore for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, log))]
-    async fn delete_log(&self, log: &str) -> Result<()> {
-        validate_key(log)?;
-        let log = log.to_owned();
+    async fn delete_log(&self, log: &Key) -> Result<()> {
+        let log = log.clone();
         self.write(log.len(), false, move |conn, ctx| {
             ops::log_delete(conn, ctx, &log)
         })

@@ -1,33 +1,33 @@
 //! The SQL of every operation, on one connection. The writer thread runs the
 //! writes inside its shared transaction; reads run on a reader connection.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use mcp_persist_core::{
-    Error, KvEntry, LogRecord, PutMode, Result, Version, backend::DEFAULT_MAX_VALUE_BYTES,
+    Error, Key, KvEntry, LogRecord, PutMode, Result, Timestamp, Version,
+    backend::DEFAULT_MAX_VALUE_BYTES, kit,
 };
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, params};
 
 use crate::{
-    SWEEP_MARGIN, checksum,
+    checksum,
     error::{Ctx, bad_row},
 };
 
-/// Milliseconds since the Unix epoch: expiry instants are stored this way so
-/// that every process sharing the file agrees on them.
+/// Milliseconds since the Unix epoch by the kit's clock: expiry instants are
+/// stored this way so that every process sharing the file agrees on them.
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    millis(kit::now())
 }
 
-/// The expiry instant of a write made at `now` with `ttl`, rounded up to the
-/// next millisecond so that a record never expires early.
-fn expiry(now: i64, ttl: Option<Duration>) -> Option<i64> {
-    ttl.map(|ttl| {
-        let ms = ttl.as_nanos().div_ceil(1_000_000);
-        now.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX))
-    })
+fn millis(t: Timestamp) -> i64 {
+    i64::try_from(t.as_unix_millis()).unwrap_or(i64::MAX)
+}
+
+/// The expiry instant of a write made now with `ttl`, by the kit's rule
+/// (rounded up: a record never expires early).
+fn expiry(ttl: Option<Duration>) -> Option<i64> {
+    ttl.map(|ttl| millis(kit::expires_at(ttl)))
 }
 
 /// The name under which a damaged version clock is reported.
@@ -224,7 +224,7 @@ pub(crate) fn kv_put(
          value = excluded.value, version = excluded.version, \
          expires_at = excluded.expires_at, checksum = excluded.checksum",
     )
-    .and_then(|mut stmt| stmt.execute(params![key, value, next, expiry(now, ttl), sum]))
+    .and_then(|mut stmt| stmt.execute(params![key, value, next, expiry(ttl), sum]))
     .map_err(|e| ctx.sql(e))?;
     Ok(Version::new(next.cast_unsigned()))
 }
@@ -246,7 +246,7 @@ pub(crate) fn kv_delete(
     Ok(current.is_some())
 }
 
-pub(crate) fn kv_list(conn: &Connection, ctx: Ctx<'_>, prefix: &str) -> Result<Vec<String>> {
+pub(crate) fn kv_list(conn: &Connection, ctx: Ctx<'_>, prefix: &str) -> Result<Vec<Key>> {
     // Keys compare bytewise (BINARY collation on UTF-8), so the keys under a
     // prefix are one contiguous run of the index starting at the prefix.
     let mut stmt = conn
@@ -266,7 +266,13 @@ pub(crate) fn kv_list(conn: &Connection, ctx: Ctx<'_>, prefix: &str) -> Result<V
         if !key.starts_with(prefix) {
             break;
         }
-        keys.push(key);
+        let valid = Key::new(key.as_str()).map_err(|e| {
+            Error::corrupt(
+                key,
+                format!("a stored key that no store could have written: {e}"),
+            )
+        })?;
+        keys.push(valid);
     }
     Ok(keys)
 }
@@ -275,7 +281,7 @@ pub(crate) fn kv_list(conn: &Connection, ctx: Ctx<'_>, prefix: &str) -> Result<V
 /// before now, so that a wall clock stepped forward for a moment cannot make
 /// a sweep delete live rows for good.
 fn sweep_before(now: i64) -> i64 {
-    let margin = i64::try_from(SWEEP_MARGIN.as_millis()).unwrap_or(i64::MAX);
+    let margin = i64::try_from(kit::SWEEP_MARGIN.as_millis()).unwrap_or(i64::MAX);
     now.saturating_sub(margin)
 }
 
@@ -356,7 +362,7 @@ pub(crate) fn log_append(
         seqs.push(seq.cast_unsigned());
     }
     conn.prepare_cached("UPDATE logs SET last_seq = ?2, expires_at = ?3 WHERE id = ?1")
-        .and_then(|mut stmt| stmt.execute(params![id, seq, expiry(now, ttl).or(expires)]))
+        .and_then(|mut stmt| stmt.execute(params![id, seq, expiry(ttl).or(expires)]))
         .map_err(|e| ctx.sql(e))?;
     Ok(seqs)
 }

@@ -460,3 +460,47 @@ fn checksum_existing_rows(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
     }
     Ok(())
 }
+
+/// Checks, by reading the file's header and writing nothing, that `path` is
+/// a database this crate wrote: [`Error::NotFound`] (what: `"store"`) for a
+/// missing, empty or foreign file, [`Error::NewerSchema`] for one written by
+/// a newer version.
+pub(crate) fn probe_existing(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let not_a_store = |why: String| Error::NotFound {
+        what: "store",
+        detail: Some(format!("not a store: the file {} {why}", path.display())),
+    };
+    let meta = fs::metadata(path).map_err(|e| not_a_store(format!("cannot be read ({e})")))?;
+    if !meta.is_file() {
+        return Err(not_a_store("is not a file".into()));
+    }
+    let mut header = [0u8; 100];
+    let read = fs::File::open(path)
+        .and_then(|mut f| f.read(&mut header))
+        .map_err(|e| not_a_store(format!("cannot be read ({e})")))?;
+    if read == 0 {
+        return Err(not_a_store("is empty".into()));
+    }
+    if read < header.len() || &header[..16] != b"SQLite format 3\0" {
+        return Err(not_a_store("is not a SQLite database".into()));
+    }
+    let word = |at: usize| {
+        u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+    };
+    let user_version = word(60);
+    let app_id = word(68);
+    if app_id != APPLICATION_ID as u32 {
+        return Err(not_a_store(format!(
+            "is a SQLite database of another application (application_id {app_id:#x})"
+        )));
+    }
+    if user_version > SCHEMA_VERSION {
+        return Err(Error::NewerSchema {
+            key: path.display().to_string(),
+            found: user_version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(())
+}

@@ -1,60 +1,24 @@
-//! The core conformance suite, on a database file that each `open_*` call
-//! opens again from scratch (a new writer thread and new connections), the
-//! way a restarted process would.
+//! The whole conformance suite (key-value, log, typed, crash) on a database
+//! file that each open opens again from scratch (a new writer thread and new
+//! connections), the way a restarted process would.
 
-use std::{path::PathBuf, sync::Arc};
-
-use async_trait::async_trait;
-use mcp_persist_core::{
-    KvStore, LogStore,
-    conformance::{KvFixture, LogFixture},
-};
 use mcp_persist_store_sqlite::SqliteStore;
-use tempfile::TempDir;
 
-struct Fixture {
-    dir: TempDir,
-}
-
-impl Fixture {
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("store.db")
-    }
-
-    async fn open(&self) -> SqliteStore {
-        SqliteStore::open(self.path())
-            .await
-            .expect("open the SQLite store")
-    }
-}
-
-#[async_trait]
-impl KvFixture for Fixture {
-    async fn open_kv(&self) -> Arc<dyn KvStore> {
-        Arc::new(self.open().await)
-    }
-}
-
-#[async_trait]
-impl LogFixture for Fixture {
-    async fn open_log(&self) -> Arc<dyn LogStore> {
-        Arc::new(self.open().await)
-    }
-}
-
-async fn fixture() -> Fixture {
-    Fixture {
-        dir: tempfile::tempdir().expect("temp dir"),
-    }
-}
-
-mcp_persist_core::kv_conformance!(fixture());
-mcp_persist_core::log_conformance!(fixture());
+mcp_persist_core::backend_conformance!(open: |place| async move {
+    SqliteStore::open(place.dir.join("store.db")).await
+});
 
 /// The in-memory database passes the same suite, opened once: reopening an
 /// in-memory database would start empty, so the fixture hands out clones.
 mod in_memory {
-    use super::*;
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use mcp_persist_core::{
+        KvStore, LogStore,
+        conformance::{KvFixture, LogFixture},
+    };
+    use mcp_persist_store_sqlite::SqliteStore;
 
     struct Memory(SqliteStore);
 

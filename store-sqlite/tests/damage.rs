@@ -6,6 +6,7 @@
 //! Each test opens the database with a raw rusqlite connection to plant the
 //! damage, as a bad disk, a stray tool or a hostile local user could.
 
+use mcp_persist_core::conformance::key;
 use std::path::Path;
 
 use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
@@ -28,17 +29,22 @@ fn assert_corrupt(err: &Error, name: &str) {
 }
 
 /// The writer is alive: a write to an undamaged key commits and reads back.
-async fn writer_alive(store: &SqliteStore, key: &str) {
+async fn writer_alive(store: &SqliteStore, name: &str) {
     store
-        .put(key, b"alive".to_vec(), create())
+        .put(&key(name), b"alive".to_vec(), create())
         .await
         .unwrap_or_else(|e| panic!("the next write failed: {e}"));
     assert_eq!(
-        store.get(key).await.expect("get").expect("present").value,
+        store
+            .get(&key(name))
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
         b"alive"
     );
     store
-        .append(&format!("{key}/log"), vec![b"alive".to_vec()], None)
+        .append(&key(format!("{name}/log")), vec![b"alive".to_vec()], None)
         .await
         .unwrap_or_else(|e| panic!("the next append failed: {e}"));
 }
@@ -49,7 +55,7 @@ async fn a_last_sequence_number_at_the_maximum_fails_that_append_alone() {
     let db = dir.path().join("seq.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .append("full", vec![b"a".to_vec()], None)
+        .append(&key("full"), vec![b"a".to_vec()], None)
         .await
         .expect("append");
     raw(&db)
@@ -60,14 +66,14 @@ async fn a_last_sequence_number_at_the_maximum_fails_that_append_alone() {
         .expect("plant");
     for _ in 0..2 {
         let err = store
-            .append("full", vec![b"b".to_vec()], None)
+            .append(&key("full"), vec![b"b".to_vec()], None)
             .await
             .expect_err("no sequence number is left");
         assert_corrupt(&err, "full");
     }
     writer_alive(&store, "other").await;
     // Reads of the damaged log still work: its records are intact.
-    let records = store.read_after("full", 0, 10).await.expect("read");
+    let records = store.read_after(&key("full"), 0, 10).await.expect("read");
     assert_eq!(records.len(), 1);
 }
 
@@ -77,11 +83,11 @@ async fn negative_stored_numbers_are_corrupt_and_the_writer_goes_on() {
     let db = dir.path().join("negative.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .append("neg", vec![b"a".to_vec()], None)
+        .append(&key("neg"), vec![b"a".to_vec()], None)
         .await
         .expect("append");
     store
-        .put("key", b"v".to_vec(), create())
+        .put(&key("key"), b"v".to_vec(), create())
         .await
         .expect("put");
     {
@@ -92,14 +98,18 @@ async fn negative_stored_numbers_are_corrupt_and_the_writer_goes_on() {
             .expect("plant");
     }
     let err = store
-        .append("neg", vec![b"b".to_vec()], None)
+        .append(&key("neg"), vec![b"b".to_vec()], None)
         .await
         .expect_err("negative last sequence number");
     assert_corrupt(&err, "neg");
-    let err = store.get("key").await.expect_err("negative version");
+    let err = store.get(&key("key")).await.expect_err("negative version");
     assert_corrupt(&err, "key");
     let err = store
-        .put("key", b"w".to_vec(), PutOptions::new(PutMode::Overwrite))
+        .put(
+            &key("key"),
+            b"w".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect_err("a put over a negative version");
     assert_corrupt(&err, "key");
@@ -112,7 +122,7 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
     let db = dir.path().join("clock.db");
     let store = SqliteStore::open(&db).await.expect("open");
     let v = store
-        .put("key", b"v".to_vec(), create())
+        .put(&key("key"), b"v".to_vec(), create())
         .await
         .expect("put");
     let max = format!(
@@ -129,7 +139,11 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
     ] {
         raw(&db).execute_batch(planted).expect("plant");
         let err = store
-            .put("key", b"w".to_vec(), PutOptions::new(PutMode::Update(v)))
+            .put(
+                &key("key"),
+                b"w".to_vec(),
+                PutOptions::new(PutMode::Update(v)),
+            )
             .await
             .expect_err("no greater version can be given");
         assert!(
@@ -140,7 +154,12 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
     }
     // The record is unchanged, and a repaired clock works again.
     assert_eq!(
-        store.get("key").await.expect("get").expect("kept").value,
+        store
+            .get(&key("key"))
+            .await
+            .expect("get")
+            .expect("kept")
+            .value,
         b"v"
     );
     raw(&db)
@@ -150,7 +169,11 @@ async fn a_damaged_version_clock_fails_puts_without_reusing_versions() {
         )
         .expect("repair");
     let w = store
-        .put("key", b"w".to_vec(), PutOptions::new(PutMode::Update(v)))
+        .put(
+            &key("key"),
+            b"w".to_vec(),
+            PutOptions::new(PutMode::Update(v)),
+        )
         .await
         .expect("put after repair");
     assert!(w > v);
@@ -189,20 +212,23 @@ async fn a_flipped_byte_in_a_value_is_corrupt_and_other_keys_still_read() {
     let db = dir.path().join("flip.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .put("damaged", b"hello, world".to_vec(), create())
+        .put(&key("damaged"), b"hello, world".to_vec(), create())
         .await
         .expect("put");
     store
-        .put("intact", b"still fine".to_vec(), create())
+        .put(&key("intact"), b"still fine".to_vec(), create())
         .await
         .expect("put");
     flip_a_byte(&db, "kv", "value", "key = 'damaged'");
-    let err = store.get("damaged").await.expect_err("a damaged value");
+    let err = store
+        .get(&key("damaged"))
+        .await
+        .expect_err("a damaged value");
     assert_corrupt(&err, "damaged");
     assert!(err.to_string().contains("checksum"), "says why: {err}");
     assert_eq!(
         store
-            .get("intact")
+            .get(&key("intact"))
             .await
             .expect("get")
             .expect("present")
@@ -212,7 +238,7 @@ async fn a_flipped_byte_in_a_value_is_corrupt_and_other_keys_still_read() {
     // The damaged record can be replaced, and then reads back.
     store
         .put(
-            "damaged",
+            &key("damaged"),
             b"new".to_vec(),
             PutOptions::new(PutMode::Overwrite),
         )
@@ -220,7 +246,7 @@ async fn a_flipped_byte_in_a_value_is_corrupt_and_other_keys_still_read() {
         .expect("overwrite the damaged record");
     assert_eq!(
         store
-            .get("damaged")
+            .get(&key("damaged"))
             .await
             .expect("get")
             .expect("present")
@@ -236,15 +262,15 @@ async fn a_changed_version_or_a_swapped_value_is_corrupt() {
     let db = dir.path().join("swap.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .put("a", b"value of a".to_vec(), create())
+        .put(&key("a"), b"value of a".to_vec(), create())
         .await
         .expect("put");
     store
-        .put("b", b"value of b".to_vec(), create())
+        .put(&key("b"), b"value of b".to_vec(), create())
         .await
         .expect("put");
     store
-        .put("c", b"value of c".to_vec(), create())
+        .put(&key("c"), b"value of c".to_vec(), create())
         .await
         .expect("put");
     {
@@ -257,10 +283,18 @@ async fn a_changed_version_or_a_swapped_value_is_corrupt() {
         )
         .expect("plant");
     }
-    assert_corrupt(&store.get("b").await.expect_err("swapped"), "b");
-    assert_corrupt(&store.get("c").await.expect_err("version changed"), "c");
+    assert_corrupt(&store.get(&key("b")).await.expect_err("swapped"), "b");
+    assert_corrupt(
+        &store.get(&key("c")).await.expect_err("version changed"),
+        "c",
+    );
     assert_eq!(
-        store.get("a").await.expect("get").expect("kept").value,
+        store
+            .get(&key("a"))
+            .await
+            .expect("get")
+            .expect("kept")
+            .value,
         b"value of a"
     );
 }
@@ -272,14 +306,14 @@ async fn a_flipped_byte_in_a_log_record_is_corrupt_and_other_logs_still_read() {
     let store = SqliteStore::open(&db).await.expect("open");
     let seqs = store
         .append(
-            "events",
+            &key("events"),
             vec![b"first event".to_vec(), b"second event".to_vec()],
             None,
         )
         .await
         .expect("append");
     store
-        .append("other", vec![b"intact".to_vec()], None)
+        .append(&key("other"), vec![b"intact".to_vec()], None)
         .await
         .expect("append");
     flip_a_byte(
@@ -292,7 +326,7 @@ async fn a_flipped_byte_in_a_log_record_is_corrupt_and_other_logs_still_read() {
         ),
     );
     let err = store
-        .read_after("events", 0, 10)
+        .read_after(&key("events"), 0, 10)
         .await
         .expect_err("a damaged record");
     assert_corrupt(&err, "events");
@@ -301,10 +335,10 @@ async fn a_flipped_byte_in_a_log_record_is_corrupt_and_other_logs_still_read() {
         "names it: {err}"
     );
     // The intact record before it still reads on its own.
-    let first = store.read_after("events", 0, 1).await.expect("read");
+    let first = store.read_after(&key("events"), 0, 1).await.expect("read");
     assert_eq!(first[0].data, b"first event");
     assert_eq!(
-        store.read_after("other", 0, 10).await.expect("read")[0].data,
+        store.read_after(&key("other"), 0, 10).await.expect("read")[0].data,
         b"intact"
     );
     // A record moved to another sequence number fails as well.
@@ -316,7 +350,10 @@ async fn a_flipped_byte_in_a_log_record_is_corrupt_and_other_logs_still_read() {
         )
         .expect("plant");
     assert_corrupt(
-        &store.read_after("other", 0, 10).await.expect_err("moved"),
+        &store
+            .read_after(&key("other"), 0, 10)
+            .await
+            .expect_err("moved"),
         "other",
     );
     writer_alive(&store, "alive").await;
@@ -328,14 +365,14 @@ async fn a_planted_value_over_the_size_limit_is_refused_on_read() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("big.db");
     let store = SqliteStore::open(&db).await.expect("open");
-    for key in ["huge", "just-over"] {
+    for name in ["huge", "just-over"] {
         store
-            .put(key, b"small".to_vec(), create())
+            .put(&key(name), b"small".to_vec(), create())
             .await
             .expect("put");
     }
     store
-        .append("log", vec![b"small".to_vec()], None)
+        .append(&key("log"), vec![b"small".to_vec()], None)
         .await
         .expect("append");
     {
@@ -356,20 +393,20 @@ async fn a_planted_value_over_the_size_limit_is_refused_on_read() {
         )
         .expect("plant 100 MiB record");
     }
-    for key in ["huge", "just-over"] {
-        let err = store.get(key).await.expect_err("over the limit");
-        assert_corrupt(&err, key);
+    for name in ["huge", "just-over"] {
+        let err = store.get(&key(name)).await.expect_err("over the limit");
+        assert_corrupt(&err, name);
         assert!(
             err.to_string().contains("over the limit"),
             "says why: {err}"
         );
-        if key == "huge" {
+        if name == "huge" {
             // Refused by SQLite before the 100 MiB were loaded.
             assert!(err.to_string().contains("more than"), "{err}");
         }
     }
     let err = store
-        .read_after("log", 0, 10)
+        .read_after(&key("log"), 0, 10)
         .await
         .expect_err("over the limit");
     assert_corrupt(&err, "log");
@@ -382,7 +419,10 @@ async fn a_newer_user_version_is_refused_and_nothing_changes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("newer.db");
     let store = SqliteStore::open(&db).await.expect("open");
-    store.put("k", b"v".to_vec(), create()).await.expect("put");
+    store
+        .put(&key("k"), b"v".to_vec(), create())
+        .await
+        .expect("put");
     store.close().await.expect("close");
     raw(&db)
         .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
@@ -442,13 +482,19 @@ async fn a_version_1_database_gets_checksums_for_its_rows() {
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .expect("user_version");
     assert_eq!(version, 2);
-    let entry = store.get("old").await.expect("get").expect("kept");
+    let entry = store.get(&key("old")).await.expect("get").expect("kept");
     assert_eq!(
         (entry.value.as_slice(), entry.version.get()),
         (&b"old"[..], 3)
     );
-    assert_corrupt(&store.get("bad").await.expect_err("not a blob"), "bad");
-    let records = store.read_after("old-log", 0, 10).await.expect("read");
+    assert_corrupt(
+        &store.get(&key("bad")).await.expect_err("not a blob"),
+        "bad",
+    );
+    let records = store
+        .read_after(&key("old-log"), 0, 10)
+        .await
+        .expect("read");
     assert_eq!(
         records
             .iter()
@@ -460,9 +506,9 @@ async fn a_version_1_database_gets_checksums_for_its_rows() {
     drop(store);
     flip_a_byte(&db, "kv", "value", "key = 'old'");
     let store = SqliteStore::open(&db).await.expect("reopen");
-    assert_corrupt(&store.get("old").await.expect_err("damaged"), "old");
+    assert_corrupt(&store.get(&key("old")).await.expect_err("damaged"), "old");
     let next = store
-        .append("old-log", vec![b"c".to_vec()], None)
+        .append(&key("old-log"), vec![b"c".to_vec()], None)
         .await
         .expect("append after migration");
     assert_eq!(next, vec![3]);
@@ -484,7 +530,10 @@ async fn a_database_readable_by_others_is_made_private_with_its_side_files() {
     std::fs::write(&fresh, b"").expect("touch");
     set(&fresh, 0o644);
     let store = SqliteStore::open(&fresh).await.expect("open");
-    store.put("k", b"v".to_vec(), create()).await.expect("put");
+    store
+        .put(&key("k"), b"v".to_vec(), create())
+        .await
+        .expect("put");
     for file in [fresh.clone(), side(&fresh, "-wal"), side(&fresh, "-shm")] {
         assert_eq!(mode(&file), 0o600, "{}", file.display());
     }
@@ -493,7 +542,10 @@ async fn a_database_readable_by_others_is_made_private_with_its_side_files() {
     // open narrows them again.
     let wide = dir.path().join("wide.db");
     let first = SqliteStore::open(&wide).await.expect("open");
-    first.put("k", b"v".to_vec(), create()).await.expect("put");
+    first
+        .put(&key("k"), b"v".to_vec(), create())
+        .await
+        .expect("put");
     for file in [wide.clone(), side(&wide, "-wal"), side(&wide, "-shm")] {
         set(&file, 0o644);
     }
@@ -502,7 +554,12 @@ async fn a_database_readable_by_others_is_made_private_with_its_side_files() {
         assert_eq!(mode(&file), 0o600, "{}", file.display());
     }
     assert_eq!(
-        second.get("k").await.expect("get").expect("kept").value,
+        second
+            .get(&key("k"))
+            .await
+            .expect("get")
+            .expect("kept")
+            .value,
         b"v"
     );
     drop(first);
@@ -529,13 +586,13 @@ async fn a_sweep_keeps_what_expired_within_its_margin() {
     let options = SqliteOptions::default().sweep_interval(None);
     let store = SqliteStore::open_with(&db, options).await.expect("open");
     let ttl = Some(std::time::Duration::from_secs(3600));
-    for key in ["recent", "old"] {
+    for name in ["recent", "old"] {
         store
-            .put(key, b"v".to_vec(), create().with_ttl(ttl))
+            .put(&key(name), b"v".to_vec(), create().with_ttl(ttl))
             .await
             .expect("put");
         store
-            .append(key, vec![b"r".to_vec()], ttl)
+            .append(&key(name), vec![b"r".to_vec()], ttl)
             .await
             .expect("append");
     }
@@ -561,9 +618,15 @@ async fn a_sweep_keeps_what_expired_within_its_margin() {
         }
     }
     // Both are expired to readers...
-    for key in ["recent", "old"] {
-        assert_eq!(store.get(key).await.expect("get"), None);
-        assert!(store.read_after(key, 0, 10).await.expect("read").is_empty());
+    for name in ["recent", "old"] {
+        assert_eq!(store.get(&key(name)).await.expect("get"), None);
+        assert!(
+            store
+                .read_after(&key(name), 0, 10)
+                .await
+                .expect("read")
+                .is_empty()
+        );
     }
     // ...but a sweep deletes only the one past the margin.
     assert_eq!(store.sweep_expired().await.expect("sweep"), 2);
@@ -598,11 +661,16 @@ async fn a_sweep_keeps_what_expired_within_its_margin() {
         .expect("repair");
     }
     assert_eq!(
-        store.get("recent").await.expect("get").expect("kept").value,
+        store
+            .get(&key("recent"))
+            .await
+            .expect("get")
+            .expect("kept")
+            .value,
         b"v"
     );
     assert_eq!(
-        store.read_after("recent", 0, 10).await.expect("read")[0].data,
+        store.read_after(&key("recent"), 0, 10).await.expect("read")[0].data,
         b"r"
     );
 }

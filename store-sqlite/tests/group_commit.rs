@@ -6,6 +6,7 @@
 //! writer thread is stuck in `BEGIN IMMEDIATE` while the writes queue up;
 //! everything they wait for is a condition, never a duration.
 
+use mcp_persist_core::conformance::key;
 use std::{path::Path, sync::Arc, time::Duration};
 
 use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
@@ -63,14 +64,14 @@ async fn concurrent_appends_share_one_commit_and_return_after_it() {
     // A first write takes the writer into `BEGIN IMMEDIATE`, where it waits.
     let first = {
         let store = store.clone();
-        tokio::spawn(async move { store.append("first", vec![b"0".to_vec()], None).await })
+        tokio::spawn(async move { store.append(&key("first"), vec![b"0".to_vec()], None).await })
     };
     until_queued(&store, 0).await;
     let appenders: Vec<JoinHandle<_>> = (0..APPENDERS)
         .map(|i| {
             let store = store.clone();
             tokio::spawn(async move {
-                let log = format!("stream/{i}");
+                let log = key(format!("stream/{i}"));
                 let records = vec![format!("{i}:a").into_bytes(), format!("{i}:b").into_bytes()];
                 store.append(&log, records, None).await
             })
@@ -102,7 +103,7 @@ async fn concurrent_appends_share_one_commit_and_return_after_it() {
     let reopened = SqliteStore::open(&db).await.expect("reopen");
     for i in 0..APPENDERS {
         let records = reopened
-            .read_after(&format!("stream/{i}"), 0, 10)
+            .read_after(&key(format!("stream/{i}")), 0, 10)
             .await
             .expect("read");
         let data: Vec<Vec<u8>> = records.into_iter().map(|r| r.data).collect();
@@ -119,26 +120,34 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
     let db = dir.path().join("mixed.db");
     let store = Arc::new(open(&db).await);
     let stale = store
-        .put("cas", b"1".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("cas"), b"1".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("create");
     let current = store
         .put(
-            "cas",
+            &key("cas"),
             b"2".to_vec(),
             PutOptions::new(PutMode::Update(stale)),
         )
         .await
         .expect("update");
     store
-        .put("taken", b"x".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("taken"),
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("create");
 
     let lock = WriteLock::take(&db);
     let blocker = {
         let store = Arc::clone(&store);
-        tokio::spawn(async move { store.append("blocker", vec![b"0".to_vec()], None).await })
+        tokio::spawn(async move {
+            store
+                .append(&key("blocker"), vec![b"0".to_vec()], None)
+                .await
+        })
     };
     until_queued(&store, 0).await;
     let before = store.write_stats();
@@ -147,7 +156,7 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
     let s = Arc::clone(&store);
     let stale_cas = tokio::spawn(async move {
         s.put(
-            "cas",
+            &key("cas"),
             b"stale".to_vec(),
             PutOptions::new(PutMode::Update(stale)),
         )
@@ -155,18 +164,23 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
     });
     until_queued(&store, 1).await;
     let s = Arc::clone(&store);
-    let append_a = tokio::spawn(async move { s.append("mixed", vec![b"a".to_vec()], None).await });
+    let append_a =
+        tokio::spawn(async move { s.append(&key("mixed"), vec![b"a".to_vec()], None).await });
     until_queued(&store, 2).await;
     let s = Arc::clone(&store);
     let taken = tokio::spawn(async move {
-        s.put("taken", b"y".to_vec(), PutOptions::new(PutMode::Create))
-            .await
+        s.put(
+            &key("taken"),
+            b"y".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
+        .await
     });
     until_queued(&store, 3).await;
     let s = Arc::clone(&store);
     let good_cas = tokio::spawn(async move {
         s.put(
-            "cas",
+            &key("cas"),
             b"3".to_vec(),
             PutOptions::new(PutMode::Update(current)),
         )
@@ -174,7 +188,8 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
     });
     until_queued(&store, 4).await;
     let s = Arc::clone(&store);
-    let append_b = tokio::spawn(async move { s.append("mixed", vec![b"b".to_vec()], None).await });
+    let append_b =
+        tokio::spawn(async move { s.append(&key("mixed"), vec![b"b".to_vec()], None).await });
     until_queued(&store, 5).await;
     lock.release();
 
@@ -197,11 +212,11 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
         "blocker, then one group"
     );
 
-    let entry = store.get("cas").await.expect("get").expect("present");
+    let entry = store.get(&key("cas")).await.expect("get").expect("present");
     assert_eq!((entry.value, entry.version), (b"3".to_vec(), v3));
     assert_eq!(
         store
-            .get("taken")
+            .get(&key("taken"))
             .await
             .expect("get")
             .expect("present")
@@ -209,7 +224,7 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
         b"x"
     );
     let mixed: Vec<Vec<u8>> = store
-        .read_after("mixed", 0, 10)
+        .read_after(&key("mixed"), 0, 10)
         .await
         .expect("read")
         .into_iter()

@@ -1,6 +1,7 @@
 //! Opening databases: what is refused and left untouched, the file's mode,
 //! WAL, damaged rows, and reclaiming expired rows.
 
+use mcp_persist_core::conformance::key;
 use std::{path::Path, time::Duration};
 
 use mcp_persist_core::{Backend, Error, KvStore, LogStore, PutMode, PutOptions};
@@ -21,7 +22,7 @@ fn snapshot(db: &Path) -> Vec<(String, Vec<u8>)> {
 async fn store_with_a_record(db: &Path) {
     let store = SqliteStore::open(db).await.expect("open");
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store.close().await.expect("close");
@@ -114,7 +115,7 @@ async fn new_database_files_are_private() {
     let store = SqliteStore::open(&db).await.expect("open");
     store
         .put(
-            "secret",
+            &key("secret"),
             b"token".to_vec(),
             PutOptions::new(PutMode::Create),
         )
@@ -148,7 +149,7 @@ async fn database_is_in_wal_mode_with_our_schema() {
     // Reopening an up-to-date database migrates nothing and keeps working.
     let store = SqliteStore::open(&db).await.expect("reopen");
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put after reopen");
 }
@@ -159,15 +160,19 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
     let db = dir.path().join("rows.db");
     let store = SqliteStore::open(&db).await.expect("open");
     store
-        .put("bad", b"x".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("bad"), b"x".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store
-        .put("good", b"y".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("good"),
+            b"y".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     store
-        .append("log/bad", vec![b"r".to_vec()], None)
+        .append(&key("log/bad"), vec![b"r".to_vec()], None)
         .await
         .expect("append");
     {
@@ -178,13 +183,13 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
         )
         .expect("damage rows");
     }
-    let err = store.get("bad").await.expect_err("a damaged value");
+    let err = store.get(&key("bad")).await.expect_err("a damaged value");
     assert!(
         matches!(&err, Error::Corrupt { key, source: Some(_), .. } if key == "bad"),
         "got {err:?}"
     );
     let err = store
-        .read_after("log/bad", 0, 10)
+        .read_after(&key("log/bad"), 0, 10)
         .await
         .expect_err("a damaged record");
     assert!(
@@ -194,7 +199,7 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
     // Other records still work, and the damaged one can be replaced.
     assert_eq!(
         store
-            .get("good")
+            .get(&key("good"))
             .await
             .expect("get")
             .expect("present")
@@ -203,14 +208,19 @@ async fn damaged_rows_are_corrupt_naming_the_key() {
     );
     store
         .put(
-            "bad",
+            &key("bad"),
             b"fixed".to_vec(),
             PutOptions::new(PutMode::Overwrite),
         )
         .await
         .expect("overwrite the damaged record");
     assert_eq!(
-        store.get("bad").await.expect("get").expect("present").value,
+        store
+            .get(&key("bad"))
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
         b"fixed"
     );
 }
@@ -247,26 +257,30 @@ async fn sweep_reclaims_expired_rows() {
     let short = Some(Duration::from_millis(1));
     store
         .put(
-            "gone",
+            &key("gone"),
             b"x".to_vec(),
             PutOptions::new(PutMode::Create).with_ttl(short),
         )
         .await
         .expect("put");
     store
-        .put("kept", b"y".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("kept"),
+            b"y".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     store
-        .append("gone", vec![b"a".to_vec(), b"b".to_vec()], short)
+        .append(&key("gone"), vec![b"a".to_vec(), b"b".to_vec()], short)
         .await
         .expect("append");
     store
-        .append("kept", vec![b"c".to_vec()], None)
+        .append(&key("kept"), vec![b"c".to_vec()], None)
         .await
         .expect("append");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(store.get("gone").await.expect("get"), None);
+    assert_eq!(store.get(&key("gone")).await.expect("get"), None);
     assert_eq!(row_count(&db, "kv"), 2, "expired rows stay until swept");
     expired_long_ago(&db, "kv");
     expired_long_ago(&db, "logs");
@@ -276,7 +290,11 @@ async fn sweep_reclaims_expired_rows() {
     assert_eq!(row_count(&db, "logs"), 1);
     assert_eq!(row_count(&db, "log_records"), 1);
     assert_eq!(
-        store.read_after("kept", 0, 10).await.expect("read").len(),
+        store
+            .read_after(&key("kept"), 0, 10)
+            .await
+            .expect("read")
+            .len(),
         1
     );
 }
@@ -289,14 +307,18 @@ async fn idle_writer_sweeps_on_its_own() {
     let store = SqliteStore::open_with(&db, options).await.expect("open");
     store
         .put(
-            "gone",
+            &key("gone"),
             b"x".to_vec(),
             PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_millis(1))),
         )
         .await
         .expect("put");
     store
-        .append("gone", vec![b"a".to_vec()], Some(Duration::from_millis(1)))
+        .append(
+            &key("gone"),
+            vec![b"a".to_vec()],
+            Some(Duration::from_millis(1)),
+        )
         .await
         .expect("append");
     expired_long_ago(&db, "kv");
@@ -318,13 +340,18 @@ async fn normal_durability_and_in_memory_stores_work() {
     let options = SqliteOptions::default().durability(Durability::Normal);
     let store = SqliteStore::open_with(&db, options).await.expect("open");
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     store.close().await.expect("close");
     let store = SqliteStore::open(&db).await.expect("reopen");
     assert_eq!(
-        store.get("k").await.expect("get").expect("kept").value,
+        store
+            .get(&key("k"))
+            .await
+            .expect("get")
+            .expect("kept")
+            .value,
         b"v"
     );
     assert_eq!(store.path(), Some(db.as_path()));
@@ -332,16 +359,21 @@ async fn normal_durability_and_in_memory_stores_work() {
     let memory = SqliteStore::open_in_memory().await.expect("in memory");
     assert_eq!(memory.path(), None);
     memory
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     assert_eq!(
-        memory.get("k").await.expect("get").expect("kept").value,
+        memory
+            .get(&key("k"))
+            .await
+            .expect("get")
+            .expect("kept")
+            .value,
         b"v"
     );
     let other = SqliteStore::open_in_memory().await.expect("in memory");
     assert_eq!(
-        other.get("k").await.expect("get"),
+        other.get(&key("k")).await.expect("get"),
         None,
         "in-memory stores are private"
     );

@@ -1,7 +1,7 @@
 //! The crash suite: writers killed with SIGKILL at random instants, and two
 //! processes racing on one key, each in a child process of the test binary.
 //!
-//! A backend gets it from [`conformance!`](crate::conformance!): the macro
+//! A backend gets it from [`backend_conformance!`](crate::backend_conformance!): the macro
 //! stamps a `crash_child` test that, when started by the suite with
 //! [`ROLE_VAR`] set, runs the child's loop instead of returning, and the
 //! tests below that start it. The child opens the store at the same
@@ -50,6 +50,8 @@ const SHARED_COUNTER: &str = "crash/shared-counter";
 const LOGS: u64 = 4;
 const INCREMENTS: u64 = 100;
 const INCREMENT_TASKS: u64 = 4;
+/// How many rounds of eight simultaneous first opens.
+pub const OPEN_ROUNDS: usize = 20;
 
 /// Where one test's store lives: a fresh folder (removed when the
 /// [`PlaceGuard`] drops) and a unique name, for backends that put stores on
@@ -172,6 +174,7 @@ pub fn child_main(open: &Opener) -> bool {
     match role.as_str() {
         "crash" => rt.block_on(crash_loop(open(place))),
         "increment" => rt.block_on(increment_loop(open(place))),
+        "open" => open_child(&rt, open, place),
         other => panic!("unknown child role {other:?}"),
     }
     true
@@ -526,4 +529,74 @@ pub fn two_processes_increment_exact(open: &Opener, child_test: &str) {
         .expect("read the counter")
         .map(|e| parse_counter(&e.value));
     assert_eq!(value, Some(2 * INCREMENT_TASKS * INCREMENTS));
+}
+
+/// The child of [`processes_open_one_new_store_at_once`]: waits for the start
+/// file, opens the store, writes its own key, prints `OPENED`.
+fn open_child(rt: &tokio::runtime::Runtime, open: &Opener, place: Place) {
+    let go = place.dir.join("go");
+    println!("READY");
+    let waiting = Instant::now();
+    while !go.exists() {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(60),
+            "no start signal"
+        );
+        thread::sleep(Duration::from_micros(500));
+    }
+    rt.block_on(async {
+        let store = open(place).await;
+        let mine = key(format!("opened/{}", std::process::id()));
+        store
+            .kv
+            .put(&mine, b"1".to_vec(), PutOptions::new(PutMode::Create))
+            .await
+            .expect("a freshly opened store takes a write");
+    });
+    println!("OPENED");
+}
+
+/// Eight processes open one store that does not exist yet at the same
+/// instant, [`OPEN_ROUNDS`] times: every one of them comes up and writes
+/// (creation and migration are safe against each other).
+pub fn processes_open_one_new_store_at_once(open: &Opener, child_test: &str) {
+    const PROCESSES: usize = 8;
+    let rt = runtime();
+    for round in 0..OPEN_ROUNDS {
+        let (place, _guard) = Place::fresh();
+        let mut children: Vec<Child> = (0..PROCESSES)
+            .map(|_| spawn_child(child_test, "open", &place))
+            .collect();
+        let mut outputs: Vec<BufReader<std::process::ChildStdout>> = children
+            .iter_mut()
+            .map(|child| BufReader::new(child.stdout.take().expect("piped stdout")))
+            .collect();
+        for out in &mut outputs {
+            let mut line = String::new();
+            while !line.contains("READY") {
+                line.clear();
+                let n = out.read_line(&mut line).expect("child output");
+                assert!(n > 0, "round {round}: a child ended before it was ready");
+            }
+        }
+        std::fs::write(place.dir.join("go"), b"").expect("start file");
+        for (child, out) in children.iter_mut().zip(&mut outputs) {
+            let mut rest = String::new();
+            std::io::Read::read_to_string(out, &mut rest).expect("child output");
+            let status = child.wait().expect("reap the child");
+            assert!(
+                status.success() && rest.contains("OPENED"),
+                "round {round}: a process failed to open a new store beside seven others: {status}"
+            );
+        }
+        let store = rt.block_on(open(place));
+        let opened = rt
+            .block_on(store.kv.list("opened/"))
+            .expect("list what the processes wrote");
+        assert_eq!(
+            opened.len(),
+            PROCESSES,
+            "round {round}: every process wrote its key"
+        );
+    }
 }

@@ -63,7 +63,7 @@ pub trait LogFixture: KvFixture {
     async fn open_log(&self) -> Arc<dyn LogStore>;
 }
 
-/// A fixture made from an open closure (see [`conformance!`](crate::conformance!)):
+/// A fixture made from an open closure (see [`backend_conformance!`](crate::backend_conformance!)):
 /// each test gets a fresh [`Place`](crash::Place), and every `open_*` opens
 /// the store there again, as a restarted process would.
 pub struct PlaceFixture {
@@ -151,15 +151,15 @@ impl LogFixture for MemoryFixture {
 ///
 /// ```ignore
 /// // tests/conformance.rs
-/// mcp_persist_core::conformance!(open: |place| async move {
+/// mcp_persist_core::backend_conformance!(open: |place| async move {
 ///     mcp_persist_store_sqlite::SqliteStore::open(place.dir.join("store.db")).await
 /// });
 /// ```
 ///
-/// `conformance!(kv_only, open: …)` is the same for a backend without logs
+/// `backend_conformance!(kv_only, open: …)` is the same for a backend without logs
 /// (the key-value, key-value typed and crash suites).
 #[macro_export]
-macro_rules! conformance {
+macro_rules! backend_conformance {
     (open: $open:expr $(,)?) => {
         $crate::__conformance_suite!(both, $open; kv log);
     };
@@ -197,6 +197,14 @@ macro_rules! __conformance_suite {
             #[test]
             fn sigkill_loses_no_acknowledged_write() {
                 $crate::conformance::crash::sigkill_loses_no_acknowledged_write(
+                    &opener(),
+                    &$crate::conformance::crash::test_name(module_path!(), "crash_child"),
+                );
+            }
+
+            #[test]
+            fn processes_open_one_new_store_at_once() {
+                $crate::conformance::crash::processes_open_one_new_store_at_once(
                     &opener(),
                     &$crate::conformance::crash::test_name(module_path!(), "crash_child"),
                 );
