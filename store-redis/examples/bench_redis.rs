@@ -31,6 +31,7 @@
 //! cargo run --release -p mcp-persist-store-redis --example bench_redis
 //! ```
 
+use mcp_persist_core::conformance::key;
 use std::{
     process::Command,
     sync::Arc,
@@ -256,7 +257,13 @@ async fn appends(store: &RedisStore, ttl: Option<Duration>) -> Result<f64> {
         tasks.push(tokio::spawn(async move {
             let log = format!("events/{t}");
             for _ in 0..APPENDS_PER_TASK {
-                store.append(&log, vec![record.clone()], ttl).await?;
+                store
+                    .append(
+                        &mcp_persist_core::conformance::key(&log),
+                        vec![record.clone()],
+                        ttl,
+                    )
+                    .await?;
             }
             Ok::<_, mcp_persist_core::Error>(())
         }));
@@ -339,12 +346,16 @@ async fn kv(store: &RedisStore) -> Result<(f64, f64)> {
         tasks.push(tokio::spawn(async move {
             let key = format!("kv/{t}");
             let mut version = store
-                .put(&key, value.clone(), PutOptions::new(PutMode::Overwrite))
+                .put(
+                    &mcp_persist_core::conformance::key(&key),
+                    value.clone(),
+                    PutOptions::new(PutMode::Overwrite),
+                )
                 .await?;
             for _ in 1..KV_PER_TASK {
                 version = store
                     .put(
-                        &key,
+                        &mcp_persist_core::conformance::key(&key),
                         value.clone(),
                         PutOptions::new(PutMode::Update(version)),
                     )
@@ -365,7 +376,7 @@ async fn kv(store: &RedisStore) -> Result<(f64, f64)> {
         tasks.push(tokio::spawn(async move {
             let key = format!("kv/{t}");
             for _ in 0..KV_PER_TASK {
-                store.get(&key).await?;
+                store.get(&mcp_persist_core::conformance::key(&key)).await?;
             }
             Ok::<_, mcp_persist_core::Error>(())
         }));
@@ -398,8 +409,8 @@ async fn load_atomic_append() -> Result<String> {
 /// Removes what the benchmark wrote.
 async fn cleanup(store: &RedisStore) -> Result<()> {
     for t in 0..TASKS {
-        store.delete_log(&format!("events/{t}")).await?;
-        store.delete(&format!("kv/{t}"), None).await?;
+        store.delete_log(&key(format!("events/{t}"))).await?;
+        store.delete(&key(format!("kv/{t}")), None).await?;
     }
     // The raw baseline's keys are not the store's: remove them directly.
     let url = std::env::var("MCP_PERSIST_REDIS_URL")?;

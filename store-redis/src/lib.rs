@@ -28,7 +28,7 @@
 //! ```no_run
 //! # async fn run() -> Result<(), mcp_persist_core::Error> {
 //! use std::time::Duration;
-//! use mcp_persist_core::{EventLogConfig, KvStore, PutOptions, PutMode, Stores};
+//! use mcp_persist_core::{Key, EventLogConfig, KvStore, PutOptions, PutMode, Stores};
 //! use mcp_persist_store_redis::RedisStore;
 //!
 //! let redis = RedisStore::standalone("redis://127.0.0.1:6379/")
@@ -38,8 +38,8 @@
 //!     .await?;
 //!
 //! // As a raw key-value store, with compare-and-swap...
-//! let v1 = redis.put("greeting", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
-//! redis.put("greeting", b"hello again".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
+//! let v1 = redis.put(&Key::new("greeting")?, b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
+//! redis.put(&Key::new("greeting")?, b"hello again".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
 //!
 //! // ...or behind the typed stores of mcp-persist-core: sessions and SSE
 //! // event logs shared by every instance that connects to the same Redis.
@@ -66,10 +66,12 @@ mod batch;
 mod conn;
 mod error;
 mod keys;
+mod opener;
 mod scripts;
 mod store;
 mod wire;
 
+pub use opener::RedisOpener;
 pub use store::{RedisStore, RedisStoreBuilder, VERSION_MEMORY};
 
 // The README's example is compiled as a doctest too.

@@ -9,8 +9,8 @@ use std::{
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Result, Version,
-    backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
+    Backend, Error, Key, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Result,
+    Version, backend::DEFAULT_MAX_VALUE_BYTES, kit::check_value,
 };
 use redis::Value;
 use tracing::{Instrument, debug, debug_span, info};
@@ -362,8 +362,7 @@ impl Backend for RedisStore {
 
 #[async_trait]
 impl KvStore for RedisStore {
-    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-        validate_key(key)?;
+    async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
         let record = self.inner.layout.record(key);
         let work = async {
             let reply: Value = redis::cmd("GET")
@@ -378,14 +377,13 @@ impl KvStore for RedisStore {
             }
         };
         self.bounded("get", work)
-            .instrument(debug_span!("redis.get", key))
+            .instrument(debug_span!("redis.get", key = key.as_str()))
             .await
     }
 
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
-        validate_key(key)?;
-        validate_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
+        check_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
         let layout = &self.inner.layout;
         let (record, version) = (layout.record(key), layout.version(key));
         let (mode_arg, expected) = match mode {
@@ -419,10 +417,10 @@ impl KvStore for RedisStore {
                     .map(Version::new)
                     .ok_or_else(|| unexpected(key, "version is not a number")),
                 (scripts::EXISTS, _) => Err(Error::AlreadyExists {
-                    key: key.to_owned(),
+                    key: key.to_string(),
                 }),
                 (scripts::CONFLICT, _) => Err(Error::Conflict {
-                    key: key.to_owned(),
+                    key: key.to_string(),
                 }),
                 (scripts::CORRUPT, _) => Err(error::corrupt(
                     key,
@@ -432,12 +430,11 @@ impl KvStore for RedisStore {
             }
         };
         self.bounded("put", work)
-            .instrument(debug_span!("redis.put", key, ?mode))
+            .instrument(debug_span!("redis.put", key = key.as_str(), ?mode))
             .await
     }
 
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
-        validate_key(key)?;
+    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
         let layout = &self.inner.layout;
         let (record, version) = (layout.record(key), layout.version(key));
         let expected = if_version.map(|v| v.get().to_string()).unwrap_or_default();
@@ -454,28 +451,29 @@ impl KvStore for RedisStore {
             match status_of(key, &reply)? {
                 (scripts::OK, Some(Value::Int(deleted))) => Ok(*deleted == 1),
                 (scripts::CONFLICT, _) => Err(Error::Conflict {
-                    key: key.to_owned(),
+                    key: key.to_string(),
                 }),
                 _ => Err(unexpected(key, "unknown script status")),
             }
         };
         self.bounded("delete", work)
-            .instrument(debug_span!("redis.delete", key))
+            .instrument(debug_span!("redis.delete", key = key.as_str()))
             .await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         let layout = &self.inner.layout;
         let pattern = layout.record_pattern(prefix);
         let work = async {
             let found = scan_all(&mut self.conn(), &pattern)
                 .await
                 .map_err(|e| error::map(e, prefix))?;
-            let mut keys: Vec<String> = found
+            // A foreign Redis key that maps to no valid store key is left out.
+            let mut keys: Vec<Key> = found
                 .iter()
                 .filter_map(|k| layout.key_of_record(k))
                 .filter(|k| k.starts_with(prefix))
-                .map(str::to_owned)
+                .filter_map(|k| Key::new(k).ok())
                 .collect();
             keys.sort_unstable();
             keys.dedup();
@@ -491,13 +489,12 @@ impl KvStore for RedisStore {
 impl LogStore for RedisStore {
     async fn append(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
         for record in &records {
-            validate_value(record, DEFAULT_MAX_VALUE_BYTES)?;
+            check_value(record, DEFAULT_MAX_VALUE_BYTES)?;
         }
         if records.is_empty() && ttl.is_none() {
             return Ok(Vec::new());
@@ -524,26 +521,29 @@ impl LogStore for RedisStore {
                     return Ok(vec![seq]);
                 }
                 debug!(
-                    log,
+                    log = log.as_str(),
                     "log gone since its expiry was set; appending with the script"
                 );
             }
         }
         let count = records.len();
         let work = self.inner.appender.append(|reply| AppendJob {
-            log: log.to_owned(),
+            log: log.to_string(),
             stream,
             ttl,
             records,
             reply,
         });
         self.bounded("append", work)
-            .instrument(debug_span!("redis.append", log, records = count))
+            .instrument(debug_span!(
+                "redis.append",
+                log = log.as_str(),
+                records = count
+            ))
             .await
     }
 
-    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
-        validate_key(log)?;
+    async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
         if limit == 0 || after == u64::MAX {
             return Ok(Vec::new());
         }
@@ -566,13 +566,13 @@ impl LogStore for RedisStore {
         };
         // A long log is read in pages; the timeout applies to the whole read.
         self.bounded("read_after", work)
-            .instrument(debug_span!("redis.read_after", log, after))
+            .instrument(debug_span!("redis.read_after", log = log.as_str(), after))
             .await
     }
 
     async fn wait_after(
         &self,
-        log: &str,
+        log: &Key,
         after: u64,
         limit: usize,
         timeout: Duration,
@@ -595,7 +595,7 @@ impl LogStore for RedisStore {
         let mut pooled = true;
         let reply = loop {
             let (mut conn, was_idle) = self.blocking_conn(pooled).await?;
-            let span = debug_span!("redis.wait_after", log, after, ?timeout);
+            let span = debug_span!("redis.wait_after", log = log.as_str(), after, ?timeout);
             match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut conn))
                 .instrument(span)
                 .await
@@ -635,8 +635,7 @@ impl LogStore for RedisStore {
         }
     }
 
-    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
-        validate_key(log)?;
+    async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
         if before <= 1 {
             return Ok(0);
         }
@@ -652,12 +651,11 @@ impl LogStore for RedisStore {
             Ok(dropped)
         };
         self.bounded("trim", work)
-            .instrument(debug_span!("redis.trim", log, before))
+            .instrument(debug_span!("redis.trim", log = log.as_str(), before))
             .await
     }
 
-    async fn delete_log(&self, log: &str) -> Result<()> {
-        validate_key(log)?;
+    async fn delete_log(&self, log: &Key) -> Result<()> {
         let stream = self.inner.layout.log(log);
         let work = async {
             let _: i64 = redis::cmd("UNLINK")
@@ -668,7 +666,7 @@ impl LogStore for RedisStore {
             Ok(())
         };
         self.bounded("delete", work)
-            .instrument(debug_span!("redis.delete_log", log))
+            .instrument(debug_span!("redis.delete_log", log = log.as_str()))
             .await
     }
 }

@@ -9,10 +9,11 @@ use redis::Value;
 
 use crate::error::{self, BACKEND};
 
-/// A duration in whole milliseconds, at least 1, at most about 100 years.
+/// A duration in whole milliseconds by the kit's rule (rounded up, at least
+/// 1, so nothing expires early), at most about 100 years.
 pub(crate) fn millis(d: Duration) -> u64 {
     const MAX: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
-    u64::try_from(d.as_millis()).unwrap_or(MAX).clamp(1, MAX)
+    mcp_persist_core::kit::ttl_millis(d).min(MAX)
 }
 
 pub(crate) fn unexpected(key: &str, what: &str) -> Error {

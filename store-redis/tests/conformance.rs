@@ -1,18 +1,16 @@
-//! The whole core conformance suite, on a standalone Redis and on a
-//! three-node Redis Cluster.
+//! The whole core conformance suite (key-value, log, typed, crash), on a
+//! standalone Redis and on a three-node Redis Cluster.
 
 mod common;
 
 mod standalone {
-    use super::common::{Topology, fixture};
+    use super::common::{Topology, open_at};
 
-    mcp_persist_core::kv_conformance!(fixture(Topology::Standalone));
-    mcp_persist_core::log_conformance!(fixture(Topology::Standalone));
+    mcp_persist_core::backend_conformance!(open: |place| open_at(Topology::Standalone, place));
 }
 
 mod cluster {
-    use super::common::{Topology, fixture};
+    use super::common::{Topology, open_at};
 
-    mcp_persist_core::kv_conformance!(fixture(Topology::Cluster));
-    mcp_persist_core::log_conformance!(fixture(Topology::Cluster));
+    mcp_persist_core::backend_conformance!(open: |place| open_at(Topology::Cluster, place));
 }

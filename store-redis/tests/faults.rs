@@ -6,6 +6,7 @@
 
 mod common;
 
+use mcp_persist_core::conformance::key;
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Write},
@@ -198,7 +199,11 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
                 let outcome = if i % 2 == 0 {
                     tokio::time::timeout(
                         NO_HANG,
-                        store.put(&key, value.clone(), PutOptions::new(PutMode::Create)),
+                        store.put(
+                            &mcp_persist_core::conformance::key(&key),
+                            value.clone(),
+                            PutOptions::new(PutMode::Create),
+                        ),
                     )
                     .await
                     .map(|r| {
@@ -209,7 +214,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
                     tokio::time::timeout(
                         NO_HANG,
                         store.append(
-                            "events",
+                            &mcp_persist_core::conformance::key("events"),
                             vec![value.clone()],
                             Some(Duration::from_secs(3600)),
                         ),
@@ -241,7 +246,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
     // A tail leaves an idle dedicated connection behind, which the kill
     // will break.
     let quiet = store
-        .wait_after("quiet", 0, 10, Duration::from_millis(50))
+        .wait_after(&key("quiet"), 0, 10, Duration::from_millis(50))
         .await
         .expect("tail before the kill");
     assert!(quiet.is_empty());
@@ -261,23 +266,28 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
 
     // While it is down, every operation fails, typed, and returns.
     for i in 0..PROBES_WHILE_DOWN {
-        let got = tokio::time::timeout(NO_HANG, store.get(&format!("w0/{i}")))
+        let got = tokio::time::timeout(NO_HANG, store.get(&key(format!("w0/{i}"))))
             .await
             .expect("an operation on a dead server must return, not hang");
         assert!(
             matches!(got, Err(Error::Unavailable { .. })),
             "a dead server must give Unavailable, got {got:?}"
         );
-        let appended =
-            tokio::time::timeout(NO_HANG, store.append("probe", vec![b"x".to_vec()], None))
-                .await
-                .expect("an append on a dead server must return, not hang");
+        let appended = tokio::time::timeout(
+            NO_HANG,
+            store.append(&key("probe"), vec![b"x".to_vec()], None),
+        )
+        .await
+        .expect("an append on a dead server must return, not hang");
         assert!(
             matches!(appended, Err(Error::Unavailable { .. })),
             "a dead server must give Unavailable, got {appended:?}"
         );
     }
-    let err = store.get("w0/0").await.expect_err("the server is down");
+    let err = store
+        .get(&key("w0/0"))
+        .await
+        .expect_err("the server is down");
     let message = err.to_string();
     assert!(
         message.contains("unreachable"),
@@ -292,7 +302,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
     server.spawn();
     let mut recovered = false;
     for _ in 0..600 {
-        match store.get("w0/0").await {
+        match store.get(&key("w0/0")).await {
             Ok(_) => {
                 recovered = true;
                 break;
@@ -306,7 +316,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
         "the store did not work again after the server came back"
     );
     let quiet = store
-        .wait_after("quiet", 0, 10, Duration::from_millis(50))
+        .wait_after(&key("quiet"), 0, 10, Duration::from_millis(50))
         .await
         .expect("tails work again too, without rebuilding the store");
     assert!(quiet.is_empty());
@@ -337,14 +347,14 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
     let acked = std::mem::take(&mut *acked.lock().expect("lock"));
     for (key, value) in &acked.kv {
         let entry = store
-            .get(key)
+            .get(&mcp_persist_core::conformance::key(key))
             .await
             .expect("get")
             .unwrap_or_else(|| panic!("acknowledged put of {key} was lost"));
         assert_eq!(&entry.value, value, "value of {key}");
     }
     let log = store
-        .read_after("events", 0, usize::MAX)
+        .read_after(&key("events"), 0, usize::MAX)
         .await
         .expect("read log");
     let stored: BTreeMap<u64, Vec<u8>> = log.into_iter().map(|r| (r.seq, r.data)).collect();
@@ -356,7 +366,7 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
         );
     }
     let next = store
-        .append("events", vec![b"after".to_vec()], None)
+        .append(&key("events"), vec![b"after".to_vec()], None)
         .await
         .expect("append after the restart");
     let last_acked = acked.log.keys().next_back().copied().unwrap_or(0);
@@ -391,7 +401,7 @@ async fn a_server_that_stops_answering_fails_operations_in_time() {
     // A first append with a TTL sets the log's expiry, so the next one is a
     // single `XADD` and not the script: both paths are tried below.
     store
-        .append("events", vec![b"0".to_vec()], ttl)
+        .append(&key("events"), vec![b"0".to_vec()], ttl)
         .await
         .expect("append before the stop");
 
@@ -401,26 +411,33 @@ async fn a_server_that_stops_answering_fails_operations_in_time() {
         (
             "append, one record",
             store
-                .append("events", vec![b"a".to_vec()], None)
+                .append(&key("events"), vec![b"a".to_vec()], None)
                 .await
                 .err(),
         ),
         (
             "append, one record, fresh TTL",
-            store.append("events", vec![b"b".to_vec()], ttl).await.err(),
+            store
+                .append(&key("events"), vec![b"b".to_vec()], ttl)
+                .await
+                .err(),
         ),
         (
             "append, two records",
             store
-                .append("events", vec![b"c".to_vec(), b"d".to_vec()], ttl)
+                .append(&key("events"), vec![b"c".to_vec(), b"d".to_vec()], ttl)
                 .await
                 .err(),
         ),
-        ("get", store.get("k").await.err()),
+        ("get", store.get(&key("k")).await.err()),
         (
             "put",
             store
-                .put("k", b"v".to_vec(), PutOptions::new(PutMode::Overwrite))
+                .put(
+                    &key("k"),
+                    b"v".to_vec(),
+                    PutOptions::new(PutMode::Overwrite),
+                )
                 .await
                 .err(),
         ),
@@ -443,7 +460,7 @@ async fn a_server_that_stops_answering_fails_operations_in_time() {
     // The same store goes on once the server does.
     let mut appended = None;
     for _ in 0..100 {
-        match store.append("events", vec![b"e".to_vec()], ttl).await {
+        match store.append(&key("events"), vec![b"e".to_vec()], ttl).await {
             Ok(seqs) => {
                 appended = Some(seqs);
                 break;
@@ -453,7 +470,10 @@ async fn a_server_that_stops_answering_fails_operations_in_time() {
         }
     }
     let seqs = appended.expect("the store did not work again after the server went on");
-    let records = store.read_after("events", 0, 100).await.expect("read");
+    let records = store
+        .read_after(&key("events"), 0, 100)
+        .await
+        .expect("read");
     assert_eq!(
         records.last().map(|r| (r.seq, r.data.clone())),
         Some((seqs[0], b"e".to_vec())),

@@ -4,6 +4,7 @@
 
 mod common;
 
+use mcp_persist_core::conformance::key;
 use std::time::Duration;
 
 use common::{Endpoint, Topology, unique_prefix};
@@ -22,32 +23,49 @@ async fn brace_keys_work_on(topology: Topology) {
     for key in BRACE_KEYS {
         let v1 = store
             .put(
-                key,
+                &mcp_persist_core::conformance::key(key),
                 b"1".to_vec(),
                 PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_secs(60))),
             )
             .await
             .unwrap_or_else(|e| panic!("create {key:?}: {e}"));
         let v2 = store
-            .put(key, b"2".to_vec(), PutOptions::new(PutMode::Update(v1)))
+            .put(
+                &mcp_persist_core::conformance::key(key),
+                b"2".to_vec(),
+                PutOptions::new(PutMode::Update(v1)),
+            )
             .await
             .unwrap_or_else(|e| panic!("update {key:?}: {e}"));
-        assert!(store.delete(key, Some(v2)).await.expect("delete"));
+        assert!(
+            store
+                .delete(&mcp_persist_core::conformance::key(key), Some(v2))
+                .await
+                .expect("delete")
+        );
         let v3 = store
-            .put(key, b"3".to_vec(), PutOptions::new(PutMode::Create))
+            .put(
+                &mcp_persist_core::conformance::key(key),
+                b"3".to_vec(),
+                PutOptions::new(PutMode::Create),
+            )
             .await
             .expect("create again");
         assert!(v3 > v2, "version of {key:?} did not survive the delete");
         let seqs = store
             .append(
-                key,
+                &mcp_persist_core::conformance::key(key),
                 vec![b"a".to_vec(), b"b".to_vec()],
                 Some(Duration::from_secs(60)),
             )
             .await
             .expect("append");
         assert_eq!(
-            store.read_after(key, seqs[0], 10).await.expect("read")[0].data,
+            store
+                .read_after(&mcp_persist_core::conformance::key(key), seqs[0], 10)
+                .await
+                .expect("read")[0]
+                .data,
             b"b"
         );
     }
@@ -100,14 +118,14 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
     // A string without our version header.
     let record = format!("{prefix}{{kv:plain}}");
     raw_cmd(&mut raw, &[b"SET", record.as_bytes(), b"written by hand"]).await;
-    let err = store.get("plain").await.expect_err("no header");
+    let err = store.get(&key("plain")).await.expect_err("no header");
     assert!(
         matches!(err, Error::Corrupt { ref key, .. } if key == "plain"),
         "got {err:?}"
     );
     for mode in [PutMode::Create, PutMode::Overwrite] {
         let err = store
-            .put("plain", b"new".to_vec(), PutOptions::new(mode))
+            .put(&key("plain"), b"new".to_vec(), PutOptions::new(mode))
             .await
             .expect_err("a corrupt record is not overwritten");
         assert!(matches!(err, Error::Corrupt { .. }), "got {err:?}");
@@ -118,16 +136,20 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
         "the damaged record must be left as it was"
     );
     // Deleting it deliberately makes the key usable again.
-    assert!(store.delete("plain", None).await.expect("delete"));
+    assert!(store.delete(&key("plain"), None).await.expect("delete"));
     store
-        .put("plain", b"fresh".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("plain"),
+            b"fresh".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("create after delete");
 
     // A key of another Redis type.
     let record = format!("{prefix}{{kv:list}}");
     raw_cmd(&mut raw, &[b"RPUSH", record.as_bytes(), b"x"]).await;
-    let err = store.get("list").await.expect_err("wrong type");
+    let err = store.get(&key("list")).await.expect_err("wrong type");
     assert!(
         matches!(err, Error::Corrupt { ref key, .. } if key == "list"),
         "got {err:?}"
@@ -145,7 +167,7 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
     )
     .await;
     let err = store
-        .read_after("events", 0, 10)
+        .read_after(&key("events"), 0, 10)
         .await
         .expect_err("foreign entry");
     assert!(
@@ -159,14 +181,17 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
     )
     .await;
     let err = store
-        .read_after("nodata", 0, 10)
+        .read_after(&key("nodata"), 0, 10)
         .await
         .expect_err("no data field");
     assert!(
         matches!(err, Error::Corrupt { ref key, .. } if key == "nodata"),
         "got {err:?}"
     );
-    let err = store.append("list", vec![b"x".to_vec()], None).await.err();
+    let err = store
+        .append(&key("list"), vec![b"x".to_vec()], None)
+        .await
+        .err();
     assert!(
         err.is_none(),
         "a log and a record of the same name are distinct"
@@ -186,7 +211,11 @@ async fn foreign_records_are_corrupt_and_nothing_is_overwritten() {
         };
         appends.push(tokio::spawn(async move {
             let result = store
-                .append(&log, vec![b"x".to_vec()], Some(Duration::from_secs(60)))
+                .append(
+                    &mcp_persist_core::conformance::key(&log),
+                    vec![b"x".to_vec()],
+                    Some(Duration::from_secs(60)),
+                )
                 .await;
             (log, result)
         }));
@@ -220,7 +249,7 @@ async fn waiting_never_blocks_others_on(topology: Topology) {
     };
     let store = endpoint.open(&unique_prefix("tail")).await;
     let first = store
-        .append("tail", vec![b"first".to_vec()], None)
+        .append(&key("tail"), vec![b"first".to_vec()], None)
         .await
         .expect("append")[0];
     // Several tails wait at once on the same store handle...
@@ -228,7 +257,7 @@ async fn waiting_never_blocks_others_on(topology: Topology) {
     for _ in 0..3 {
         let tail = store.clone();
         waiting.push(tokio::spawn(async move {
-            tail.wait_after("tail", first, 10, Duration::from_secs(30))
+            tail.wait_after(&key("tail"), first, 10, Duration::from_secs(30))
                 .await
         }));
     }
@@ -237,11 +266,15 @@ async fn waiting_never_blocks_others_on(topology: Topology) {
     // empty.
     tokio::time::sleep(Duration::from_millis(50)).await;
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Overwrite))
+        .put(
+            &key("k"),
+            b"v".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect("put while others wait");
     store
-        .append("tail", vec![b"second".to_vec()], None)
+        .append(&key("tail"), vec![b"second".to_vec()], None)
         .await
         .expect("append while others wait");
     for tail in waiting {
@@ -269,14 +302,14 @@ async fn prefixes_isolate_stores_on_one_server() {
     let a = endpoint.open(&unique_prefix("a")).await;
     let b = endpoint.open(&unique_prefix("b")).await;
     a.put(
-        "shared/name",
+        &key("shared/name"),
         b"a".to_vec(),
         PutOptions::new(PutMode::Create),
     )
     .await
     .expect("put a");
     b.put(
-        "shared/name",
+        &key("shared/name"),
         b"b".to_vec(),
         PutOptions::new(PutMode::Create),
     )
@@ -284,7 +317,7 @@ async fn prefixes_isolate_stores_on_one_server() {
     .expect("the same key under another prefix is another key");
     assert_eq!(a.list("").await.expect("list"), vec!["shared/name"]);
     assert_eq!(
-        b.get("shared/name")
+        b.get(&key("shared/name"))
             .await
             .expect("get")
             .expect("present")
@@ -342,43 +375,64 @@ async fn extreme_arguments_neither_panic_nor_misread() {
     };
     let store = endpoint.open(&unique_prefix("extreme")).await;
     let seqs = store
-        .append("l", vec![b"a".to_vec(), b"b".to_vec()], Some(Duration::MAX))
+        .append(
+            &key("l"),
+            vec![b"a".to_vec(), b"b".to_vec()],
+            Some(Duration::MAX),
+        )
         .await
         .expect("a TTL too long for Redis is clamped");
     assert!(
         store
-            .read_after("l", u64::MAX, 10)
+            .read_after(&key("l"), u64::MAX, 10)
             .await
             .expect("read")
             .is_empty()
     );
-    assert!(store.read_after("l", 0, 0).await.expect("read").is_empty());
+    assert!(
+        store
+            .read_after(&key("l"), 0, 0)
+            .await
+            .expect("read")
+            .is_empty()
+    );
     // A tail with an endless timeout still returns what is there.
     let got = store
-        .wait_after("l", seqs[0], usize::MAX, Duration::MAX)
+        .wait_after(&key("l"), seqs[0], usize::MAX, Duration::MAX)
         .await
         .expect("wait");
     assert_eq!(got.len(), 1);
     let tail = store.clone();
     let waiting =
-        tokio::spawn(async move { tail.wait_after("l", seqs[1], 1, Duration::MAX).await });
+        tokio::spawn(async move { tail.wait_after(&key("l"), seqs[1], 1, Duration::MAX).await });
     store
-        .append("l", vec![b"c".to_vec()], None)
+        .append(&key("l"), vec![b"c".to_vec()], None)
         .await
         .expect("append");
     assert_eq!(waiting.await.expect("task").expect("wait")[0].data, b"c");
-    assert_eq!(store.trim("l", u64::MAX).await.expect("trim"), 3);
-    assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
+    assert_eq!(store.trim(&key("l"), u64::MAX).await.expect("trim"), 3);
+    assert!(
+        store
+            .read_after(&key("l"), 0, 10)
+            .await
+            .expect("read")
+            .is_empty()
+    );
     store
         .put(
-            "k",
+            &key("k"),
             b"v".to_vec(),
             PutOptions::new(PutMode::Create).with_ttl(Some(Duration::MAX)),
         )
         .await
         .expect("a TTL too long for Redis is clamped");
     assert_eq!(
-        store.get("k").await.expect("get").expect("present").value,
+        store
+            .get(&key("k"))
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
         b"v"
     );
 }
@@ -406,7 +460,7 @@ async fn a_log_lives_its_ttl_past_every_append() {
     let ttl = Duration::from_secs(8);
     for round in 0..20 {
         store
-            .append("events", vec![vec![round]], Some(ttl))
+            .append(&key("events"), vec![vec![round]], Some(ttl))
             .await
             .expect("append");
         let after_append = std::time::Instant::now();
@@ -437,15 +491,15 @@ async fn a_log_recreated_after_a_foreign_delete_keeps_an_expiry() {
     let mut conn = raw(&endpoint).await.expect("standalone");
     let ttl = Duration::from_secs(600);
     store
-        .append("events", vec![b"a".to_vec()], Some(ttl))
+        .append(&key("events"), vec![b"a".to_vec()], Some(ttl))
         .await
         .expect("first append");
     other
-        .delete_log("events")
+        .delete_log(&key("events"))
         .await
         .expect("delete from another store");
     let seqs = store
-        .append("events", vec![b"b".to_vec()], Some(ttl))
+        .append(&key("events"), vec![b"b".to_vec()], Some(ttl))
         .await
         .expect("append after the delete");
     assert_eq!(seqs, vec![1], "the log starts again after its delete");
@@ -454,7 +508,7 @@ async fn a_log_recreated_after_a_foreign_delete_keeps_an_expiry() {
         left > 0,
         "a log created again has no expiry (PTTL {left}); it would never be reclaimed"
     );
-    let records = store.read_after("events", 0, 10).await.expect("read");
+    let records = store.read_after(&key("events"), 0, 10).await.expect("read");
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].data, b"b");
 }

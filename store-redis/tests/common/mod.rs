@@ -8,13 +8,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use async_trait::async_trait;
-use mcp_persist_core::{
-    KvStore, LogStore, MemoryStore,
-    conformance::{KvFixture, LogFixture},
-};
 use mcp_persist_store_redis::RedisStore;
 
 pub const URL_VAR: &str = "MCP_PERSIST_REDIS_URL";
@@ -96,52 +91,21 @@ pub fn unique_prefix(what: &str) -> String {
     format!("test:{what}:{hex}:")
 }
 
-/// One store under test: a fresh key prefix on the shared server, opened
-/// anew (a new connection) on every call, as a restarted process would.
-/// When the server is not available outside CI, the suite runs on the
-/// memory store instead, after the notice printed by [`service_var`].
-pub enum RedisFixture {
-    Redis { endpoint: Endpoint, prefix: String },
-    Skipped(MemoryStore),
-}
-
-impl RedisFixture {
-    async fn open(&self) -> Option<RedisStore> {
-        match self {
-            RedisFixture::Redis { endpoint, prefix } => Some(endpoint.open(prefix).await),
-            RedisFixture::Skipped(_) => None,
-        }
-    }
-}
-
-pub async fn fixture(topology: Topology) -> RedisFixture {
-    match Endpoint::of(topology) {
-        Some(endpoint) => RedisFixture::Redis {
-            endpoint,
-            prefix: unique_prefix("conformance"),
-        },
-        None => RedisFixture::Skipped(MemoryStore::new()),
-    }
-}
-
-#[async_trait]
-impl KvFixture for RedisFixture {
-    async fn open_kv(&self) -> Arc<dyn KvStore> {
-        match (self.open().await, self) {
-            (Some(store), _) => Arc::new(store),
-            (None, RedisFixture::Skipped(memory)) => Arc::new(memory.clone()),
-            (None, RedisFixture::Redis { .. }) => unreachable!("a Redis fixture always opens"),
-        }
-    }
-}
-
-#[async_trait]
-impl LogFixture for RedisFixture {
-    async fn open_log(&self) -> Arc<dyn LogStore> {
-        match (self.open().await, self) {
-            (Some(store), _) => Arc::new(store),
-            (None, RedisFixture::Skipped(memory)) => Arc::new(memory.clone()),
-            (None, RedisFixture::Redis { .. }) => unreachable!("a Redis fixture always opens"),
-        }
-    }
+/// Opens a fresh store of the conformance suite: the topology's server
+/// under the place's own prefix. A missing server is a failure that says how
+/// to start one.
+pub async fn open_at(
+    topology: Topology,
+    place: mcp_persist_core::conformance::crash::Place,
+) -> Result<RedisStore, mcp_persist_core::Error> {
+    let var = match topology {
+        Topology::Standalone => URL_VAR,
+        Topology::Cluster => CLUSTER_VAR,
+    };
+    assert!(
+        std::env::var(var).is_ok_and(|v| !v.trim().is_empty()),
+        "{var} is not set: start Redis with `cargo xtask services` (or run `cargo xtask test`)"
+    );
+    let endpoint = Endpoint::of(topology).expect("checked above");
+    Ok(endpoint.open(&format!("test:{}:", place.name)).await)
 }
