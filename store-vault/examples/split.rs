@@ -29,9 +29,9 @@ use mcp_persist_store_vault::{
 #[derive(Debug)]
 pub(crate) struct Report {
     /// Keys in Secrets Manager under the example's prefix.
-    pub(crate) in_secrets_manager: Vec<String>,
+    pub(crate) in_secrets_manager: Vec<mcp_persist_core::Key>,
     /// Keys in SQLite.
-    pub(crate) in_sqlite: Vec<String>,
+    pub(crate) in_sqlite: Vec<mcp_persist_core::Key>,
 }
 
 /// Opens the split (credentials under `prefix` in Secrets Manager, the rest

@@ -115,6 +115,7 @@ use mcp_persist_core::{Error, KvStore, LogStore, Result, Stores};
 mod error;
 mod gate;
 mod names;
+mod opener;
 mod stamp;
 mod store;
 
@@ -123,12 +124,14 @@ pub use aws_config;
 /// The Secrets Manager client this crate was built with, to build one explicitly.
 pub use aws_sdk_secretsmanager;
 pub use error::{ServiceError, Throttled};
+pub use opener::SecretsManagerOpener;
 
 /// How long ago a record must have expired before
 /// [`Backend::sweep_expired`](mcp_persist_core::Backend::sweep_expired)
 /// removes its secret, unless
-/// [`SecretsManagerStoreBuilder::sweep_margin`] says otherwise.
-pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
+/// [`SecretsManagerStoreBuilder::sweep_margin`] says otherwise: the kit's
+/// margin.
+pub use mcp_persist_core::kit::SWEEP_MARGIN;
 
 /// The backend's name in errors and traces.
 pub const BACKEND: &str = "secrets-manager";

@@ -74,11 +74,9 @@ pub(crate) struct Stamp {
     predecessor: [u8; 6],
 }
 
-/// Milliseconds since the Unix epoch (0 for a clock before it).
+/// Milliseconds since the Unix epoch, by the kit's clock.
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    mcp_persist_core::kit::now().as_unix_millis()
 }
 
 /// Microseconds since the Unix epoch: the floor of every new counter, so
@@ -93,10 +91,10 @@ pub(crate) fn now_micros() -> u64 {
 pub(crate) fn expiry(ttl: Option<Duration>) -> u64 {
     match ttl {
         None => 0,
-        Some(ttl) => {
-            let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-            now_ms().saturating_add(ttl).clamp(1, MAX_EXPIRY_MS)
-        }
+        // The kit's rule: rounded up, so a record never expires early.
+        Some(ttl) => mcp_persist_core::kit::expires_at(ttl)
+            .as_unix_millis()
+            .clamp(1, MAX_EXPIRY_MS),
     }
 }
 

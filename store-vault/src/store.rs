@@ -9,8 +9,7 @@ use aws_sdk_secretsmanager::{
     types::{Filter, FilterNameStringType},
 };
 use mcp_persist_core::{
-    Backend, Error, KvEntry, KvStore, PutMode, PutOptions, Result, Version,
-    backend::{validate_key, validate_value},
+    Backend, Error, Key, KvEntry, KvStore, PutMode, PutOptions, Result, Version, kit::check_value,
 };
 use tracing::Instrument;
 
@@ -144,7 +143,6 @@ impl Inner {
 
     /// Reads and checks a key's live record.
     pub(crate) async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-        validate_key(key)?;
         let name = self.names.name_of(key);
         let out = match self
             .client
@@ -446,9 +444,9 @@ impl Inner {
         Ok(found)
     }
 
-    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         let now = now_ms();
-        let mut keys: Vec<String> = self
+        let mut keys: Vec<Key> = self
             .scan(prefix)
             .await?
             .into_iter()
@@ -458,7 +456,8 @@ impl Inner {
                 // reports it as the typed error it is.
                 Some(id) => Stamp::parse(key, id).map_or(true, |s| s.is_live(now)),
             })
-            .map(|(key, _, _)| key)
+            // A secret whose name maps to no valid key is not one of ours.
+            .filter_map(|(key, _, _)| Key::new(key).ok())
             .collect();
         keys.sort();
         keys.dedup();
@@ -534,15 +533,16 @@ impl KvStore for SecretsManagerStore {
         MAX_VALUE_BYTES
     }
 
-    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
+    async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
+        let key = key.as_str();
         let span = tracing::debug_span!("secrets_manager.get", key);
         self.inner.get(key).instrument(span).await
     }
 
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
-        validate_key(key)?;
-        validate_value(&value, MAX_VALUE_BYTES)?;
+        let key = key.as_str();
+        check_value(&value, MAX_VALUE_BYTES)?;
         let span = tracing::debug_span!("secrets_manager.put", key, ?mode, bytes = value.len());
         let inner = &self.inner;
         // A put never finds "nothing to do"; `None` is for deletes only.
@@ -574,8 +574,8 @@ impl KvStore for SecretsManagerStore {
         .await
     }
 
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
-        validate_key(key)?;
+    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
+        let key = key.as_str();
         let span = tracing::debug_span!("secrets_manager.delete", key, ?if_version);
         let deleted = self
             .inner
@@ -585,7 +585,7 @@ impl KvStore for SecretsManagerStore {
         Ok(deleted.is_some())
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         self.inner
             .list(prefix)
             .instrument(tracing::debug_span!("secrets_manager.list", prefix))

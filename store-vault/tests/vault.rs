@@ -4,6 +4,7 @@
 
 mod common;
 
+use mcp_persist_core::conformance::key;
 use std::{
     io::Write,
     sync::{
@@ -49,15 +50,19 @@ async fn values_up_to_64_kib_fit_and_one_byte_more_is_too_large() {
     assert_eq!(store.max_value_bytes(), 64 * 1024);
     let full: Vec<u8> = (0..MAX_VALUE_BYTES).map(|i| (i % 251) as u8).collect();
     let v = store
-        .put("full", full.clone(), PutOptions::new(PutMode::Create))
+        .put(&key("full"), full.clone(), PutOptions::new(PutMode::Create))
         .await
         .expect("a 64 KiB value fits");
-    let entry = store.get("full").await.expect("get").expect("present");
+    let entry = store
+        .get(&key("full"))
+        .await
+        .expect("get")
+        .expect("present");
     assert!(entry.value == full && entry.version == v);
 
     let err = store
         .put(
-            "over",
+            &key("over"),
             vec![7; MAX_VALUE_BYTES + 1],
             PutOptions::new(PutMode::Create),
         )
@@ -68,7 +73,7 @@ async fn values_up_to_64_kib_fit_and_one_byte_more_is_too_large() {
             if size == MAX_VALUE_BYTES + 1 && limit == MAX_VALUE_BYTES),
         "got {err:?}"
     );
-    assert!(store.get("over").await.expect("get").is_none());
+    assert!(store.get(&key("over")).await.expect("get").is_none());
 }
 
 #[tokio::test]
@@ -83,19 +88,22 @@ async fn throttling_is_retried_with_backoff_then_a_typed_error() {
         .await
         .expect("store");
     let v1 = store
-        .put("k", b"one".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"one".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
 
     // Fewer throttling answers than attempts: the SDK retries through them.
     proxy.throttle("GetSecretValue", 3);
-    let entry = store.get("k").await.expect("retried past throttling");
+    let entry = store.get(&key("k")).await.expect("retried past throttling");
     assert_eq!(entry.expect("present").value, b"one");
     assert_eq!(proxy.throttled(), 3);
 
     // Throttled on every attempt: a typed error naming the operation.
     proxy.throttle("GetSecretValue", 100);
-    let err = store.get("k").await.expect_err("throttled throughout");
+    let err = store
+        .get(&key("k"))
+        .await
+        .expect_err("throttled throughout");
     assert_eq!(proxy.throttled(), 4, "every attempt was made");
     let throttled = Throttled::find(&err).unwrap_or_else(|| panic!("not typed: {err:?}"));
     assert_eq!(throttled.operation(), "GetSecretValue");
@@ -105,7 +113,11 @@ async fn throttling_is_retried_with_backoff_then_a_typed_error() {
     // A throttled write changes nothing.
     proxy.throttle("PutSecretValue", 100);
     let err = store
-        .put("k", b"two".to_vec(), PutOptions::new(PutMode::Update(v1)))
+        .put(
+            &key("k"),
+            b"two".to_vec(),
+            PutOptions::new(PutMode::Update(v1)),
+        )
         .await
         .expect_err("throttled write");
     assert_eq!(
@@ -113,7 +125,7 @@ async fn throttling_is_retried_with_backoff_then_a_typed_error() {
         Some("PutSecretValue")
     );
     proxy.throttle("PutSecretValue", 0);
-    let entry = store.get("k").await.expect("get").expect("present");
+    let entry = store.get(&key("k")).await.expect("get").expect("present");
     assert_eq!((entry.value.as_slice(), entry.version), (&b"one"[..], v1));
 }
 
@@ -192,7 +204,7 @@ async fn no_token_text_in_logs_or_errors() {
         .into_bytes();
     errors.push(
         vault
-            .put("huge", huge, PutOptions::new(PutMode::Overwrite))
+            .put(&key("huge"), huge, PutOptions::new(PutMode::Overwrite))
             .await
             .expect_err("too large"),
     );
@@ -221,7 +233,7 @@ async fn no_token_text_in_logs_or_errors() {
         .send()
         .await
         .expect("create a foreign secret");
-    errors.push(vault.get("foreign").await.expect_err("corrupt"));
+    errors.push(vault.get(&key("foreign")).await.expect_err("corrupt"));
     // The service unreachable.
     let gone = SecretsManagerStore::builder(&prefix)
         .client(client("http://127.0.0.1:9"))
@@ -229,7 +241,7 @@ async fn no_token_text_in_logs_or_errors() {
         .build()
         .await
         .expect("store");
-    errors.push(gone.get("k").await.expect_err("unreachable"));
+    errors.push(gone.get(&key("k")).await.expect_err("unreachable"));
 
     assert!(
         matches!(errors[0], Error::Conflict { .. }),
@@ -420,20 +432,27 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
         .send()
         .await
         .expect("create");
-    let err = store.get("foreign").await.expect_err("foreign secret");
+    let err = store
+        .get(&key("foreign"))
+        .await
+        .expect_err("foreign secret");
     assert!(
         matches!(err, Error::Corrupt { ref key, .. } if key == "foreign"),
         "{err:?}"
     );
     assert_eq!(store.list("").await.expect("list"), vec!["foreign"]);
     let err = store
-        .put("foreign", b"x".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("foreign"),
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect_err("create over a foreign secret");
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err:?}");
     let err = store
         .put(
-            "foreign",
+            &key("foreign"),
             b"x".to_vec(),
             PutOptions::new(PutMode::Update(mcp_persist_core::Version::new(1))),
         )
@@ -451,7 +470,7 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
     // An explicit overwrite replaces it.
     store
         .put(
-            "foreign",
+            &key("foreign"),
             b"mine".to_vec(),
             PutOptions::new(PutMode::Overwrite),
         )
@@ -459,7 +478,7 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
         .expect("overwrite");
     assert_eq!(
         store
-            .get("foreign")
+            .get(&key("foreign"))
             .await
             .expect("get")
             .expect("present")
@@ -475,18 +494,22 @@ async fn secrets_not_written_by_this_store_are_typed_errors_and_kept() {
         .send()
         .await
         .expect("create");
-    let err = store.get("newer").await.expect_err("newer schema");
+    let err = store.get(&key("newer")).await.expect_err("newer schema");
     assert!(
         matches!(err, Error::NewerSchema { found: 2, .. }),
         "{err:?}"
     );
     let err = store
-        .put("newer", b"x".to_vec(), PutOptions::new(PutMode::Overwrite))
+        .put(
+            &key("newer"),
+            b"x".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect_err("overwrite of a newer record");
     assert!(matches!(err, Error::NewerSchema { .. }), "{err:?}");
     let err = store
-        .delete("newer", None)
+        .delete(&key("newer"), None)
         .await
         .expect_err("delete of a newer record");
     assert!(matches!(err, Error::NewerSchema { .. }), "{err:?}");
@@ -505,13 +528,22 @@ async fn long_keys_fit_secret_names_and_list_back() {
     ];
     for (i, key) in keys.iter().enumerate() {
         store
-            .put(key, vec![i as u8], PutOptions::new(PutMode::Create))
+            .put(
+                &mcp_persist_core::conformance::key(key),
+                vec![i as u8],
+                PutOptions::new(PutMode::Create),
+            )
             .await
             .expect("put");
     }
     for (i, key) in keys.iter().enumerate() {
         assert_eq!(
-            store.get(key).await.expect("get").expect("present").value,
+            store
+                .get(&mcp_persist_core::conformance::key(key))
+                .await
+                .expect("get")
+                .expect("present")
+                .value,
             vec![i as u8]
         );
     }
@@ -559,33 +591,41 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
         .expect("store");
     let expiring = store
         .put(
-            "expiring",
+            &key("expiring"),
             b"x".to_vec(),
             PutOptions::new(PutMode::Create).with_ttl(Some(Duration::from_millis(100))),
         )
         .await
         .expect("put");
     let deleted = store
-        .put("deleted", b"y".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("deleted"),
+            b"y".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     assert!(
         store
-            .delete("deleted", Some(deleted))
+            .delete(&key("deleted"), Some(deleted))
             .await
             .expect("delete")
     );
     store
-        .put("kept", b"z".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("kept"),
+            b"z".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
-    while store.get("expiring").await.expect("get").is_some() {
+    while store.get(&key("expiring")).await.expect("get").is_some() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(store.sweep_expired().await.expect("sweep"), 2);
     assert_eq!(store.sweep_expired().await.expect("sweep"), 0);
     assert_eq!(store.list("").await.expect("list"), vec!["kept"]);
-    assert!(store.get("deleted").await.expect("get").is_none());
+    assert!(store.get(&key("deleted")).await.expect("get").is_none());
     let described = client(&url)
         .describe_secret()
         .secret_id(format!("{prefix}deleted"))
@@ -600,7 +640,7 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
     // The keys can be written again, at greater versions than ever before.
     let again = store
         .put(
-            "deleted",
+            &key("deleted"),
             b"back".to_vec(),
             PutOptions::new(PutMode::Create),
         )
@@ -609,7 +649,7 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
     assert!(again > deleted);
     let again = store
         .put(
-            "expiring",
+            &key("expiring"),
             b"back".to_vec(),
             PutOptions::new(PutMode::Create),
         )
@@ -618,7 +658,7 @@ async fn sweep_removes_dead_secrets(deletion: Deletion) {
     assert!(again > expiring);
     assert_eq!(
         store
-            .get("deleted")
+            .get(&key("deleted"))
             .await
             .expect("get")
             .expect("back")
@@ -655,7 +695,11 @@ async fn overwrites_during_a_write_are_coalesced() {
         .await
         .expect("store");
     store
-        .put("token", b"0".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("token"),
+            b"0".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     let puts_before = proxy.count("PutSecretValue");
@@ -665,7 +709,11 @@ async fn overwrites_during_a_write_are_coalesced() {
         let store = store.clone();
         async move {
             store
-                .put("token", b"1".to_vec(), PutOptions::new(PutMode::Overwrite))
+                .put(
+                    &key("token"),
+                    b"1".to_vec(),
+                    PutOptions::new(PutMode::Overwrite),
+                )
                 .await
         }
     });
@@ -676,7 +724,7 @@ async fn overwrites_during_a_write_are_coalesced() {
         rest.push(tokio::spawn(async move {
             store
                 .put(
-                    "token",
+                    &key("token"),
                     i.to_string().into_bytes(),
                     PutOptions::new(PutMode::Overwrite),
                 )
@@ -699,7 +747,11 @@ async fn overwrites_during_a_write_are_coalesced() {
     distinct.sort();
     distinct.dedup();
     assert_eq!(distinct.len(), 16, "every overwrite has its own version");
-    let entry = store.get("token").await.expect("get").expect("present");
+    let entry = store
+        .get(&key("token"))
+        .await
+        .expect("get")
+        .expect("present");
     assert_eq!(entry.value, b"16");
     assert_eq!(Some(&entry.version), versions.iter().max());
 }
@@ -719,7 +771,7 @@ async fn retried_writes_are_idempotent() {
         .await
         .expect("store");
     let v1 = store
-        .put("k", b"one".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"one".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
 
@@ -727,7 +779,11 @@ async fn retried_writes_are_idempotent() {
     proxy.lose_answers("PutSecretValue", 1);
     let puts = proxy.count("PutSecretValue");
     let v2 = store
-        .put("k", b"two".to_vec(), PutOptions::new(PutMode::Update(v1)))
+        .put(
+            &key("k"),
+            b"two".to_vec(),
+            PutOptions::new(PutMode::Update(v1)),
+        )
         .await
         .expect("put through a lost answer");
     assert_eq!(proxy.count("PutSecretValue") - puts, 2, "sent twice");
@@ -735,11 +791,15 @@ async fn retried_writes_are_idempotent() {
     // label already moved, and the store recognises its own version.
     proxy.lose_answers("UpdateSecretVersionStage", 1);
     let v3 = store
-        .put("k", b"three".to_vec(), PutOptions::new(PutMode::Update(v2)))
+        .put(
+            &key("k"),
+            b"three".to_vec(),
+            PutOptions::new(PutMode::Update(v2)),
+        )
         .await
         .expect("put through a lost answer");
     assert!(v1 < v2 && v2 < v3);
-    let entry = store.get("k").await.expect("get").expect("present");
+    let entry = store.get(&key("k")).await.expect("get").expect("present");
     assert_eq!((entry.value.as_slice(), entry.version), (&b"three"[..], v3));
 
     let versions = client(&url)
@@ -770,7 +830,7 @@ async fn a_landed_write_overwritten_before_its_retry_still_succeeds() {
         .expect("store");
     let b = store(&url, &prefix).await;
     let v1 = a
-        .put("n", b"1".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("n"), b"1".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
 
@@ -779,16 +839,20 @@ async fn a_landed_write_overwritten_before_its_retry_still_succeeds() {
     let write = tokio::spawn({
         let a = a.clone();
         async move {
-            a.put("n", b"2".to_vec(), PutOptions::new(PutMode::Update(v1)))
-                .await
+            a.put(
+                &key("n"),
+                b"2".to_vec(),
+                PutOptions::new(PutMode::Update(v1)),
+            )
+            .await
         }
     });
     // The move landed, its answer was lost, and the retry is held.
     proxy.until_held().await;
-    let seen = b.get("n").await.expect("get").expect("present");
+    let seen = b.get(&key("n")).await.expect("get").expect("present");
     assert_eq!(seen.value, b"2");
     b.put(
-        "n",
+        &key("n"),
         b"3".to_vec(),
         PutOptions::new(PutMode::Update(seen.version)),
     )
@@ -800,7 +864,10 @@ async fn a_landed_write_overwritten_before_its_retry_still_succeeds() {
         .expect("task")
         .expect("the write landed, so it succeeded");
     assert_eq!(v2, seen.version);
-    assert_eq!(b.get("n").await.expect("get").expect("present").value, b"3");
+    assert_eq!(
+        b.get(&key("n")).await.expect("get").expect("present").value,
+        b"3"
+    );
 }
 
 /// Region, credentials and endpoint from the standard AWS environment
@@ -816,11 +883,16 @@ async fn configuration_from_the_standard_aws_environment() {
                 .await
                 .expect("from env");
             store
-                .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+                .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
                 .await
                 .expect("put");
             assert_eq!(
-                store.get("k").await.expect("get").expect("present").value,
+                store
+                    .get(&key("k"))
+                    .await
+                    .expect("get")
+                    .expect("present")
+                    .value,
                 b"v"
             );
             return;

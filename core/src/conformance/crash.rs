@@ -9,7 +9,7 @@
 //! needs.
 //!
 //! `MCP_PERSIST_KILLS` sets how many times the SIGKILL test kills a writer
-//! (default [`DEFAULT_KILLS`]). A longer run by hand, for one backend:
+//! (default [`DEFAULT_KILLS`], or what the backend's invocation says). A longer run by hand, for one backend:
 //!
 //! ```text
 //! MCP_PERSIST_KILLS=1000 cargo test -p mcp-persist-store-sqlite --release \
@@ -49,6 +49,7 @@ const COUNTER: &str = "crash/counter";
 const SHARED_COUNTER: &str = "crash/shared-counter";
 const LOGS: u64 = 4;
 const INCREMENTS: u64 = 100;
+const INCREMENTS_VAR: &str = "MCP_PERSIST_CONFORMANCE_INCREMENTS";
 const INCREMENT_TASKS: u64 = 4;
 /// How many rounds of eight simultaneous first opens.
 pub const OPEN_ROUNDS: usize = 20;
@@ -173,7 +174,13 @@ pub fn child_main(open: &Opener) -> bool {
     let rt = runtime();
     match role.as_str() {
         "crash" => rt.block_on(crash_loop(open(place))),
-        "increment" => rt.block_on(increment_loop(open(place))),
+        "increment" => {
+            let increments = std::env::var(INCREMENTS_VAR)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(INCREMENTS);
+            rt.block_on(increment_loop(open(place), increments));
+        }
         "open" => open_child(&rt, open, place),
         other => panic!("unknown child role {other:?}"),
     }
@@ -347,8 +354,8 @@ impl Acks {
     }
 }
 
-/// The kill count: `MCP_PERSIST_KILLS` if set, else [`DEFAULT_KILLS`].
-pub fn kills() -> u32 {
+/// The kill count: `MCP_PERSIST_KILLS` if set, else `default`.
+pub fn kills(default: u32) -> u32 {
     match std::env::var(KILLS_VAR) {
         Ok(n) => n
             .trim()
@@ -356,7 +363,7 @@ pub fn kills() -> u32 {
             .ok()
             .filter(|n| *n > 0)
             .unwrap_or_else(|| panic!("{KILLS_VAR}={n:?} is not a positive integer")),
-        Err(std::env::VarError::NotPresent) => DEFAULT_KILLS,
+        Err(std::env::VarError::NotPresent) => default,
         Err(e) => panic!("{KILLS_VAR}: {e}"),
     }
 }
@@ -364,16 +371,21 @@ pub fn kills() -> u32 {
 /// Starts this test binary again as a child running `child_test` in `role`
 /// at `place`.
 fn spawn_child(child_test: &str, role: &str, place: &Place) -> Child {
-    Command::new(std::env::current_exe().expect("path of the test binary"))
-        .args(["--exact", child_test, "--nocapture", "--test-threads=1"])
+    spawn_command(child_test, role, place)
+        .spawn()
+        .expect("spawn the child process")
+}
+
+fn spawn_command(child_test: &str, role: &str, place: &Place) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().expect("path of the test binary"));
+    cmd.args(["--exact", child_test, "--nocapture", "--test-threads=1"])
         .env(ROLE_VAR, role)
         .env(DIR_VAR, &place.dir)
         .env(NAME_VAR, &place.name)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn the child process")
+        .stderr(Stdio::inherit());
+    cmd
 }
 
 /// The name libtest knows a test by, from its `module_path!()` and name: the
@@ -400,11 +412,12 @@ fn assert_killed(status: std::process::ExitStatus) {
 
 /// A writer (one task incrementing a counter by compare-and-swap, four
 /// appending to their own logs, synced and unsynced) is killed with SIGKILL
-/// at a random instant, [`kills`] times; after each kill the store, opened
-/// afresh, holds every acknowledged write, in order, and nothing unreadable.
-pub fn sigkill_loses_no_acknowledged_write(open: &Opener, child_test: &str) {
+/// at a random instant, [`kills`] times (`default_kills` unless
+/// `MCP_PERSIST_KILLS` says); after each kill the store, opened afresh,
+/// holds every acknowledged write, in order, and nothing unreadable.
+pub fn sigkill_loses_no_acknowledged_write(open: &Opener, child_test: &str, default_kills: u32) {
     const BUDGET_PER_KILL: Duration = Duration::from_millis(3000);
-    let kills = kills();
+    let kills = kills(default_kills);
     let budget = BUDGET_PER_KILL * kills;
     let (place, _guard) = Place::fresh();
     let rt = runtime();
@@ -468,7 +481,7 @@ pub fn sigkill_loses_no_acknowledged_write(open: &Opener, child_test: &str) {
     );
 }
 
-async fn increment_loop(opened: impl Future<Output = Opened>) {
+async fn increment_loop(opened: impl Future<Output = Opened>, increments: u64) {
     let store = opened.await;
     let mut tasks = Vec::new();
     for _ in 0..INCREMENT_TASKS {
@@ -476,7 +489,7 @@ async fn increment_loop(opened: impl Future<Output = Opened>) {
         tasks.push(tokio::spawn(async move {
             let counter = key(SHARED_COUNTER);
             let mut done = 0;
-            while done < INCREMENTS {
+            while done < increments {
                 let current = kv.get(&counter).await.expect("get");
                 let (n, mode) = match &current {
                     Some(entry) => (parse_counter(&entry.value), PutMode::Update(entry.version)),
@@ -503,12 +516,18 @@ async fn increment_loop(opened: impl Future<Output = Opened>) {
     println!("DONE");
 }
 
-/// Two processes, four tasks each, increment one key by compare-and-swap;
-/// the key ends at exactly the number of increments.
-pub fn two_processes_increment_exact(open: &Opener, child_test: &str) {
+/// Two processes, four tasks each, increment one key by compare-and-swap
+/// (`increments` times per task, at most 100); the key ends at exactly the
+/// number of increments.
+pub fn two_processes_increment_exact(open: &Opener, child_test: &str, increments: u64) {
+    let increments = increments.clamp(1, INCREMENTS);
     let (place, _guard) = Place::fresh();
     let children: Vec<Child> = (0..2)
-        .map(|_| spawn_child(child_test, "increment", &place))
+        .map(|_| {
+            let mut cmd = spawn_command(child_test, "increment", &place);
+            cmd.env(INCREMENTS_VAR, increments.to_string());
+            cmd.spawn().expect("spawn the child process")
+        })
         .collect();
     for child in children {
         let out = child.wait_with_output().expect("wait for the child");
@@ -528,7 +547,7 @@ pub fn two_processes_increment_exact(open: &Opener, child_test: &str) {
         .block_on(store.kv.get(&key(SHARED_COUNTER)))
         .expect("read the counter")
         .map(|e| parse_counter(&e.value));
-    assert_eq!(value, Some(2 * INCREMENT_TASKS * INCREMENTS));
+    assert_eq!(value, Some(2 * INCREMENT_TASKS * increments));
 }
 
 /// The child of [`processes_open_one_new_store_at_once`]: waits for the start

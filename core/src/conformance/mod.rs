@@ -157,24 +157,41 @@ impl LogFixture for MemoryFixture {
 /// ```
 ///
 /// `backend_conformance!(kv_only, open: …)` is the same for a backend without logs
-/// (the key-value, key-value typed and crash suites).
+/// (the key-value, key-value typed and crash suites). A trailing `kills: N`
+/// sets how many writers the SIGKILL test kills by default, and how many
+/// increments (at most 100) each task of the two-process race makes: a
+/// slow emulated service wants fewer (`MCP_PERSIST_KILLS` overrides the
+/// kills).
 #[macro_export]
 macro_rules! backend_conformance {
-    (open: $open:expr $(,)?) => {
-        $crate::__conformance_suite!(both, $open; kv log);
+    (open: $open:expr $(, kills: $kills:expr)? $(,)?) => {
+        $crate::__conformance_suite!(both, $open, $crate::__kills!($($kills)?); kv log);
     };
-    (kv_only, open: $open:expr $(,)?) => {
-        $crate::__conformance_suite!(kv, $open; kv);
+    (kv_only, open: $open:expr $(, kills: $kills:expr)? $(,)?) => {
+        $crate::__conformance_suite!(kv, $open, $crate::__kills!($($kills)?); kv);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kills {
+    () => {
+        $crate::conformance::crash::DEFAULT_KILLS
+    };
+    ($kills:expr) => {
+        $kills
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_suite {
-    ($wrap:ident, $open:expr; $($suite:ident)+) => {
+    ($wrap:ident, $open:expr, $kills:expr; $($suite:ident)+) => {
         mod conformance_suite {
             #[allow(unused_imports)]
             use super::*;
+
+            const KILLS: u32 = $kills;
 
             fn opener() -> $crate::conformance::crash::Opener {
                 $crate::conformance::__opener($open, $crate::conformance::crash::Opened::$wrap)
@@ -199,6 +216,7 @@ macro_rules! __conformance_suite {
                 $crate::conformance::crash::sigkill_loses_no_acknowledged_write(
                     &opener(),
                     &$crate::conformance::crash::test_name(module_path!(), "crash_child"),
+                    KILLS,
                 );
             }
 
@@ -215,6 +233,7 @@ macro_rules! __conformance_suite {
                 $crate::conformance::crash::two_processes_increment_exact(
                     &opener(),
                     &$crate::conformance::crash::test_name(module_path!(), "crash_child"),
+                    u64::from(KILLS).min(100),
                 );
             }
         }

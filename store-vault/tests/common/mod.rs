@@ -19,8 +19,6 @@ use std::{
     time::Duration,
 };
 
-use async_trait::async_trait;
-use mcp_persist_core::{KvStore, MemoryStore, conformance::KvFixture};
 use mcp_persist_store_vault::{
     SecretsManagerStore, SecretsManagerStoreBuilder,
     aws_sdk_secretsmanager::{
@@ -94,33 +92,19 @@ pub async fn store(endpoint: &str, prefix: &str) -> SecretsManagerStore {
         .unwrap_or_else(|e| panic!("building the store failed: {e}"))
 }
 
-/// One store under test: a fresh prefix on the shared moto, opened anew (a
-/// new client) on every call, as a restarted process would. When moto is
-/// not available outside CI, the suite runs on the memory store instead,
-/// after the notice printed by [`moto_url`].
-pub enum VaultFixture {
-    Moto { url: String, prefix: String },
-    Skipped(MemoryStore),
-}
-
-pub async fn fixture() -> VaultFixture {
-    match moto_url() {
-        Some(url) => VaultFixture::Moto {
-            url,
-            prefix: unique_prefix("conformance"),
-        },
-        None => VaultFixture::Skipped(MemoryStore::new()),
-    }
-}
-
-#[async_trait]
-impl KvFixture for VaultFixture {
-    async fn open_kv(&self) -> Arc<dyn KvStore> {
-        match self {
-            VaultFixture::Moto { url, prefix } => Arc::new(store(url, prefix).await),
-            VaultFixture::Skipped(memory) => Arc::new(memory.clone()),
-        }
-    }
+/// Opens a fresh store of the conformance suite on moto, under the place's
+/// own prefix. A missing moto is a failure that says how to start it.
+pub async fn open_at(
+    place: mcp_persist_core::conformance::crash::Place,
+) -> Result<SecretsManagerStore, mcp_persist_core::Error> {
+    let url = std::env::var(URL_VAR).unwrap_or_default();
+    assert!(
+        !url.trim().is_empty(),
+        "{URL_VAR} is not set: start moto with `cargo xtask services` (or run `cargo xtask test`)"
+    );
+    builder(url.trim(), &format!("test/{}/", place.name))
+        .build()
+        .await
 }
 
 /// A loopback HTTP proxy in front of moto that answers calls of one

@@ -1,0 +1,106 @@
+//! `secretsmanager://` URLs, for the [registry](mcp_persist_core::registry).
+
+use async_trait::async_trait;
+use aws_sdk_secretsmanager::{
+    Client, Config,
+    config::{BehaviorVersion, Credentials, Region},
+};
+use mcp_persist_core::{
+    Error, Result,
+    registry::{OpenOptions, OpenedStore, Opener, StoreUrl},
+};
+
+use crate::SecretsManagerStore;
+
+/// Opens `secretsmanager://REGION?prefix=P[&endpoint=URL]`: the secrets named
+/// `P…` in one region (key-value only).
+///
+/// Credentials come from the AWS default chain (environment, profile,
+/// instance role). With `endpoint` (a local emulator such as moto), the
+/// credentials are `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` from the
+/// environment. Tools open without the write rate limit of an application
+/// (they run alone, briefly); opening writes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SecretsManagerOpener;
+
+fn usage(url: &StoreUrl, why: impl std::fmt::Display) -> Error {
+    Error::invalid("store URL", format!("`{url}`: {why}"))
+}
+
+#[async_trait]
+impl Opener for SecretsManagerOpener {
+    fn schemes(&self) -> &'static [&'static str] {
+        &["secretsmanager"]
+    }
+
+    fn forms(&self) -> &'static str {
+        "secretsmanager://REGION?prefix=P[&endpoint=URL]
+                                    AWS Secrets Manager (key-value only; endpoint
+                                    overrides the service address, e.g. for moto)"
+    }
+
+    async fn open(&self, url: &StoreUrl, _options: OpenOptions) -> Result<OpenedStore> {
+        let rest = url
+            .rest()
+            .strip_prefix("//")
+            .ok_or_else(|| usage(url, "write secretsmanager://REGION?prefix=P"))?;
+        let (region, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let region = region.trim_end_matches('/');
+        if region.is_empty() {
+            return Err(usage(
+                url,
+                "names no region; write secretsmanager://REGION?prefix=P",
+            ));
+        }
+        let (mut prefix, mut endpoint) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("prefix", p)) => prefix = Some(p.to_owned()),
+                Some(("endpoint", e)) => endpoint = Some(e.to_owned()),
+                _ => {
+                    return Err(usage(
+                        url,
+                        format!("unknown option `{pair}`; known: prefix, endpoint"),
+                    ));
+                }
+            }
+        }
+        let prefix = prefix.ok_or_else(|| {
+            usage(
+                url,
+                format!("names no prefix; write secretsmanager://{region}?prefix=P (the prefix the application uses)"),
+            )
+        })?;
+        let client = match endpoint {
+            Some(endpoint) => {
+                let key = std::env::var("AWS_ACCESS_KEY_ID").map_err(|_| {
+                    usage(
+                        url,
+                        "with endpoint= it needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment (any value for a local emulator)",
+                    )
+                })?;
+                let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default();
+                let config = Config::builder()
+                    .behavior_version(BehaviorVersion::latest())
+                    .region(Region::new(region.to_owned()))
+                    .credentials_provider(Credentials::new(key, secret, None, None, "env"))
+                    .endpoint_url(endpoint)
+                    .build();
+                Client::from_conf(config)
+            }
+            None => {
+                let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                    .region(Region::new(region.to_owned()))
+                    .load()
+                    .await;
+                Client::new(&config)
+            }
+        };
+        let store = SecretsManagerStore::builder(prefix)
+            .client(client)
+            .max_writes_per_second(None)
+            .build()
+            .await?;
+        Ok(OpenedStore::kv_only(store, url))
+    }
+}
