@@ -32,6 +32,7 @@
 
 mod binding;
 pub mod bus;
+pub mod capability;
 mod event_store;
 mod instance;
 mod manager;
@@ -42,8 +43,9 @@ use std::{sync::Arc, time::Duration};
 
 pub use binding::{Principal, SessionBinding, SessionBindingLayer};
 pub use bus::FleetBus;
+pub use capability::{ClientFeature, MissingClientCapability};
 pub use event_store::DurableEventStore;
-pub use manager::{DurableSessionManager, SessionManagerError};
+pub use manager::{DurableSessionManager, SessionManagerError, SessionTransport};
 use mcp_persist_core::{EventLogConfig, Result, Stores};
 pub use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::SessionConfig,
