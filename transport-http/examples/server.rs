@@ -733,9 +733,17 @@ impl Options {
                 "--strict-sessions" => o.strict_sessions = true,
                 "--pipelined-events" => o.pipelined_events = true,
                 "--written-events" => o.written_events = true,
-                "--port" | "--backend" | "--store" | "--redis-prefix" | "--idle-ttl-ms"
-                | "--sse-retry-ms" | "--tail-idle-ms" | "--event-retention-ms" | "--event-max"
-                | "--liveness-grace-ms" | "--runs-file" => {
+                "--port"
+                | "--backend"
+                | "--store"
+                | "--redis-prefix"
+                | "--idle-ttl-ms"
+                | "--sse-retry-ms"
+                | "--tail-idle-ms"
+                | "--event-retention-ms"
+                | "--event-max"
+                | "--liveness-grace-ms"
+                | "--runs-file" => {
                     let value = args
                         .next()
                         .with_context(|| format!("{flag} needs a value"))?;

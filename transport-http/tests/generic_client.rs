@@ -191,9 +191,7 @@ struct Answering;
 
 impl ClientHandler for Answering {
     fn get_info(&self) -> ClientConfig {
-        let capabilities = ClientCapabilities::builder()
-            .enable_elicitation()
-            .build();
+        let capabilities = ClientCapabilities::builder().enable_elicitation().build();
         ClientConfig::new(capabilities, Implementation::new("answering-client", "2.0"))
     }
 
@@ -321,8 +319,8 @@ async fn the_handler_sees_the_requests_own_client() -> anyhow::Result<()> {
             json!({"name": "whoami", "arguments": {}}),
         )
         .await?;
-        let who: Value = serde_json::from_str(&text_of(&answer))
-            .with_context(|| format!("whoami: {answer}"))?;
+        let who: Value =
+            serde_json::from_str(&text_of(&answer)).with_context(|| format!("whoami: {answer}"))?;
         assert_eq!(who["client"], client, "{who}");
         assert_eq!(who["clientVersion"], "9.9", "{who}");
         assert_eq!(who["capabilities"], caps, "{who}");
@@ -377,7 +375,8 @@ async fn the_example_names_itself_and_needs_no_progress_token() -> anyhow::Resul
     assert_eq!(info["name"], "mcp-persist-example-server", "{init}");
     assert_eq!(info["version"], env!("CARGO_PKG_VERSION"), "{init}");
 
-    let args = json!({"name": "slow_progress", "arguments": {"count": 3, "delay_ms": 1, "tag": "quiet"}});
+    let args =
+        json!({"name": "slow_progress", "arguments": {"count": 3, "delay_ms": 1, "tag": "quiet"}});
     let answer = legacy(&http, &fleet.b, &session, "tools/call", args.clone()).await?;
     assert_eq!(text_of(&answer), "done quiet", "{answer}");
     let answer = modern(&http, &fleet.b, "t", json!({}), "tools/call", args).await?;
@@ -425,8 +424,8 @@ fn the_example_has_a_help_listing_its_flags() {
         demo::Options::parse(args.clone())
             .unwrap_or_else(|e| panic!("--help lists {args:?}, which does not parse: {e:#}"));
     }
-    let bad = demo::Options::parse(["--port".to_owned(), "eighty".to_owned()])
-        .expect_err("not a number");
+    let bad =
+        demo::Options::parse(["--port".to_owned(), "eighty".to_owned()]).expect_err("not a number");
     assert!(format!("{bad:#}").contains("--port"), "{bad:#}");
     let unknown = demo::Options::parse(["--bogus".to_owned()]).expect_err("unknown");
     assert!(format!("{unknown:#}").contains("--bogus"), "{unknown:#}");

@@ -139,7 +139,11 @@ async fn a_silent_resumed_stream_keeps_the_clients_place_on_any_instance() -> an
         )
         .send()
         .await?;
-    anyhow::ensure!(response.status() == 200, "call answered {}", response.status());
+    anyhow::ensure!(
+        response.status() == 200,
+        "call answered {}",
+        response.status()
+    );
     let mut buffer = String::new();
     let first = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -202,10 +206,7 @@ async fn a_silent_resumed_stream_keeps_the_clients_place_on_any_instance() -> an
         }
     }
     let answer = answer.context("the answer never arrived")?;
-    assert_eq!(
-        answer["result"]["content"][0]["text"], "done p",
-        "{answer}"
-    );
+    assert_eq!(answer["result"]["content"][0]["text"], "done p", "{answer}");
     assert_eq!(
         progress,
         vec![json!(1.0), json!(2.0), json!(3.0), json!(4.0)],

@@ -271,7 +271,9 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
             ],
             "the TypeScript client",
         )?;
-        println!("==> MCP Inspector {INSPECTOR_VERSION} CLI against C and D behind a round-robin proxy");
+        println!(
+            "==> MCP Inspector {INSPECTOR_VERSION} CLI against C and D behind a round-robin proxy"
+        );
         run_script(
             &installed.node,
             &installed.inspector_driver,

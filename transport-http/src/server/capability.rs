@@ -26,9 +26,9 @@
 use rmcp::{
     ErrorData, ServiceError,
     model::{
-        CallToolResult, ClientCapabilities, ContentBlock, ElicitRequestParams, ElicitationCapability,
-        ErrorCode, InputRequest, RootsCapabilities, SamplingCapability, ServerRequest,
-        UrlElicitationCapability,
+        CallToolResult, ClientCapabilities, ContentBlock, ElicitRequestParams,
+        ElicitationCapability, ErrorCode, InputRequest, RootsCapabilities, SamplingCapability,
+        ServerRequest, UrlElicitationCapability,
     },
     task_manager::TaskExit,
 };
@@ -279,7 +279,9 @@ mod tests {
         assert!(!ClientFeature::UrlElicitation.declared_in(&bare));
         assert!(ClientFeature::UrlElicitation.declared_in(&url_only));
         assert!(!ClientFeature::Elicitation.declared_in(&url_only));
-        assert!(ClientFeature::UrlElicitation.declared_in(&ClientFeature::UrlElicitation.required()));
+        assert!(
+            ClientFeature::UrlElicitation.declared_in(&ClientFeature::UrlElicitation.required())
+        );
         assert!(ClientFeature::SamplingTools.declared_in(&ClientFeature::SamplingTools.required()));
     }
 
@@ -291,7 +293,10 @@ mod tests {
                 .expect("error");
         assert_eq!(wire.code.0, -32021);
         assert!(wire.message.contains("elicitation"), "{}", wire.message);
-        assert_eq!(MissingClientCapability::from_error_data(&wire), Some(missing));
+        assert_eq!(
+            MissingClientCapability::from_error_data(&wire),
+            Some(missing)
+        );
         assert_eq!(
             MissingClientCapability::from_error_data(&ErrorData::internal_error("x", None)),
             None

@@ -14,8 +14,8 @@ use rmcp::{
     transport::{
         Transport,
         streamable_http_server::session::{
-        RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
-        local::{LocalSessionManager, LocalSessionManagerError, SessionConfig},
+            RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+            local::{LocalSessionManager, LocalSessionManagerError, SessionConfig},
         },
     },
 };
@@ -124,9 +124,10 @@ impl Transport<RoleServer> for SessionTransport {
             // Before `initialize` nothing is declared yet, and a server has
             // no business asking anything.
             let declared = self.declared.clone().unwrap_or_default();
-            if let Err(missing) =
-                MissingClientCapability::check(&declared, ClientFeature::of_request(&request.request))
-            {
+            if let Err(missing) = MissingClientCapability::check(
+                &declared,
+                ClientFeature::of_request(&request.request),
+            ) {
                 warn!(
                     request = %request.id,
                     capability = missing.feature().capability(),
