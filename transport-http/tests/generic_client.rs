@@ -430,3 +430,147 @@ fn the_example_has_a_help_listing_its_flags() {
     let unknown = demo::Options::parse(["--bogus".to_owned()]).expect_err("unknown");
     assert!(format!("{unknown:#}").contains("--bogus"), "{unknown:#}");
 }
+
+/// A server whose one tool runs `ask_later` as a resumable task: the first
+/// run waits, a run taken over by another instance asks the client for
+/// elicitation.
+#[derive(Clone)]
+struct TakeoverHandler {
+    tasks: mcp_persist_transport_http::server::DurableTasks,
+}
+
+impl rmcp::ServerHandler for TakeoverHandler {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(
+            rmcp::model::ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+    }
+
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let created = self
+            .tasks
+            .spawn_resumable(
+                &context,
+                rmcp::task_manager::TaskOptions::default(),
+                "ask_later",
+                json!({}),
+            )
+            .await?;
+        Ok(rmcp::model::CallToolResponse::Task(created))
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        self.tasks.get_task(request, &context).await
+    }
+}
+
+async fn takeover_instance(
+    stores: Stores,
+) -> anyhow::Result<(
+    String,
+    mcp_persist_transport_http::server::DurableTasks,
+    tokio::task::JoinHandle<()>,
+)> {
+    let server = mcp_persist_transport_http::server::DurableServer::builder(stores)
+        .liveness_grace(Duration::from_millis(300))
+        .build()?;
+    let tasks = server
+        .tasks()
+        .resumable("ask_later", |cx, _args| {
+            Box::pin(async move {
+                if cx.generation() == 1 {
+                    // The first run never asks: it waits to be taken over.
+                    std::future::pending::<()>().await;
+                }
+                let request = serde_json::from_value(json!({
+                    "method": "elicitation/create",
+                    "params": {"message": "Name?", "requestedSchema": {"type": "object", "properties": {}}}
+                }))
+                .map_err(|e| {
+                    rmcp::task_manager::TaskExit::Error(ErrorData::internal_error(
+                        e.to_string(),
+                        None,
+                    ))
+                })?;
+                cx.request_input("name", request).await?;
+                Ok(rmcp::model::CallToolResult::success(vec![]))
+            })
+        })
+        .start()
+        .await?;
+    let handler = TakeoverHandler {
+        tasks: tasks.clone(),
+    };
+    let router =
+        axum::Router::new().nest_service("/mcp", server.service(move || Ok(handler.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((url, tasks, task))
+}
+
+/// The capabilities a client declared travel with its task: when the
+/// instance running it stops and another instance runs it again, that run's
+/// request for an undeclared capability is refused there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_taken_over_by_another_instance_knows_what_the_client_declared() -> anyhow::Result<()>
+{
+    let stores = Stores::new(MemoryStore::new());
+    let (a, tasks_a, serve_a) = takeover_instance(stores.clone()).await?;
+    let (b, _tasks_b, _serve_b) = takeover_instance(stores).await?;
+    let http = reqwest::Client::new();
+    let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let created = modern(
+        &http,
+        &a,
+        "tasks-only",
+        caps.clone(),
+        "tools/call",
+        json!({"name": "ask_later", "arguments": {}}),
+    )
+    .await?;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("not a task: {created}"))?
+        .to_owned();
+    // A stops: its lease is released, B takes the task over on a poll.
+    tasks_a.shutdown().await;
+    serve_a.abort();
+    let started = std::time::Instant::now();
+    let failed = loop {
+        let got = modern(
+            &http,
+            &b,
+            "tasks-only",
+            caps.clone(),
+            "tasks/get",
+            json!({"taskId": task}),
+        )
+        .await?;
+        let status = got["result"]["status"].as_str().unwrap_or_default();
+        assert_ne!(status, "input_required", "{got}");
+        if status == "failed" {
+            break got;
+        }
+        anyhow::ensure!(
+            started.elapsed() < AT_ONCE,
+            "the task was not taken over and refused within {AT_ONCE:?}: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(failed["result"]["error"]["code"], -32021, "{failed}");
+    Ok(())
+}
