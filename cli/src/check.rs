@@ -71,7 +71,7 @@ impl EventOrder {
         if let Some(what) = what {
             if let Some(first) = self.once.get(bytes) {
                 return Some(format!(
-                    "duplicate of record #{first} ({what}): the same message stored twice, as two copies into one store at once left it; delete the stream with `mcp-persist rm` and copy it again"
+                    "duplicate of record #{first} ({what}): the same message stored twice; delete its stream with `mcp-persist rm` and copy it again from its source"
                 ));
             }
             self.once.insert(bytes.to_vec(), seq);

@@ -15,6 +15,7 @@
 
 use std::{
     fs::File,
+    mem::ManuallyDrop,
     path::Path,
     sync::{
         Arc,
@@ -47,8 +48,11 @@ pub(crate) struct DestLock {
 enum Held {
     /// A file-store folder.
     Folder(File),
-    /// A SQLite database file.
-    Database(File),
+    /// A SQLite database file. Closing any descriptor of the database
+    /// drops every POSIX lock this process holds on it, SQLite's own
+    /// included; this one therefore stays open until the process ends,
+    /// when SQLite's go too.
+    Database(ManuallyDrop<File>),
     /// A Redis key, renewed by a task until released.
     Redis(RedisLock),
 }
@@ -119,7 +123,9 @@ impl DestLock {
         let label = &backend.label;
         let held = match (&backend.location, &backend.redis_prefix) {
             (Location::File(dir), _) => Held::Folder(flock(dir, label, false).await?),
-            (Location::Sqlite(path), _) => Held::Database(flock(path, label, true).await?),
+            (Location::Sqlite(path), _) => {
+                Held::Database(ManuallyDrop::new(flock(path, label, true).await?))
+            }
             (Location::Redis { urls, cluster, .. }, Some(prefix)) => {
                 Held::Redis(RedisLock::acquire(urls, *cluster, prefix, label).await?)
             }
@@ -141,11 +147,8 @@ impl DestLock {
     pub(crate) async fn release(self) {
         match self.held {
             Held::Folder(file) => drop(file),
-            // Closing any descriptor of the database drops every POSIX lock
-            // this process holds on it, SQLite's own included; the
-            // descriptor therefore stays open until the process ends, when
-            // SQLite's go too.
-            Held::Database(file) => std::mem::forget(file),
+            // Given back when the process ends (see `Held::Database`).
+            Held::Database(_) => {}
             Held::Redis(lock) => lock.release().await,
         }
     }

@@ -163,3 +163,127 @@ async fn a_damaged_sqlite_file_is_named_as_a_file() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The fields the README's "JSON output" table documents for each command.
+fn documented_json_fields() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>>
+{
+    let readme = include_str!("../README.md");
+    let section = readme
+        .split("## JSON output")
+        .nth(1)
+        .expect("the README documents --json")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default();
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 1)
+            .map(|(_, t)| t.to_owned())
+            .collect()
+    };
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|line| {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let command = ticked(cells[0]).remove(0);
+            (command, ticked(cells[1]).into_iter().collect())
+        })
+        .collect()
+}
+
+/// The keys of a JSON object, or of the first object of an array.
+fn fields(value: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    let object = match value {
+        serde_json::Value::Array(rows) => {
+            rows.first().unwrap_or_else(|| panic!("no rows: {value}"))
+        }
+        other => other,
+    };
+    object
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {value}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let (server, client) = (filled.server_store.as_str(), filled.client_store.as_str());
+    let server_stores = open_local(server).await?;
+    let task = mcp_persist_core::TaskRecord::new(
+        mcp_persist_core::TaskId::new("task-json")?,
+        Some("alice".into()),
+        mcp_persist_core::TaskOwner::new(
+            "instance-1",
+            1,
+            mcp_persist_core::Timestamp::now().plus(std::time::Duration::from_secs(30)),
+        ),
+    );
+    server_stores.tasks()?.create(&task).await?;
+    server_stores
+        .shared_keys()
+        .get_or_create("request-state")
+        .await?;
+    let stream = filled
+        .raw_events
+        .last()
+        .and_then(|id| id.splitn(3, '-').nth(2))
+        .expect("token-seq-stream");
+    let session = format!("server/session/{}", filled.raw_session);
+    let log = format!("server/events/{stream}");
+    let copy_dest = format!("sqlite:{}", dir.path().join("copy.db").display());
+    let file_store = format!("file:{}", dir.path().join("files").display());
+    cli_expect(&["copy", server, &file_store], 0);
+
+    let runs: Vec<(&str, Vec<&str>, i32)> = vec![
+        ("ls sessions", vec!["ls", server, "sessions"], 0),
+        ("ls events", vec!["ls", server, "events"], 0),
+        ("ls clients", vec!["ls", client, "clients"], 0),
+        ("ls credentials", vec!["ls", client, "credentials"], 0),
+        ("ls tasks", vec!["ls", server, "tasks"], 0),
+        ("ls keys", vec!["ls", server, "keys"], 0),
+        ("show KEY", vec!["show", server, &session], 0),
+        ("show LOG", vec!["show", server, &log], 0),
+        ("stats", vec!["stats", server], 0),
+        ("check", vec!["check", server], 0),
+        ("rm --dry-run", vec!["rm", server, &session, "--dry-run"], 0),
+        ("gc --dry-run", vec!["gc", client, "--dry-run"], 0),
+        ("copy", vec!["copy", "--dry-run", server, &copy_dest], 0),
+        ("copy", vec!["copy", server, &copy_dest], 0),
+        (
+            "quarantine",
+            vec!["quarantine", &file_store, "server/events/none"],
+            6,
+        ),
+        ("rm", vec!["rm", server, &session], 0),
+        ("gc", vec!["gc", client], 0),
+    ];
+    let documented = documented_json_fields();
+    let mut seen = std::collections::BTreeSet::new();
+    for (command, args, code) in runs {
+        let mut with_json = vec!["--json"];
+        with_json.extend(args);
+        let out = cli(&with_json);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{with_json:?}: {}",
+            stderr(&out)
+        );
+        let value: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{with_json:?} printed no JSON ({e}): {}", stdout(&out)));
+        let want = documented
+            .get(command)
+            .unwrap_or_else(|| panic!("the README documents no JSON for `{command}`"));
+        assert_eq!(&fields(&value), want, "{with_json:?}: {value}");
+        seen.insert(command.to_owned());
+    }
+    let undocumented: Vec<&String> = documented.keys().filter(|c| !seen.contains(*c)).collect();
+    assert!(undocumented.is_empty(), "not exercised: {undocumented:?}");
+    Ok(())
+}

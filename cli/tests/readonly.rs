@@ -46,6 +46,9 @@ fn run(args: &[String]) -> std::process::Output {
     cli(&args)
 }
 
+/// How a test takes a snapshot of a folder tree.
+type Snapshot = fn(&Path) -> BTreeMap<String, TreeEntry>;
+
 /// A snapshot of the folder `root` holding SQLite databases. SQLite opens
 /// a `-wal` and a `-shm` file beside a database for every reader, read-only
 /// connections included, and removes them when the last connection closes:
@@ -63,7 +66,7 @@ fn sqlite_tree(root: &Path) -> BTreeMap<String, TreeEntry> {
 /// `root` is the same after each.
 fn assert_reads_leave_tree_alone(
     root: &Path,
-    snapshot: fn(&Path) -> BTreeMap<String, TreeEntry>,
+    snapshot: Snapshot,
     store: &str,
     key: &str,
     log: &str,
@@ -95,7 +98,7 @@ async fn real_store_scenario(scheme: &str) -> anyhow::Result<()> {
     // the peers filled are still open in this process, so they are copied
     // (by `copy`, which closes what it writes) into a folder of their own.
     let dir = tempfile::tempdir()?;
-    let (snapshot, stores): (fn(&Path) -> BTreeMap<String, TreeEntry>, _) = match scheme {
+    let (snapshot, stores): (Snapshot, _) = match scheme {
         "sqlite" => {
             let server = format!("sqlite:{}", dir.path().join("server.db").display());
             let client = format!("sqlite:{}", dir.path().join("client.db").display());
