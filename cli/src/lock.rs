@@ -52,6 +52,7 @@ enum Held {
     /// drops every POSIX lock this process holds on it, SQLite's own
     /// included; this one therefore stays open until the process ends,
     /// when SQLite's go too.
+    #[expect(dead_code, reason = "never read: holding the descriptor is the lock")]
     Database(ManuallyDrop<File>),
     /// A Redis key, renewed by a task until released.
     Redis(RedisLock),
