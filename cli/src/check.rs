@@ -1,14 +1,14 @@
 //! `check`: every record decoded under the current schema, every log read
 //! through and its records decoded.
 
-use std::io::Write;
+use std::{collections::HashMap, io::Write};
 
 use mcp_persist_core::{Error, stores::inspect::inspect};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::{
     fail::{Code, Failure},
-    inventory::{Ctx, read_log},
+    inventory::Ctx,
     model::{BUS_LOG, Kind, log_of},
     output::{Table, print_json},
 };
@@ -29,6 +29,64 @@ fn reason(error: &Error) -> String {
             "written with schema {found}, newer than {supported} which this version reads: upgrade mcp-persist-cli"
         ),
         other => other.to_string(),
+    }
+}
+
+/// What one event log has shown so far, to tell records that cannot be
+/// where they are: a message that must be unique seen twice, progress that
+/// goes back.
+#[derive(Default)]
+struct EventOrder {
+    /// Messages that may appear once per stream (requests and responses,
+    /// by their JSON-RPC id; progress notifications), by their bytes, with
+    /// the sequence number they first had.
+    once: HashMap<Vec<u8>, u64>,
+    /// The last progress of each progress token.
+    progress: HashMap<String, f64>,
+}
+
+impl EventOrder {
+    /// Looks at the event numbered `seq`, stored as `bytes` and decoded as
+    /// `record`; says what is wrong with it, if anything.
+    fn check(&mut self, seq: u64, bytes: &[u8], record: &Value) -> Option<String> {
+        let payload = record.get("payload")?;
+        let progress = (payload.get("method").and_then(Value::as_str)
+            == Some("notifications/progress"))
+        .then(|| {
+            let params = payload.get("params")?;
+            Some((
+                params.get("progressToken")?.to_string(),
+                params.get("progress")?.as_f64()?,
+            ))
+        })
+        .flatten();
+        let what = match (&progress, payload.get("id"), payload.get("method")) {
+            (Some((token, value)), _, _) => Some(format!("progress {value} of token {token}")),
+            (None, Some(id), Some(method)) => {
+                Some(format!("request {id} ({})", method.as_str().unwrap_or("?")))
+            }
+            (None, Some(id), None) => Some(format!("the response to request {id}")),
+            _ => None,
+        };
+        if let Some(what) = what {
+            if let Some(first) = self.once.get(bytes) {
+                return Some(format!(
+                    "duplicate of record #{first} ({what}): the same message stored twice; delete its stream with `mcp-persist rm` and copy it again from its source"
+                ));
+            }
+            self.once.insert(bytes.to_vec(), seq);
+        }
+        if let Some((token, value)) = progress {
+            if let Some(before) = self.progress.get(&token).copied()
+                && value <= before
+            {
+                return Some(format!(
+                    "out of order: progress {value} of token {token} after progress {before}"
+                ));
+            }
+            self.progress.insert(token, value);
+        }
+        None
     }
 }
 
@@ -69,9 +127,9 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     let mut log_records = 0u64;
     let mut logs_checked = 0u64;
     let mut damaged_logs = Vec::new();
-    if let Some(log) = ctx.log() {
+    if ctx.has_logs() {
         for (name, kind) in &logs {
-            let records = match read_log(&**log, name).await {
+            let records = match ctx.store.read_log(name).await {
                 Ok(records) => records,
                 Err(e @ (Error::Corrupt { .. } | Error::NewerSchema { .. })) => {
                     if matches!(e, Error::Corrupt { .. }) {
@@ -84,12 +142,13 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
                     });
                     continue;
                 }
-                Err(e) => return Err(Failure::store(&ctx.store.rest.label, e)),
+                Err(e) => return Err(ctx.store.rest.fail(e)),
             };
             if !records.is_empty() {
                 logs_checked += 1;
             }
             let mut last = 0;
+            let mut order = EventOrder::default();
             for r in records {
                 log_records += 1;
                 let at = format!("{name}#{}", r.seq);
@@ -107,7 +166,17 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
                         reason: format!("holds a {} record where a {kind} belongs", rec.kind),
                         newer: false,
                     }),
-                    Ok(_) => {}
+                    Ok(rec) => {
+                        if *kind == "event"
+                            && let Some(problem) = order.check(r.seq, &r.data, &rec.record)
+                        {
+                            findings.push(Finding {
+                                key: at,
+                                reason: problem,
+                                newer: false,
+                            });
+                        }
+                    }
                     Err(e) => findings.push(Finding {
                         key: at,
                         reason: reason(&e),
@@ -121,10 +190,7 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     // including logs no record names any more.
     for backend in ctx.store.backends() {
         if let Some(file) = &backend.file {
-            let report = file
-                .verify()
-                .await
-                .map_err(|e| Failure::store(&backend.label, e))?;
+            let report = file.verify().await.map_err(|e| backend.fail(e))?;
             for problem in report.problems {
                 if !findings.iter().any(|f| problem.contains(&f.key)) {
                     findings.push(Finding {

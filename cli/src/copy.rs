@@ -14,24 +14,90 @@
 //!   records were dropped by retention starts at a higher number: the
 //!   destination is padded up to it and the padding trimmed away.
 //!
+//! * A copy holds a lock on its destination ([`DestLock`]) from before it
+//!   reads the destination until it is done, so copies into one store take
+//!   turns: the second finds the first's work there and appends nothing
+//!   twice.
+//!
 //! So a copy killed at any point and run again ends complete, with nothing
-//! duplicated.
+//! duplicated. Ctrl-C stops it at a record boundary, saying where.
 
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mcp_persist_core::{
-    Error, LogRecord, LogStore, PutMode, PutOptions, Timestamp, stores::inspect::inspect,
+    Error, LogRecord, PutMode, PutOptions, Timestamp, stores::inspect::inspect,
 };
 use serde_json::json;
 
 use crate::{
     fail::{Code, Failure},
-    inventory::read_log,
+    interrupt,
+    lock::DestLock,
     model::{Expiry, Kind, TtlPolicy, log_of, written_at},
     output::{Table, print_json},
     target::Store,
 };
+
+/// Where a copy goes.
+pub(crate) struct Destination<'a> {
+    /// The destination as shown.
+    pub(crate) label: String,
+    /// The opened store; `None` in a dry run into a local store, which is
+    /// only looked at, never opened.
+    pub(crate) store: Option<&'a Store>,
+    /// Whether it holds logs.
+    pub(crate) holds_logs: bool,
+    /// Whether it does not exist yet (the copy creates it).
+    pub(crate) new: bool,
+    /// The lock held on it.
+    pub(crate) lock: Option<&'a DestLock>,
+}
+
+/// Why a copy stopped before its end.
+enum Halt {
+    /// A failure.
+    Failed(Failure),
+    /// Ctrl-C, at this key or log position.
+    Interrupted(String),
+    /// The destination lock was lost.
+    LockLost,
+}
+
+impl From<Failure> for Halt {
+    fn from(f: Failure) -> Self {
+        Halt::Failed(f)
+    }
+}
+
+/// Stops the copy if Ctrl-C was pressed or the lock is gone; `at` says
+/// where it stands.
+fn checkpoint(lock: Option<&DestLock>, at: impl FnOnce() -> String) -> Result<(), Halt> {
+    if interrupt::requested() {
+        return Err(Halt::Interrupted(at()));
+    }
+    if lock.is_some_and(DestLock::lost) {
+        return Err(Halt::LockLost);
+    }
+    Ok(())
+}
+
+/// The command line as typed, quoted for a shell where needed.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c))
+            {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// Records per append.
 const BATCH: usize = 256;
@@ -75,7 +141,7 @@ fn progress(total: u64, quiet: bool) -> ProgressBar {
 /// (5), damaged or not verified (1).
 pub(crate) async fn copy(
     source: &Store,
-    dest: &Store,
+    dest: &Destination<'_>,
     kinds: &[Kind],
     ttl: TtlPolicy,
     dry_run: bool,
@@ -89,7 +155,7 @@ pub(crate) async fn copy(
         .filter(|k| kinds.contains(&Kind::of(k)))
         .collect();
     let needs_logs = keys.iter().any(|k| log_of(k).is_some());
-    if needs_logs && source.log().is_some() && dest.log().is_none() {
+    if needs_logs && source.log().is_some() && !dest.holds_logs {
         return Err(Failure::new(
             Code::Usage,
             format!(
@@ -100,17 +166,59 @@ pub(crate) async fn copy(
     }
     let bar = progress(keys.len() as u64, json);
     let mut summary = Summary::default();
-    for key in &keys {
-        bar.set_message(key.clone());
-        copy_key(source, dest, key, ttl, dry_run, &mut summary, &bar).await?;
-        bar.inc(1);
-    }
+    let total = keys.len();
+    let mut run = async || -> Result<(), Halt> {
+        for (i, key) in keys.iter().enumerate() {
+            checkpoint(dest.lock, || format!("{key}, record {} of {total}", i + 1))?;
+            bar.set_message(key.clone());
+            match dest.store {
+                Some(to) if !dry_run => {
+                    copy_key(source, to, dest.lock, key, ttl, &mut summary, &bar).await?;
+                }
+                _ => count_key(source, key, ttl, &mut summary).await?,
+            }
+            bar.inc(1);
+        }
+        Ok(())
+    };
+    let halted = run().await;
     bar.finish_and_clear();
+    match halted {
+        Ok(()) => {}
+        Err(Halt::Failed(failure)) => return Err(failure),
+        Err(Halt::Interrupted(at)) => {
+            return Err(Failure::new(
+                Code::Interrupted,
+                format!(
+                    "interrupted: the copy stopped at {at}; {} records and {} log records were copied into {} before it, none of them half-written",
+                    summary.copied + summary.replaced_older,
+                    summary.log_records_appended,
+                    dest.label
+                ),
+            )
+            .with_hint(format!(
+                "run the same command again to continue where it stopped: {}",
+                command_line()
+            )));
+        }
+        Err(Halt::LockLost) => {
+            return Err(Failure::new(
+                Code::Other,
+                format!(
+                    "lost the copy lock on {}: it could not be renewed in time (the connection stalled), so this copy stopped before another could overlap it",
+                    dest.label
+                ),
+            )
+            .with_hint(format!(
+                "run the same command again; it continues where this one stopped: {}",
+                command_line()
+            )));
+        }
+    }
 
-    let mismatches = if dry_run {
-        Vec::new()
-    } else {
-        verify(dest, &summary).await?
+    let mismatches = match dest.store {
+        Some(to) if !dry_run => verify(to, &summary).await?,
+        _ => Vec::new(),
     };
     report(source, dest, &summary, &mismatches, dry_run, json, out)?;
     Ok(if !summary.refused.is_empty() {
@@ -122,32 +230,62 @@ pub(crate) async fn copy(
     })
 }
 
-async fn copy_key(
+/// What there is to copy under `key`, for a dry run: read and decoded,
+/// nothing written.
+async fn count_key(
     source: &Store,
-    dest: &Store,
     key: &str,
     ttl: TtlPolicy,
-    dry_run: bool,
     summary: &mut Summary,
-    bar: &ProgressBar,
 ) -> Result<(), Failure> {
+    if let Some(record) = read_source(source, key, summary).await? {
+        match ttl.expiry(&record.1) {
+            Expiry::Transient => summary.transient += 1,
+            Expiry::At(at) if at.since(Timestamp::now()).is_zero() => summary.expired += 1,
+            _ => summary.would_copy += 1,
+        }
+    }
+    Ok(())
+}
+
+/// The source record under `key` with its decoded form; `None` when it is
+/// gone or damaged (counted as damaged).
+async fn read_source(
+    source: &Store,
+    key: &str,
+    summary: &mut Summary,
+) -> Result<Option<(Vec<u8>, mcp_persist_core::stores::inspect::Inspected)>, Failure> {
     let from = source.backend_for(key);
     let entry = match from.kv.get(key).await {
         Ok(Some(entry)) => entry,
-        Ok(None) => return Ok(()), // gone since the listing: expired or deleted
+        Ok(None) => return Ok(None), // gone since the listing: expired or deleted
         Err(e @ Error::Corrupt { .. }) => {
             summary.damaged.push((key.to_owned(), e.to_string()));
-            return Ok(());
+            return Ok(None);
         }
-        Err(e) => return Err(Failure::store(&from.label, e)),
+        Err(e) => return Err(from.fail(e)),
     };
-    let record = match inspect(key, &entry.value) {
-        Ok(record) => record,
-        Err(e @ Error::NewerSchema { .. }) => return Err(Failure::store(&from.label, e)),
+    match inspect(key, &entry.value) {
+        Ok(record) => Ok(Some((entry.value, record))),
+        Err(e @ Error::NewerSchema { .. }) => Err(from.fail(e)),
         Err(e) => {
             summary.damaged.push((key.to_owned(), e.to_string()));
-            return Ok(());
+            Ok(None)
         }
+    }
+}
+
+async fn copy_key(
+    source: &Store,
+    dest: &Store,
+    lock: Option<&DestLock>,
+    key: &str,
+    ttl: TtlPolicy,
+    summary: &mut Summary,
+    bar: &ProgressBar,
+) -> Result<(), Halt> {
+    let Some((entry_value, record)) = read_source(source, key, summary).await? else {
+        return Ok(());
     };
     let record_ttl = match ttl.expiry(&record) {
         Expiry::Transient => {
@@ -164,26 +302,18 @@ async fn copy_key(
             Some(left)
         }
     };
-    if dry_run {
-        summary.would_copy += 1;
-        return Ok(());
-    }
     let to = dest.backend_for(key);
     let put = PutOptions::new(PutMode::Create).with_ttl(record_ttl);
     let mut kv_done = true;
-    match to.kv.put(key, entry.value.clone(), put).await {
+    match to.kv.put(key, entry_value.clone(), put).await {
         Ok(_) => {
             summary.copied += 1;
             summary.verify_keys.push(key.to_owned());
         }
         Err(Error::AlreadyExists { .. }) => {
-            let existing = to
-                .kv
-                .get(key)
-                .await
-                .map_err(|e| Failure::store(&to.label, e))?;
+            let existing = to.kv.get(key).await.map_err(|e| to.fail(e))?;
             match existing {
-                Some(existing) if existing.value == entry.value => {
+                Some(existing) if existing.value == entry_value => {
                     summary.already += 1;
                     summary.verify_keys.push(key.to_owned());
                 }
@@ -193,7 +323,7 @@ async fn copy_key(
                         .and_then(|r| written_at(&r));
                     let ours = written_at(&record);
                     let same_stream = record.kind == "event_stream"
-                        && stream_token(&existing.value) == stream_token(&entry.value);
+                        && stream_token(&existing.value) == stream_token(&entry_value);
                     if record.kind == "event_stream" && !same_stream {
                         summary.refused.push((
                             key.to_owned(),
@@ -216,9 +346,9 @@ async fn copy_key(
                             let update = PutOptions::new(PutMode::Update(existing.version))
                                 .with_ttl(record_ttl);
                             to.kv
-                                .put(key, entry.value.clone(), update)
+                                .put(key, entry_value.clone(), update)
                                 .await
-                                .map_err(|e| Failure::store(&to.label, e))?;
+                                .map_err(|e| to.fail(e))?;
                             summary.replaced_older += 1;
                             summary.verify_keys.push(key.to_owned());
                         }
@@ -246,19 +376,17 @@ async fn copy_key(
                 }
             }
         }
-        Err(e) => return Err(Failure::store(&to.label, e)),
+        Err(e) => return Err(to.fail(e).into()),
     }
     if let (true, Some((name, kind))) = (kv_done, log_of(key)) {
-        let (Some(src_log), Some(dst_log)) = (source.log(), dest.log()) else {
+        if source.log().is_none() || dest.log().is_none() {
             return Ok(());
-        };
+        }
         let log_ttl = match kind {
             "event" => Some(ttl.event_retention),
             _ => record_ttl,
         };
-        copy_log(&**src_log, &**dst_log, &name, log_ttl, summary, bar)
-            .await
-            .map_err(|e| Failure::store(&dest.rest.label, e))?;
+        copy_log(source, dest, lock, &name, log_ttl, summary, bar).await?;
     }
     Ok(())
 }
@@ -273,21 +401,35 @@ fn stream_token(bytes: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Says which numbers a batch got, for the operator.
+fn numbers(seqs: &[u64]) -> String {
+    match (seqs.first(), seqs.last()) {
+        (Some(a), Some(b)) if a == b => format!("number {a}"),
+        (Some(a), Some(b)) => format!("numbers {a} to {b}"),
+        _ => "no numbers".to_owned(),
+    }
+}
+
 async fn copy_log(
-    src: &dyn LogStore,
-    dst: &dyn LogStore,
+    source: &Store,
+    dest: &Store,
+    lock: Option<&DestLock>,
     name: &str,
     ttl: Option<Duration>,
     summary: &mut Summary,
     bar: &ProgressBar,
-) -> mcp_persist_core::Result<()> {
-    let records = match read_log(src, name).await {
+) -> Result<(), Halt> {
+    let Some(dst) = dest.log() else {
+        return Ok(());
+    };
+    let dst_fail = |e| dest.rest.fail(e);
+    let records = match source.read_log(name).await {
         Ok(records) => records,
         Err(e @ Error::Corrupt { .. }) => {
             summary.damaged.push((name.to_owned(), e.to_string()));
             return Ok(());
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(source.rest.fail(e).into()),
     };
     let Some(first) = records.first().map(|r| r.seq) else {
         return Ok(());
@@ -309,14 +451,14 @@ async fn copy_log(
         return Ok(());
     }
     bar.inc_length(records.len() as u64);
-    let existing = read_log(dst, name).await?;
+    let existing = dest.read_log(name).await.map_err(dst_fail)?;
     let by_seq: BTreeMap<u64, &LogRecord> = records.iter().map(|r| (r.seq, r)).collect();
     for r in existing.iter().filter(|r| r.seq >= first) {
         if by_seq.get(&r.seq).is_none_or(|s| s.data != r.data) {
             summary.refused.push((
                 name.to_owned(),
                 format!(
-                    "the destination log differs from the source at sequence number {}; delete it there (`mcp-persist rm`) and copy again",
+                    "the destination log differs from the source at sequence number {}; delete it there (`mcp-persist rm` on its stream or task) and copy again",
                     r.seq
                 ),
             ));
@@ -338,23 +480,30 @@ async fn copy_log(
         // destination up to the same place, then drop the padding.
         let mut missing = next - dest_last - 1;
         while missing > 0 {
+            checkpoint(lock, || format!("{name}, before sequence number {next}"))?;
             let n = missing.min(BATCH as u64);
             dst.append(name, vec![b"{}".to_vec(); n as usize], ttl)
-                .await?;
+                .await
+                .map_err(dst_fail)?;
             missing -= n;
         }
     }
     for chunk in todo.chunks(BATCH) {
         let expected: Vec<u64> = chunk.iter().map(|r| r.seq).collect();
+        checkpoint(lock, || {
+            format!("{name}, before sequence number {}", expected[0])
+        })?;
         let got = dst
             .append(name, chunk.iter().map(|r| r.data.clone()).collect(), ttl)
-            .await?;
+            .await
+            .map_err(dst_fail)?;
         if got != expected {
             summary.refused.push((
                 name.to_owned(),
                 format!(
-                    "the destination numbered records {:?}..{:?} where the source has {:?}..{:?}, so resumed event ids would not match; another writer is using this log",
-                    got.first(), got.last(), expected.first(), expected.last()
+                    "the destination gave these records {} where the source has {}: something else appended to this log meanwhile (a server writing to it, or a copy of another version), so resumed event ids would not match; delete the log there (`mcp-persist rm` on its stream or task) and copy again",
+                    numbers(&got),
+                    numbers(&expected)
                 ),
             ));
             return Ok(());
@@ -364,49 +513,42 @@ async fn copy_log(
     }
     if dst
         .read_after(name, 0, 1)
-        .await?
+        .await
+        .map_err(dst_fail)?
         .first()
         .is_some_and(|r| r.seq < first)
     {
-        dst.trim(name, first).await?;
+        dst.trim(name, first).await.map_err(dst_fail)?;
     }
     Ok(())
 }
 
-/// Reads back what was copied; returns what does not match.
+/// Reads back what was copied; returns what does not match. A log must
+/// hold exactly the source's records from the source's first on: one more
+/// is as wrong as one fewer.
 async fn verify(dest: &Store, summary: &Summary) -> Result<Vec<String>, Failure> {
     let mut mismatches = Vec::new();
     for key in &summary.verify_keys {
         let to = dest.backend_for(key);
-        if to
-            .kv
-            .get(key)
-            .await
-            .map_err(|e| Failure::store(&to.label, e))?
-            .is_none()
-        {
+        if to.kv.get(key).await.map_err(|e| to.fail(e))?.is_none() {
             mismatches.push(format!("{key}: missing in the destination"));
         }
     }
-    if let Some(log) = dest.log() {
-        for (name, records) in &summary.verify_logs {
-            let first = records.first().map_or(0, |r| r.seq);
-            let got = read_log(&**log, name)
-                .await
-                .map_err(|e| Failure::store(&dest.rest.label, e))?;
-            let got: Vec<&LogRecord> = got.iter().filter(|r| r.seq >= first).collect();
-            if got.len() < records.len()
-                || records
-                    .iter()
-                    .zip(&got)
-                    .any(|(a, b)| a.seq != b.seq || a.data != b.data)
-            {
-                mismatches.push(format!(
-                    "{name}: the destination holds {} records from {first} on, the source {}",
-                    got.len(),
-                    records.len()
-                ));
-            }
+    for (name, records) in &summary.verify_logs {
+        let first = records.first().map_or(0, |r| r.seq);
+        let got = dest.read_log(name).await.map_err(|e| dest.rest.fail(e))?;
+        let got: Vec<&LogRecord> = got.iter().filter(|r| r.seq >= first).collect();
+        if got.len() != records.len()
+            || records
+                .iter()
+                .zip(&got)
+                .any(|(a, b)| a.seq != b.seq || a.data != b.data)
+        {
+            mismatches.push(format!(
+                "{name}: the destination holds {} records from {first} on, the source {}",
+                got.len(),
+                records.len()
+            ));
         }
     }
     Ok(mismatches)
@@ -414,7 +556,7 @@ async fn verify(dest: &Store, summary: &Summary) -> Result<Vec<String>, Failure>
 
 fn report(
     source: &Store,
-    dest: &Store,
+    dest: &Destination<'_>,
     s: &Summary,
     mismatches: &[String],
     dry_run: bool,
@@ -428,6 +570,7 @@ fn report(
                 "source": source.label,
                 "destination": dest.label,
                 "dry_run": dry_run,
+                "destination_new": dest.new,
                 "would_copy": s.would_copy,
                 "copied": s.copied,
                 "already_there": s.already,
@@ -447,10 +590,20 @@ fn report(
         return Ok(());
     }
     if dry_run {
+        let new = if dest.new {
+            "; it does not exist yet and would be created"
+        } else {
+            ""
+        };
         writeln!(
             out,
-            "dry run: {} records would be copied from {} to {} ({} expired and {} leases would be skipped)",
-            s.would_copy, source.label, dest.label, s.expired, s.transient
+            "dry run: {} records would be copied from {} to {}{new} ({} expired and {} leases would be skipped, {} damaged); nothing was written",
+            s.would_copy,
+            source.label,
+            dest.label,
+            s.expired,
+            s.transient,
+            s.damaged.len()
         )?;
         return Ok(());
     }

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, io::Write};
 
 use mcp_persist_core::{
-    Credentials, LogRecord, LogStore, Timestamp,
+    Credentials, Timestamp,
     records::decode,
     stores::inspect::{Inspected, inspect},
 };
@@ -16,8 +16,9 @@ use crate::{
         BUS_LOG, Expiry, Kind, TtlPolicy, created_at, format_duration, format_time, log_of,
         time_at, unescape,
     },
-    output::{Table, or_dash, print_json},
-    target::Store,
+    output::{Level, Table, diag, or_dash, print_json},
+    rawredis,
+    target::{Location, Store},
 };
 
 /// What every reading command needs.
@@ -63,7 +64,7 @@ impl Ctx<'_> {
                 version: 0,
                 record: Err(e),
             })),
-            Err(e) => Err(Failure::store(&backend.label, e)),
+            Err(e) => Err(backend.fail(e)),
         }
     }
 
@@ -79,32 +80,19 @@ impl Ctx<'_> {
         Ok(out)
     }
 
-    /// The log store, or a failure naming the command that needs it.
-    pub(crate) fn log(&self) -> Option<&std::sync::Arc<dyn LogStore>> {
-        self.store.log()
-    }
-}
-
-/// Every record of `log`, in order.
-pub(crate) async fn read_log(
-    log: &dyn LogStore,
-    name: &str,
-) -> mcp_persist_core::Result<Vec<LogRecord>> {
-    let mut out: Vec<LogRecord> = Vec::new();
-    loop {
-        let after = out.last().map_or(0, |r| r.seq);
-        let batch = log.read_after(name, after, 1024).await?;
-        if batch.is_empty() {
-            return Ok(out);
-        }
-        out.extend(batch);
+    /// Whether the store holds logs.
+    pub(crate) fn has_logs(&self) -> bool {
+        self.store.log().is_some()
     }
 }
 
 fn warn_damaged(damaged: usize) {
     if damaged > 0 {
-        eprintln!(
-            "warning: {damaged} record(s) could not be read and are not listed; run `mcp-persist check` for the reasons"
+        diag(
+            Level::Warning,
+            &format!(
+                "{damaged} record(s) could not be read and are not listed; run `mcp-persist check` for the reasons"
+            ),
         );
     }
 }
@@ -200,8 +188,8 @@ pub(crate) async fn ls_events(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(),
             continue;
         };
         let stream = unescape(read.key.trim_start_matches("server/stream/"));
-        let (events, last) = match (ctx.log(), log_of(&read.key)) {
-            (Some(log), Some((name, _))) => match read_log(&**log, &name).await {
+        let (events, last) = match (ctx.has_logs(), log_of(&read.key)) {
+            (true, Some((name, _))) => match ctx.store.read_log(&name).await {
                 Ok(records) => (
                     Some(records.len()),
                     records.last().map(|r| r.seq).unwrap_or(0),
@@ -319,7 +307,7 @@ pub(crate) async fn ls_credentials(ctx: &Ctx<'_>, out: &mut impl Write) -> Resul
                 damaged += 1;
                 continue;
             }
-            Err(e) => return Err(Failure::store(&backend.label, e)),
+            Err(e) => return Err(backend.fail(e)),
         };
         let Ok(creds) = decode::<Credentials>(&key, &entry.value) else {
             damaged += 1;
@@ -435,10 +423,9 @@ pub(crate) async fn ls_keys(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), F
 /// `show KEY`: one record decoded, secrets redacted; or a log's records.
 pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Result<(), Failure> {
     if let Some(read) = ctx.read(key).await? {
-        let rec = read.record.map_err(|e| {
-            let label = &ctx.store.backend_for(key).label;
-            Failure::store(label, e)
-        })?;
+        let rec = read
+            .record
+            .map_err(|e| ctx.store.backend_for(key).fail(e))?;
         let value = json!({
             "key": key,
             "kind": rec.kind,
@@ -461,16 +448,17 @@ pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Resu
     let is_log = key.starts_with("server/events/")
         || key.starts_with("server/task-inbox/")
         || key == BUS_LOG;
-    if is_log && let Some(log) = ctx.log() {
-        let records = read_log(&**log, key)
+    if is_log && ctx.has_logs() {
+        let records = ctx
+            .store
+            .read_log(key)
             .await
-            .map_err(|e| Failure::store(&ctx.store.rest.label, e))?;
+            .map_err(|e| ctx.store.rest.fail(e))?;
         if !records.is_empty() {
             let mut items = Vec::new();
             for r in records {
                 let name = format!("{key}#{}", r.seq);
-                let decoded = inspect(&name, &r.data)
-                    .map_err(|e| Failure::store(&ctx.store.rest.label, e))?;
+                let decoded = inspect(&name, &r.data).map_err(|e| ctx.store.rest.fail(e))?;
                 items.push(json!({"seq": r.seq, "kind": decoded.kind, "record": decoded.record}));
             }
             let value = json!({"log": key, "records": items});
@@ -533,7 +521,7 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
         }
     }
     log_names.push((BUS_LOG.to_owned(), "fleet_notice"));
-    if let Some(log) = ctx.log() {
+    if ctx.has_logs() {
         for (name, kind) in log_names {
             let label = match kind {
                 "event" => "event logs",
@@ -541,7 +529,7 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
                 _ => "notification bus",
             };
             let entry = logs.entry(label).or_default();
-            match read_log(&**log, &name).await {
+            match ctx.store.read_log(&name).await {
                 Ok(records) if records.is_empty() => {}
                 Ok(records) => {
                     entry.0 += 1;
@@ -589,4 +577,66 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
         }
     }
     emit(ctx, out, table, rows)
+}
+
+/// After a listing of a Redis store named without `?prefix=`: when the
+/// store holds nothing at all under the default prefix, says so, and where
+/// mcp-persist keys are on that server, so an empty table is not mistaken
+/// for an empty store.
+pub(crate) async fn explain_empty(store: &Store) {
+    let backend = &store.rest;
+    let (
+        Location::Redis {
+            urls,
+            cluster,
+            prefix: None,
+        },
+        Some(default),
+    ) = (&backend.location, &backend.redis_prefix)
+    else {
+        return;
+    };
+    if !backend.kv.list("").await.is_ok_and(|keys| keys.is_empty()) {
+        return;
+    }
+    let elsewhere = match rawredis::prefixes_in_use(urls, *cluster, 100_000).await {
+        Some(found) if found.is_empty() => {
+            " No mcp-persist records were found under any other prefix either.".to_owned()
+        }
+        Some(found) => {
+            // The URL as shown: any password masked.
+            let base = backend.label.trim_end_matches('/');
+            let listed: Vec<String> = found.iter().map(|p| format!("`{p}`")).collect();
+            format!(
+                " mcp-persist records are on this server under {}: e.g. {base}?prefix={}",
+                listed.join(", "),
+                query_value(&found[0])
+            )
+        }
+        None => String::new(),
+    };
+    diag(
+        Level::Note,
+        &format!(
+            "{} holds nothing under the default key prefix `{default}`: the URL names no ?prefix=, and an application that sets its own (RedisStore's key_prefix) keeps its keys under that; name it with ?prefix=P.{elsewhere}",
+            backend.label
+        ),
+    );
+}
+
+/// A prefix as a URL query value: only what would break the query escaped.
+fn query_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '%' | '&' | '#' | '+' | ' ' | '=' | '?' => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }

@@ -26,21 +26,27 @@
 mod check;
 mod copy;
 mod fail;
+mod interrupt;
 mod inventory;
+mod lock;
 mod model;
 mod output;
+mod probe;
+mod rawredis;
 mod sweep;
 mod target;
 
-use std::{io::Write, process::ExitCode, time::Duration};
+use std::{ffi::OsString, io::Write, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 
 use crate::{
+    copy::Destination,
     fail::{Code, Failure},
     inventory::Ctx,
+    lock::DestLock,
     model::{Kind, TtlPolicy, parse_duration},
-    target::{Access, Spec, Store},
+    target::{Access, Found, Spec, Store},
 };
 
 fn after_help() -> String {
@@ -55,7 +61,8 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
 
-    /// Print JSON instead of tables (for scripts).
+    /// Print JSON instead of tables (for scripts); errors, notes and
+    /// warnings on standard error become JSON objects too, one a line.
     #[arg(long, global = true)]
     json: bool,
 
@@ -155,19 +162,63 @@ enum Command {
     Copy {
         /// Where from.
         source: String,
-        /// Where to (created if it is a missing file or database).
+        /// Where to: created if it is a missing database or file store,
+        /// in a folder that exists (see --create-dirs).
         dest: String,
         /// Only these kinds (comma-separated).
         #[arg(long, value_enum, value_delimiter = ',')]
         kinds: Vec<Kind>,
-        /// Say what would be copied, write nothing.
+        /// Say what would be copied; write nothing, create nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Create the destination's missing parent folders too.
+        #[arg(long)]
+        create_dirs: bool,
     },
 }
 
+/// Prints a failure on standard error: text, or one JSON object under
+/// `--json`. A closed output pipe ends the command quietly.
+fn report_failure(failure: &Failure, json: bool) {
+    if failure.code == Code::PipeClosed {
+        return;
+    }
+    let mut err = std::io::stderr().lock();
+    // Nothing more can be done when standard error is gone too.
+    let _ = if json {
+        writeln!(err, "{}", failure.to_json())
+    } else {
+        writeln!(err, "error: {failure}")
+    };
+}
+
+/// Parses the command line; a usage error under `--json` is printed as
+/// JSON (help and version stay text).
+fn parse() -> Result<Cli, ExitCode> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    match Cli::try_parse_from(&args) {
+        Ok(cli) => Ok(cli),
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let json = args.iter().skip(1).any(|a| a == "--json");
+            if !json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                e.exit();
+            }
+            let text = e.render().to_string();
+            let text = text.trim().trim_start_matches("error: ");
+            report_failure(&fail::usage(text), true);
+            Err(ExitCode::from(Code::Usage as u8))
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    let json = cli.json;
+    output::set_json(json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -175,7 +226,10 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            report_failure(
+                &Failure::new(Code::Other, format!("cannot start the async runtime: {e}")),
+                json,
+            );
             return ExitCode::from(Code::Other as u8);
         }
     };
@@ -184,7 +238,7 @@ fn main() -> ExitCode {
         Ok(None) => ExitCode::SUCCESS,
         Ok(Some(code)) => ExitCode::from(code as u8),
         Err(failure) => {
-            eprintln!("error: {failure}");
+            report_failure(&failure, json);
             ExitCode::from(failure.code as u8)
         }
     }
@@ -192,6 +246,13 @@ fn main() -> ExitCode {
 
 async fn open(store: &str, access: Access) -> Result<Store, Failure> {
     Store::open(&Spec::parse(store)?, access).await
+}
+
+/// Closes `store` whatever `result` is, then returns `result`: a SQLite
+/// store that was only read is left without `-wal` and `-shm` files.
+async fn closing<T>(store: Store, result: Result<T, Failure>) -> Result<T, Failure> {
+    store.close().await;
+    result
 }
 
 async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
@@ -205,50 +266,63 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
     let json = cli.json;
     let code = match cli.command {
         Command::Ls { store, kind } => {
-            let store = open(&store, Access::Existing).await?;
+            let store = open(&store, Access::ReadOnly).await?;
             let ctx = Ctx {
                 store: &store,
                 ttl,
                 json,
             };
-            match kind {
-                LsKind::Sessions => inventory::ls_sessions(&ctx, &mut out).await?,
-                LsKind::Events => inventory::ls_events(&ctx, &mut out).await?,
-                LsKind::Clients => inventory::ls_clients(&ctx, &mut out).await?,
-                LsKind::Credentials => inventory::ls_credentials(&ctx, &mut out).await?,
-                LsKind::Tasks => inventory::ls_tasks(&ctx, &mut out).await?,
-                LsKind::Keys => inventory::ls_keys(&ctx, &mut out).await?,
+            let listed = match kind {
+                LsKind::Sessions => inventory::ls_sessions(&ctx, &mut out).await,
+                LsKind::Events => inventory::ls_events(&ctx, &mut out).await,
+                LsKind::Clients => inventory::ls_clients(&ctx, &mut out).await,
+                LsKind::Credentials => inventory::ls_credentials(&ctx, &mut out).await,
+                LsKind::Tasks => inventory::ls_tasks(&ctx, &mut out).await,
+                LsKind::Keys => inventory::ls_keys(&ctx, &mut out).await,
+            };
+            if listed.is_ok() {
+                inventory::explain_empty(&store).await;
             }
+            closing(store, listed).await?;
             None
         }
         Command::Show { store, key } => {
-            let store = open(&store, Access::Existing).await?;
+            let store = open(&store, Access::ReadOnly).await?;
             let ctx = Ctx {
                 store: &store,
                 ttl,
                 json,
             };
-            inventory::show(&ctx, &key, &mut out).await?;
+            let shown = inventory::show(&ctx, &key, &mut out).await;
+            closing(store, shown).await?;
             None
         }
         Command::Stats { store } => {
-            let store = open(&store, Access::Existing).await?;
+            let store = open(&store, Access::ReadOnly).await?;
             let ctx = Ctx {
                 store: &store,
                 ttl,
                 json,
             };
-            inventory::stats(&ctx, &mut out).await?;
+            let counted = inventory::stats(&ctx, &mut out).await;
+            if counted.is_ok() {
+                inventory::explain_empty(&store).await;
+            }
+            closing(store, counted).await?;
             None
         }
         Command::Check { store } => {
-            let store = open(&store, Access::Existing).await?;
+            let store = open(&store, Access::ReadOnly).await?;
             let ctx = Ctx {
                 store: &store,
                 ttl,
                 json,
             };
-            check::check(&ctx, &mut out).await?
+            let checked = check::check(&ctx, &mut out).await;
+            if checked.is_ok() {
+                inventory::explain_empty(&store).await;
+            }
+            closing(store, checked).await?
         }
         Command::Rm {
             store,
@@ -262,13 +336,20 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
                     "name the keys to delete, or --prefix P (see `mcp-persist ls` and `stats`)",
                 ));
             }
-            let store = open(&store, Access::Existing).await?;
-            sweep::rm(&store, keys, prefix, dry_run, yes, json, &mut out).await?;
+            let access = if dry_run {
+                Access::ReadOnly
+            } else {
+                Access::Write
+            };
+            let store = open(&store, access).await?;
+            let removed = sweep::rm(&store, keys, prefix, dry_run, yes, json, &mut out).await;
+            closing(store, removed).await?;
             None
         }
         Command::Quarantine { store, logs } => {
-            let store = open(&store, Access::Existing).await?;
-            sweep::quarantine(&store, &logs, json, &mut out).await?;
+            let store = open(&store, Access::Write).await?;
+            let moved = sweep::quarantine(&store, &logs, json, &mut out).await;
+            closing(store, moved).await?;
             None
         }
         Command::Gc {
@@ -276,8 +357,14 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
             dry_run,
             yes,
         } => {
-            let store = open(&store, Access::Existing).await?;
-            sweep::gc(&store, dry_run, yes, json, &mut out).await?;
+            let access = if dry_run {
+                Access::ReadOnly
+            } else {
+                Access::Write
+            };
+            let store = open(&store, access).await?;
+            let swept = sweep::gc(&store, dry_run, yes, json, &mut out).await;
+            closing(store, swept).await?;
             None
         }
         Command::Copy {
@@ -285,17 +372,82 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
             dest,
             kinds,
             dry_run,
+            create_dirs,
         } => {
-            let source = open(&source, Access::Existing).await?;
-            let dest = open(&dest, Access::Create).await?;
             let kinds = if kinds.is_empty() {
                 Kind::ALL.to_vec()
             } else {
                 kinds
             };
-            copy::copy(&source, &dest, &kinds, ttl, dry_run, json, &mut out).await?
+            let source = Spec::parse(&source)?;
+            let dest = Spec::parse(&dest)?;
+            let access = Access::Create { create_dirs };
+            // Both are looked at before anything is opened or created.
+            source.probe(Access::ReadOnly)?;
+            let new = dest.probe(access)? == Found::New;
+            let source = Store::open(&source, Access::ReadOnly).await?;
+            let copied = copy_into(
+                &source, &dest, access, new, &kinds, ttl, dry_run, json, &mut out,
+            )
+            .await;
+            closing(source, copied).await?
         }
     };
     out.flush()?;
     Ok(code)
+}
+
+/// `copy` from the opened `source` into `dest`: a dry run never opens a
+/// local destination (opening creates it); a real one locks it while it
+/// copies.
+#[allow(clippy::too_many_arguments)]
+async fn copy_into(
+    source: &Store,
+    dest: &Spec,
+    access: Access,
+    new: bool,
+    kinds: &[Kind],
+    ttl: TtlPolicy,
+    dry_run: bool,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<Option<Code>, Failure> {
+    let local = dest.rest.is_local() || dest.credentials.as_ref().is_some_and(|c| c.is_local());
+    let plan = |store, lock| Destination {
+        label: dest.display(),
+        store,
+        holds_logs: dest.rest.holds_logs(),
+        new,
+        lock,
+    };
+    if dry_run && local {
+        return copy::copy(source, &plan(None, None), kinds, ttl, true, json, out).await;
+    }
+    if !dry_run {
+        interrupt::install();
+    }
+    let store = Store::open(dest, access).await?;
+    let lock = if dry_run {
+        None
+    } else {
+        match DestLock::acquire(&store.rest).await {
+            Ok(lock) => lock,
+            Err(failure) => return closing(store, Err(failure)).await,
+        }
+    };
+    let copied = copy::copy(
+        source,
+        &plan(Some(&store), lock.as_ref()),
+        kinds,
+        ttl,
+        dry_run,
+        json,
+        out,
+    )
+    .await;
+    let copied = closing(store, copied).await;
+    if let Some(lock) = lock {
+        lock.release().await;
+    }
+    copied
 }

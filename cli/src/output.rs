@@ -1,6 +1,49 @@
-//! Tables for people, JSON for scripts.
+//! Tables for people, JSON for scripts; notes and warnings on standard
+//! error, as JSON objects too under `--json`.
 
-use std::io::Write;
+use std::{
+    io::Write,
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+/// Whether `--json` was given: standard error then carries one JSON object
+/// per line, like standard output carries JSON.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Switches standard error to JSON lines (`--json`).
+pub(crate) fn set_json(on: bool) {
+    JSON.store(on, Ordering::Relaxed);
+}
+
+/// Whether `--json` was given.
+pub(crate) fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// What a line on standard error is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Level {
+    /// Something worth knowing: `note: ...` or `{"note": "..."}`.
+    Note,
+    /// Something went partly wrong: `warning: ...` or `{"warning": "..."}`.
+    Warning,
+}
+
+/// Writes a note or warning on standard error, as text or (under `--json`)
+/// as one JSON object on one line.
+pub(crate) fn diag(level: Level, text: &str) {
+    let name = match level {
+        Level::Note => "note",
+        Level::Warning => "warning",
+    };
+    let mut err = std::io::stderr().lock();
+    // Nothing more can be done when standard error is gone.
+    let _ = if json() {
+        writeln!(err, "{}", serde_json::json!({ name: text }))
+    } else {
+        writeln!(err, "{name}: {text}")
+    };
+}
 
 /// A table: a header row and rows of cells.
 #[derive(Debug, Default)]

@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::{
     fail::{Code, Failure},
     model::log_of,
-    output::print_json,
+    output::{Level, diag, print_json},
     target::Store,
 };
 
@@ -44,8 +44,8 @@ pub(crate) async fn rm(
         let backend = store.backend_for(&key);
         match backend.kv.get(&key).await {
             Ok(Some(_)) | Err(mcp_persist_core::Error::Corrupt { .. }) => present.push(key),
-            Ok(None) => eprintln!("note: no record under `{key}`"),
-            Err(e) => return Err(Failure::store(&backend.label, e)),
+            Ok(None) => diag(Level::Note, &format!("no record under `{key}`")),
+            Err(e) => return Err(backend.fail(e)),
         }
     }
     if present.is_empty() {
@@ -99,7 +99,7 @@ pub(crate) async fn rm(
             log_store
                 .delete_log(&log)
                 .await
-                .map_err(|e| Failure::store(&store.rest.label, e))?;
+                .map_err(|e| store.rest.fail(e))?;
             deleted_logs += 1;
         }
         let backend = store.backend_for(key);
@@ -107,7 +107,7 @@ pub(crate) async fn rm(
             .kv
             .delete(key, None)
             .await
-            .map_err(|e| Failure::store(&backend.label, e))?
+            .map_err(|e| backend.fail(e))?
         {
             deleted += 1;
         }
@@ -138,7 +138,7 @@ async fn orphaned_inflight(store: &Store) -> Result<Vec<String>, Failure> {
             Ok(entry) => entry,
             // A damaged session record is `check`'s business, not a sweep's.
             Err(mcp_persist_core::Error::Corrupt { .. }) => continue,
-            Err(e) => return Err(Failure::store(&backend.label, e)),
+            Err(e) => return Err(backend.fail(e)),
         };
         let alive = current.is_some_and(|entry| {
             mcp_persist_core::stores::inspect::inspect(&session_key, &entry.value)
@@ -204,7 +204,7 @@ pub(crate) async fn gc(
             .kv
             .delete(key, None)
             .await
-            .map_err(|e| Failure::store(&backend.label, e))?
+            .map_err(|e| backend.fail(e))?
         {
             removed += 1;
         }
@@ -215,7 +215,7 @@ pub(crate) async fn gc(
             .kv
             .sweep_expired()
             .await
-            .map_err(|e| Failure::store(&backend.label, e))?;
+            .map_err(|e| backend.fail(e))?;
     }
     if json {
         print_json(
@@ -258,7 +258,7 @@ pub(crate) async fn quarantine(
         match file.quarantine_log(log).await {
             Ok(Some(path)) => moved.push((log.clone(), path)),
             Ok(None) => missing.push(log.clone()),
-            Err(e) => return Err(Failure::store(&backend.label, e)),
+            Err(e) => return Err(backend.fail(e)),
         }
     }
     if json {

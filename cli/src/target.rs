@@ -1,11 +1,14 @@
 //! Store URLs: parsing them, and opening the backends they name.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
-use mcp_persist_core::{KvStore, LogStore};
+use mcp_persist_core::{KvStore, LogRecord, LogStore};
 use mcp_persist_store_file::FileStore;
 use mcp_persist_store_redis::RedisStore;
-use mcp_persist_store_sqlite::SqliteStore;
+use mcp_persist_store_sqlite::{SqliteOptions, SqliteStore};
 use mcp_persist_store_vault::{
     SecretsManagerStore,
     aws_sdk_secretsmanager::{
@@ -14,7 +17,12 @@ use mcp_persist_store_vault::{
     },
 };
 
-use crate::fail::{Failure, usage};
+pub(crate) use crate::probe::{Access, Found};
+use crate::{
+    fail::{Failure, usage},
+    output::{Level, diag},
+    probe,
+};
 
 /// The URL forms, for help texts and error messages.
 pub(crate) const FORMS: &str = "  sqlite:PATH                         a SQLite database file
@@ -264,66 +272,93 @@ fn take_query(url: &mut url::Url, name: &str) -> Result<Option<String>, Failure>
     Ok(value)
 }
 
-/// Whether a command may create a store that is not there yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// The store must exist (every command but `copy`'s destination).
-    Existing,
-    /// A missing file or database is created (a `copy` destination).
-    Create,
-}
-
 /// One opened backend.
 #[derive(Clone)]
 pub(crate) struct Backend {
     /// Where it is, for messages.
     pub(crate) label: String,
+    /// Where it is.
+    pub(crate) location: Location,
     /// Its key-value side.
     pub(crate) kv: Arc<dyn KvStore>,
     /// Its log side, when it has one.
     pub(crate) log: Option<Arc<dyn LogStore>>,
     /// The file store itself, for its whole-store verification.
     pub(crate) file: Option<FileStore>,
+    /// The SQLite store itself, to close it (and checkpoint its
+    /// write-ahead log) before the process ends.
+    sqlite: Option<SqliteStore>,
+    /// The key prefix of a Redis store, as the store uses it.
+    pub(crate) redis_prefix: Option<String>,
+}
+
+impl Backend {
+    /// A store error of this backend, classified, with advice.
+    pub(crate) fn fail(&self, error: mcp_persist_core::Error) -> Failure {
+        Failure::store(&self.label, self.location.db_file(), error)
+    }
 }
 
 impl Location {
-    /// Opens the backend.
+    /// The database file of a SQLite location.
+    pub(crate) fn db_file(&self) -> Option<&Path> {
+        match self {
+            Location::Sqlite(path) => Some(path),
+            _ => None,
+        }
+    }
+
+    /// Whether this location is a file or folder on this machine.
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self, Location::Sqlite(_) | Location::File(_))
+    }
+
+    /// Whether a store here holds logs (event streams, task inboxes).
+    pub(crate) fn holds_logs(&self) -> bool {
+        !matches!(self, Location::SecretsManager { .. })
+    }
+
+    /// Looks at a local location before opening it, refusing what is not a
+    /// store (or, for `Create`, not a place for one), changing nothing.
+    pub(crate) fn probe(&self, access: Access) -> Result<Found, Failure> {
+        match self {
+            Location::Sqlite(path) => probe::sqlite(path, access),
+            Location::File(dir) => probe::file_store(dir, access),
+            _ => Ok(Found::Store),
+        }
+    }
+
+    /// Opens the backend, after [`Location::probe`].
     pub(crate) async fn open(&self, access: Access) -> Result<Backend, Failure> {
+        self.probe(access)?;
         let label = self.display();
+        let fail = |e| Failure::store(&label, self.db_file(), e);
         let backend = match self {
             Location::Sqlite(path) => {
-                if access == Access::Existing && !path.is_file() {
-                    return Err(Failure::unreachable(format!(
-                        "no SQLite database at {}: check the path (nothing was created)",
-                        path.display()
-                    )));
-                }
-                let store = SqliteStore::open(path)
-                    .await
-                    .map_err(|e| Failure::store(&label, e))?;
-                let store = Arc::new(store);
+                // The command line sweeps only when asked (`gc`).
+                let options = SqliteOptions::default().sweep_interval(None);
+                let store = SqliteStore::open_with(path, options).await.map_err(fail)?;
+                let shared = Arc::new(store.clone());
                 Backend {
                     label,
-                    kv: store.clone(),
-                    log: Some(store),
+                    location: self.clone(),
+                    kv: shared.clone(),
+                    log: Some(shared),
                     file: None,
+                    sqlite: Some(store),
+                    redis_prefix: None,
                 }
             }
             Location::File(dir) => {
-                if access == Access::Existing && !dir.is_dir() {
-                    return Err(Failure::unreachable(format!(
-                        "no file store at {}: check the path (nothing was created)",
-                        dir.display()
-                    )));
-                }
-                let store = FileStore::open(dir.clone())
-                    .await
-                    .map_err(|e| Failure::store(&label, e))?;
+                let store = FileStore::open(dir.clone()).await.map_err(fail)?;
                 Backend {
                     label,
+                    location: self.clone(),
                     kv: Arc::new(store.clone()),
                     log: Some(Arc::new(store.clone())),
                     file: Some(store),
+                    sqlite: None,
+                    redis_prefix: None,
                 }
             }
             Location::Redis {
@@ -343,13 +378,17 @@ impl Location {
                     .connect_timeout(std::time::Duration::from_secs(5))
                     .connect()
                     .await
-                    .map_err(|e| Failure::store(&label, e))?;
+                    .map_err(fail)?;
+                let redis_prefix = Some(store.key_prefix().to_owned());
                 let store = Arc::new(store);
                 Backend {
                     label,
+                    location: self.clone(),
                     kv: store.clone(),
                     log: Some(store),
                     file: None,
+                    sqlite: None,
+                    redis_prefix,
                 }
             }
             Location::SecretsManager {
@@ -385,15 +424,15 @@ impl Location {
                     }
                 };
                 builder = builder.client(client).max_writes_per_second(None);
-                let store = builder
-                    .build()
-                    .await
-                    .map_err(|e| Failure::store(&label, e))?;
+                let store = builder.build().await.map_err(fail)?;
                 Backend {
                     label,
+                    location: self.clone(),
                     kv: Arc::new(store),
                     log: None,
                     file: None,
+                    sqlite: None,
+                    redis_prefix: None,
                 }
             }
         };
@@ -404,8 +443,11 @@ impl Location {
 /// Whether a key belongs to the credentials side of a split bundle:
 /// credentials, pending authorizations, refresh leases and shared keys.
 pub(crate) fn is_credential_key(key: &str) -> bool {
-    key.starts_with("cred/") || key.starts_with("server/key/")
+    CREDENTIAL_PREFIXES.iter().any(|p| key.starts_with(p))
 }
+
+/// The key prefixes the credentials side of a split bundle holds.
+const CREDENTIAL_PREFIXES: [&str; 2] = ["cred/", "server/key/"];
 
 /// An opened store argument: where each key goes.
 #[derive(Clone)]
@@ -418,12 +460,42 @@ pub(crate) struct Store {
     pub(crate) credentials: Option<Backend>,
 }
 
+impl Spec {
+    /// Looks at every local location the spec names (see
+    /// [`Location::probe`]).
+    pub(crate) fn probe(&self, access: Access) -> Result<Found, Failure> {
+        let mut found = self.rest.probe(access)?;
+        if let Some(c) = &self.credentials
+            && c.probe(access)? == Found::New
+        {
+            found = Found::New;
+        }
+        Ok(found)
+    }
+
+    /// The store as shown, without opening it.
+    pub(crate) fn display(&self) -> String {
+        match &self.credentials {
+            Some(c) => format!("credentials={};rest={}", c.display(), self.rest.display()),
+            None => self.rest.display(),
+        }
+    }
+}
+
 impl Store {
     /// Opens every backend the spec names.
     pub(crate) async fn open(spec: &Spec, access: Access) -> Result<Store, Failure> {
+        // Every location is looked at before any is opened.
+        spec.probe(access)?;
         let rest = spec.rest.open(access).await?;
         let credentials = match &spec.credentials {
-            Some(location) => Some(location.open(access).await?),
+            Some(location) => match location.open(access).await {
+                Ok(backend) => Some(backend),
+                Err(failure) => {
+                    rest.close().await;
+                    return Err(failure);
+                }
+            },
             None => None,
         };
         let label = match &credentials {
@@ -435,6 +507,16 @@ impl Store {
             rest,
             credentials,
         })
+    }
+
+    /// Closes every backend: a SQLite store checkpoints its write-ahead
+    /// log and removes the `-wal` and `-shm` files when this is the last
+    /// process using it, so a store that was only read is left as it was.
+    pub(crate) async fn close(self) {
+        self.rest.close().await;
+        if let Some(c) = self.credentials {
+            c.close().await;
+        }
     }
 
     /// The backend holding `key`.
@@ -450,6 +532,22 @@ impl Store {
         self.rest.log.as_ref()
     }
 
+    /// Every record of `log`, in order; none when the bundle holds no logs.
+    ///
+    /// A file store gets to read only a log that has a folder: reading one
+    /// that has none would create its lock file, and it holds no record.
+    pub(crate) async fn read_log(&self, log: &str) -> mcp_persist_core::Result<Vec<LogRecord>> {
+        let Some(store) = self.log() else {
+            return Ok(Vec::new());
+        };
+        if let Location::File(root) = &self.rest.location
+            && !probe::file_log_exists(root, log)
+        {
+            return Ok(Vec::new());
+        }
+        read_all(&**store, log).await
+    }
+
     /// Every live key under `prefix`, from whichever backend holds it, sorted.
     pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<String>, Failure> {
         let mut keys: Vec<String> = self
@@ -457,17 +555,13 @@ impl Store {
             .kv
             .list(prefix)
             .await
-            .map_err(|e| Failure::store(&self.rest.label, e))?;
+            .map_err(|e| self.rest.fail(e))?;
         if let Some(c) = &self.credentials {
             keys.retain(|k| !is_credential_key(k));
-            for p in ["cred/", "server/key/"] {
+            for p in CREDENTIAL_PREFIXES {
                 if p.starts_with(prefix) || prefix.starts_with(p) {
                     let from = if prefix.len() > p.len() { prefix } else { p };
-                    keys.extend(
-                        c.kv.list(from)
-                            .await
-                            .map_err(|e| Failure::store(&c.label, e))?,
-                    );
+                    keys.extend(c.kv.list(from).await.map_err(|e| c.fail(e))?);
                 }
             }
             keys.sort();
@@ -480,6 +574,45 @@ impl Store {
         let mut all = vec![&self.rest];
         all.extend(self.credentials.as_ref());
         all
+    }
+}
+
+impl Backend {
+    async fn close(self) {
+        let Backend {
+            label,
+            sqlite,
+            kv,
+            log,
+            file,
+            ..
+        } = self;
+        // Every other handle goes first: this one is then the last.
+        drop((kv, log, file));
+        if let Some(store) = sqlite
+            && let Err(e) = store.close().await
+        {
+            diag(
+                Level::Warning,
+                &format!("{label}: closing the database failed: {e}"),
+            );
+        }
+    }
+}
+
+/// Every record of `log` in `store`, in order.
+pub(crate) async fn read_all(
+    store: &dyn LogStore,
+    log: &str,
+) -> mcp_persist_core::Result<Vec<LogRecord>> {
+    let mut out: Vec<LogRecord> = Vec::new();
+    loop {
+        let after = out.last().map_or(0, |r| r.seq);
+        let batch = store.read_after(log, after, 1024).await?;
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        out.extend(batch);
     }
 }
 

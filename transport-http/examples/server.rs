@@ -7,20 +7,27 @@
 //!     --backend sqlite --store ./state.db --port 8080
 //! ```
 //!
-//! Tools: `slow_progress` (sends `count` progress notifications, `delay_ms`
-//! apart, each carrying `tag`, then answers), `ask_sampling` (asks the
-//! client to sample, so it needs the client's sampling capability) and
-//! `stats` (how many `initialize` requests this process answered, and how
-//! many sessions it restored from the store) and `whoami` (the client name
-//! the server holds for the caller, and the `Mcp-Session-Id` the handler was
-//! given, if any). The principal is read from
-//! the `x-demo-user` header (a stand-in for real authentication).
+//! `--help` lists the flags. The server names itself
+//! `mcp-persist-example-server` with this crate's version in `serverInfo`.
+//!
+//! Tools: `slow_progress` (answers after `count` steps `delay_ms` apart,
+//! sending a progress notification carrying `tag` at each step when the
+//! client asked for progress with a progress token), `ask_sampling` (asks
+//! the client to sample: a client that did not declare sampling gets a tool
+//! error at once), `stats` (how many `initialize` requests this process
+//! answered, and how many sessions it restored from the store) and `whoami`
+//! (the name, version and capabilities of the client of this very request:
+//! its `_meta` on 2026-07-28, the session's `initialize` before; and the
+//! `Mcp-Session-Id` the handler was given, if any). The principal is read
+//! from the `x-demo-user` header (a stand-in for real authentication).
 //!
 //! Task tools (2026-07-28 tasks extension, for clients that declare it):
 //! `long_job` (`steps` steps of `step_ms`, resumable: if this instance dies,
 //! another one runs it again), `fragile_job` (the same, not resumable: it
 //! fails when its instance dies) and `ask_name` (asks the client for a name
-//! through `tasks/update`, then greets), and `touch_tools` (announces a
+//! through `tasks/update`, then greets; a client without the tasks extension
+//! is asked directly, in a legacy session; a client that did not declare
+//! elicitation gets an error at once), and `touch_tools` (announces a
 //! tool list change on the fleet bus: every instance's `subscriptions/listen`
 //! streams and legacy sessions hear it), and `touch_resource` (`uri`:
 //! announces that resource changed; listen streams whose filter names it and
@@ -28,13 +35,7 @@
 //! and end of a task operation is appended to PATH as a line
 //! `start|done <task id> <generation>`.
 //!
-//! Flags: `--port N` (0 picks a free one), `--backend memory|file|sqlite|redis`,
-//! `--liveness-grace-ms N`, `--runs-file PATH`,
-//! `--redis-prefix P`,
-//! `--store PATH`, `--idle-ttl-ms N`, `--sse-retry-ms N`, `--tail-idle-ms N`,
-//! `--event-retention-ms N`, `--event-max N`, `--pipelined-events`,
-//! `--rmcp-defaults` (rmcp's in-memory session manager, no stores: the
-//! baseline). It prints `LISTENING <address>` once it accepts connections.
+//! It prints `LISTENING <address>` once it accepts connections.
 
 use std::{
     sync::{
@@ -47,16 +48,16 @@ use std::{
 use anyhow::Context as _;
 use mcp_persist_core::{EventLogConfig, Stores};
 use mcp_persist_transport_http::server::{
-    DurableServer, DurableTasks, DurableTasksBuilder, FleetBus, StreamableHttpServerConfig,
-    TaskContext, client_accepts_tasks,
+    DurableServer, DurableTasks, DurableTasksBuilder, FleetBus, MissingClientCapability,
+    StreamableHttpServerConfig, TaskContext, client_accepts_tasks,
 };
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-        CreateMessageRequestParams, InitializeRequestParams, InitializeResult, ListToolsResult,
-        PaginatedRequestParams, ProgressNotificationParam, SamplingMessage, ServerCapabilities,
-        ServerConfig, Tool,
+        CreateMessageRequestParams, Implementation, InitializeRequestParams, InitializeResult,
+        ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, SamplingMessage,
+        ServerCapabilities, ServerConfig, ServerRequest, Tool,
     },
     service::RequestContext,
     task_manager::{TaskExit, TaskFuture, TaskOptions},
@@ -159,26 +160,36 @@ fn job(
     })
 }
 
-/// `ask_name`: asks the client for a name, then greets.
+/// The question `ask_name` puts to the client (an `elicitation/create`).
+fn name_question() -> serde_json::Value {
+    serde_json::json!({
+        "method": "elicitation/create",
+        "params": {
+            "message": "What is your name?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": { "name": { "type": "string" } },
+                "required": ["name"]
+            }
+        }
+    })
+}
+
+/// The greeting for the client's answer to [`name_question`].
+fn greeting(answer: &serde_json::Value) -> CallToolResult {
+    let name = answer["content"]["name"].as_str().unwrap_or("stranger");
+    CallToolResult::success(vec![ContentBlock::text(format!("Hello, {name}!"))])
+}
+
+/// `ask_name` as a task: asks the client for a name through the task's
+/// input requests, then greets. A client that did not declare elicitation
+/// is refused by the runtime at once, and the task fails with that message.
 fn ask_name(cx: TaskContext) -> TaskFuture {
     Box::pin(async move {
-        let request = serde_json::from_value(serde_json::json!({
-            "method": "elicitation/create",
-            "params": {
-                "message": "What is your name?",
-                "requestedSchema": {
-                    "type": "object",
-                    "properties": { "name": { "type": "string" } },
-                    "required": ["name"]
-                }
-            }
-        }))
-        .map_err(|e| TaskExit::Error(ErrorData::internal_error(e.to_string(), None)))?;
+        let request = serde_json::from_value(name_question())
+            .map_err(|e| TaskExit::Error(ErrorData::internal_error(e.to_string(), None)))?;
         let answer = cx.request_input("name", request).await?;
-        let name = answer["content"]["name"].as_str().unwrap_or("stranger");
-        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
-            "Hello, {name}!"
-        ))]))
+        Ok(greeting(&answer))
     })
 }
 
@@ -211,7 +222,7 @@ fn tools() -> Vec<Tool> {
     vec![
         Tool::new(
             "slow_progress",
-            "Sends `count` progress notifications `delay_ms` apart, then answers.",
+            "Answers after `count` steps `delay_ms` apart, with a progress notification at each step if the client sent a progress token.",
             schema(serde_json::json!({
                 "type": "object",
                 "properties": {
@@ -230,7 +241,7 @@ fn tools() -> Vec<Tool> {
         ),
         Tool::new(
             "whoami",
-            "The client name this server holds for the caller, and the session id the handler sees.",
+            "The name, version and capabilities of this request's client, and the session id the handler sees.",
             schema(serde_json::json!({"type": "object"})),
         ),
         Tool::new(
@@ -245,7 +256,7 @@ fn tools() -> Vec<Tool> {
         ),
         Tool::new(
             "ask_name",
-            "A task that asks the client for a name, then greets.",
+            "Asks the client for a name (as a task when the client declares tasks), then greets.",
             schema(serde_json::json!({"type": "object"})),
         ),
         Tool::new(
@@ -284,6 +295,9 @@ impl DemoHandler {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if !client_accepts_tasks(context) {
+            if name == "ask_name" {
+                return ask_name_directly(context).await;
+            }
             return Err(ErrorData::missing_required_client_capability(
                 rmcp::model::ClientCapabilities::builder()
                     .enable_tasks()
@@ -310,6 +324,49 @@ impl DemoHandler {
     }
 }
 
+/// `ask_name` for a client without the tasks extension: the handler asks
+/// the client itself (legacy sessions), then greets. A client that did not
+/// declare elicitation gets a tool error at once; so does a 2026-07-28
+/// client, which takes no server-to-client requests.
+async fn ask_name_directly(
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResponse, ErrorData> {
+    let request: ServerRequest = serde_json::from_value(name_question())
+        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+    match context.peer.send_request(request).await {
+        Ok(rmcp::model::ClientResult::ElicitResult(answer)) => {
+            let answer = serde_json::to_value(&answer)
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            Ok(greeting(&answer).into())
+        }
+        Ok(_) => Err(ErrorData::internal_error(
+            "the client answered the question with something else",
+            None,
+        )),
+        Err(e) => Ok(peer_refusal("elicitation", &e)?.into()),
+    }
+}
+
+/// The tool error for a request the client was not sent or did not answer:
+/// a capability it never declared, or any refusal it answered with.
+fn peer_refusal(what: &str, error: &rmcp::ServiceError) -> Result<CallToolResult, ErrorData> {
+    if let Some(missing) = MissingClientCapability::from_service_error(error) {
+        return Ok(missing.tool_error());
+    }
+    match error {
+        rmcp::ServiceError::McpError(e) => Ok(CallToolResult::error(vec![ContentBlock::text(
+            format!("{what} refused: {}", e.message),
+        )])),
+        other => Err(ErrorData::internal_error(format!("{what}: {other}"), None)),
+    }
+}
+
+/// How the demo names itself in `serverInfo`.
+pub fn server_info() -> Implementation {
+    Implementation::new("mcp-persist-example-server", env!("CARGO_PKG_VERSION"))
+        .with_title("mcp-persist example server")
+}
+
 impl ServerHandler for DemoHandler {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
@@ -317,11 +374,12 @@ impl ServerHandler for DemoHandler {
             .enable_tool_list_changed()
             .enable_resources()
             .enable_resources_subscribe();
-        if self.tasks.is_some() {
+        let config = if self.tasks.is_some() {
             ServerConfig::new(capabilities.enable_tasks().build())
         } else {
             ServerConfig::new(capabilities.build())
-        }
+        };
+        config.with_server_info(server_info())
     }
 
     async fn subscribe(
@@ -451,13 +509,15 @@ impl ServerHandler for DemoHandler {
                     .and_then(|v| v.as_str())
                     .unwrap_or("")
                     .to_owned();
-                let token = context.meta.get_progress_token().ok_or_else(|| {
-                    ErrorData::invalid_params("slow_progress needs a progress token", None)
-                })?;
+                // Progress goes only to a client that asked for it.
+                let token = context.meta.get_progress_token();
                 for i in 1..=count {
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
+                    let Some(token) = &token else {
+                        continue;
+                    };
                     context
                         .peer
                         .notify_progress(
@@ -476,30 +536,30 @@ impl ServerHandler for DemoHandler {
                     .and_then(|v| v.as_str())
                     .unwrap_or("hello")
                     .to_owned();
-                let sampling = context
-                    .peer
-                    .peer_info()
-                    .is_some_and(|info| info.capabilities.sampling.is_some());
-                if !sampling {
-                    return Ok(CallToolResult::error(vec![ContentBlock::text(
-                        "the client did not declare the sampling capability",
-                    )])
-                    .into());
-                }
-                let reply = context
+                // No capability check here: the server refuses a request
+                // the client did not declare at once, as a typed error.
+                let reply = match context
                     .peer
                     .create_message(CreateMessageRequestParams::new(
                         vec![SamplingMessage::user_text(prompt)],
                         64,
                     ))
                     .await
-                    .map_err(|e| ErrorData::internal_error(format!("sampling: {e}"), None))?;
+                {
+                    Ok(reply) => reply,
+                    Err(e) => return Ok(peer_refusal("sampling", &e)?.into()),
+                };
                 let reply = serde_json::to_value(&reply.message)
                     .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
                 format!("sampled {reply}")
             }
+            // The request's own client: `_meta` on 2026-07-28 (where rmcp's
+            // `peer.peer_info()` is a placeholder naming no real client),
+            // the session's `initialize` before.
             "whoami" => serde_json::json!({
-                "client": context.peer.peer_info().map(|info| info.client_info.name.clone()),
+                "client": context.client_info().map(|info| info.name),
+                "clientVersion": context.client_info().map(|info| info.version),
+                "capabilities": context.client_capabilities(),
                 "session": context
                     .extensions
                     .get::<http::request::Parts>()
@@ -585,9 +645,70 @@ pub struct Options {
     pub written_events: bool,
 }
 
+/// The flags, as `--help` prints them.
+pub const USAGE: &str = "\
+A durable MCP server (Streamable HTTP, protocol revisions 2025-11-25 and 2026-07-28)
+on mcp-persist: run several on one store and any of them serves any session.
+
+Usage: server [FLAGS]
+
+Store:
+  --backend memory|file|sqlite|redis  where state lives (default memory: this process only)
+  --store PATH|URL              SQLite file, file-store directory, or redis://HOST:PORT/
+  --redis-prefix P              key prefix in Redis (instances of one deployment share it)
+
+Serving:
+  --port N                      port on 127.0.0.1 (default 0: any free one)
+  --idle-ttl-ms N               how long an unused session lives (default 1800000)
+  --strict-sessions             read the session from the store on every request
+  --sse-retry-ms N              SSE reconnection hint sent to clients (default 200)
+  --tail-idle-ms N              how long a resumed stream waits for a new event (default 60000)
+  --event-retention-ms N        how long events are kept for resumption (default 3600000)
+  --event-max N                 events kept per stream (default 10000)
+  --pipelined-events            send events at once, commit them within 10 ms
+  --written-events              commit each event before sending it, without a disk sync
+  --liveness-grace-ms N         how long an instance may miss its lease before its tasks
+                                and streams are ended or taken over (default 3000)
+  --runs-file PATH              append `start|done <task> <generation>` lines for task runs
+  --rmcp-defaults               rmcp's in-memory session manager, no store (the baseline)
+
+  -h, --help                    print this and exit
+
+It prints `LISTENING <address>` once it accepts connections. RUST_LOG sets the log level
+(logs go to stderr).
+";
+
+/// What the command line asks for.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Serve with these options.
+    Serve(Options),
+    /// Print [`USAGE`] and exit.
+    Help,
+}
+
+impl Command {
+    /// Parses `args` (without the program name); `--help` or `-h` anywhere
+    /// asks for the usage.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> anyhow::Result<Command> {
+        let args: Vec<String> = args.into_iter().collect();
+        if args.iter().any(|a| a == "--help" || a == "-h") {
+            return Ok(Command::Help);
+        }
+        Options::parse_flags(args).map(Command::Serve)
+    }
+}
+
 impl Options {
-    /// Parses `args` (without the program name).
+    /// Parses `args` (without the program name) into options to serve with.
     pub fn parse(args: impl IntoIterator<Item = String>) -> anyhow::Result<Options> {
+        match Command::parse(args)? {
+            Command::Serve(options) => Ok(options),
+            Command::Help => anyhow::bail!("--help asks for the usage, not for a server"),
+        }
+    }
+
+    fn parse_flags(args: Vec<String>) -> anyhow::Result<Options> {
         let mut o = Options {
             port: 0,
             backend: "memory".into(),
@@ -607,39 +728,47 @@ impl Options {
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
-            if flag == "--rmcp-defaults" {
-                o.rmcp_defaults = true;
-                continue;
-            }
-            if flag == "--strict-sessions" {
-                o.strict_sessions = true;
-                continue;
-            }
-            if flag == "--pipelined-events" {
-                o.pipelined_events = true;
-                continue;
-            }
-            if flag == "--written-events" {
-                o.written_events = true;
-                continue;
-            }
-            let value = args
-                .next()
-                .with_context(|| format!("{flag} needs a value"))?;
-            let ms =
-                |v: &str| -> anyhow::Result<Duration> { Ok(Duration::from_millis(v.parse()?)) };
             match flag.as_str() {
-                "--port" => o.port = value.parse()?,
-                "--backend" => o.backend = value,
-                "--store" => o.store = Some(value.into()),
-                "--redis-prefix" => o.redis_prefix = Some(value),
-                "--idle-ttl-ms" => o.idle_ttl = ms(&value)?,
-                "--sse-retry-ms" => o.sse_retry = ms(&value)?,
-                "--tail-idle-ms" => o.tail_idle = ms(&value)?,
-                "--event-retention-ms" => o.event_retention = ms(&value)?,
-                "--event-max" => o.event_max = value.parse()?,
-                "--liveness-grace-ms" => o.liveness_grace = ms(&value)?,
-                "--runs-file" => o.runs_file = Some(value.into()),
+                "--rmcp-defaults" => o.rmcp_defaults = true,
+                "--strict-sessions" => o.strict_sessions = true,
+                "--pipelined-events" => o.pipelined_events = true,
+                "--written-events" => o.written_events = true,
+                "--port"
+                | "--backend"
+                | "--store"
+                | "--redis-prefix"
+                | "--idle-ttl-ms"
+                | "--sse-retry-ms"
+                | "--tail-idle-ms"
+                | "--event-retention-ms"
+                | "--event-max"
+                | "--liveness-grace-ms"
+                | "--runs-file" => {
+                    let value = args
+                        .next()
+                        .with_context(|| format!("{flag} needs a value"))?;
+                    let number = |v: &str| -> anyhow::Result<u64> {
+                        v.parse()
+                            .with_context(|| format!("{flag} takes a whole number, not {v:?}"))
+                    };
+                    let ms = |v: &str| number(v).map(Duration::from_millis);
+                    match flag.as_str() {
+                        "--port" => {
+                            o.port = u16::try_from(number(&value)?)
+                                .with_context(|| format!("{flag} {value} is not a port"))?;
+                        }
+                        "--backend" => o.backend = value,
+                        "--store" => o.store = Some(value.into()),
+                        "--redis-prefix" => o.redis_prefix = Some(value),
+                        "--idle-ttl-ms" => o.idle_ttl = ms(&value)?,
+                        "--sse-retry-ms" => o.sse_retry = ms(&value)?,
+                        "--tail-idle-ms" => o.tail_idle = ms(&value)?,
+                        "--event-retention-ms" => o.event_retention = ms(&value)?,
+                        "--event-max" => o.event_max = number(&value)?,
+                        "--liveness-grace-ms" => o.liveness_grace = ms(&value)?,
+                        _ => o.runs_file = Some(value.into()),
+                    }
+                }
                 other => anyhow::bail!("unknown flag {other}"),
             }
         }
@@ -775,12 +904,31 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--help` prints the flags; a bad command line or a failure to serve is
+/// one line on stderr (exit status 2 and 1), never a backtrace.
 #[allow(dead_code)]
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    let options = match Command::parse(std::env::args().skip(1)) {
+        Ok(Command::Help) => {
+            print!("{USAGE}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        Ok(Command::Serve(options)) => options,
+        Err(e) => {
+            eprintln!("server: {e:#}\nRun `server --help` for the flags.");
+            return std::process::ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    run(Options::parse(std::env::args().skip(1))?).await
+    match run(options).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("server: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

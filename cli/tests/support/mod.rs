@@ -406,3 +406,201 @@ pub async fn plant_damage(url: &str, key: &str) -> anyhow::Result<()> {
     .await?;
     Ok(())
 }
+
+/// One entry of a folder tree: what it is, its size and its modification
+/// time, as `ls -l --time-style=full-iso` would show them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    pub dir: bool,
+    pub size: u64,
+    pub mode: u32,
+    pub modified: std::time::SystemTime,
+}
+
+/// Every file and folder under `root` (and `root` itself, as ""), with
+/// sizes, modes and modification times: two snapshots are equal only when
+/// nothing was created, removed, written or touched.
+pub fn tree(root: &Path) -> std::collections::BTreeMap<String, TreeEntry> {
+    use std::os::unix::fs::PermissionsExt;
+    fn walk(root: &Path, at: &Path, out: &mut std::collections::BTreeMap<String, TreeEntry>) {
+        let Ok(meta) = std::fs::symlink_metadata(at) else {
+            return;
+        };
+        let name = at
+            .strip_prefix(root)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        out.insert(
+            name,
+            TreeEntry {
+                dir: meta.is_dir(),
+                size: if meta.is_dir() { 0 } else { meta.len() },
+                mode: meta.permissions().mode(),
+                modified: meta.modified().expect("mtime"),
+            },
+        );
+        if meta.is_dir() {
+            let mut children: Vec<_> = std::fs::read_dir(at)
+                .expect("readable")
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .collect();
+            children.sort();
+            for child in children {
+                walk(root, &child, out);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Says what differs between two snapshots of a tree.
+pub fn tree_diff(
+    before: &std::collections::BTreeMap<String, TreeEntry>,
+    after: &std::collections::BTreeMap<String, TreeEntry>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, was) in before {
+        match after.get(name) {
+            None => out.push(format!("removed {name:?}")),
+            Some(now) if now != was => out.push(format!("changed {name:?}: {was:?} -> {now:?}")),
+            Some(_) => {}
+        }
+    }
+    for name in after.keys().filter(|n| !before.contains_key(*n)) {
+        out.push(format!("created {name:?}"));
+    }
+    out
+}
+
+/// Waits until no SQLite side file (`-wal`, `-shm`) is left under `dir`:
+/// the stores that filled it have closed, so the folder is at rest.
+pub async fn sqlite_at_rest(dir: &Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let busy: Vec<String> = tree(dir)
+            .into_keys()
+            .filter(|n| n.ends_with("-wal") || n.ends_with("-shm"))
+            .collect();
+        if busy.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stores that filled {} never closed: {busy:?}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A local store (`sqlite:` or `file:`) filled with `sessions` sessions and
+/// `streams` event streams, each holding a progress notification and the
+/// response of one call, as a server writes them. Returns the stream names.
+pub async fn many_streams(
+    url: &str,
+    sessions: usize,
+    streams: usize,
+) -> anyhow::Result<Vec<String>> {
+    use mcp_persist_core::{EventLogConfig, ServerSession, SessionId};
+    let stores = open_local(url).await?;
+    let store = stores.sessions(Duration::from_secs(3600));
+    for i in 0..sessions {
+        let session = ServerSession::new(
+            SessionId::new(format!("session-{i:05}"))?,
+            serde_json::json!({"protocolVersion": "2025-11-25", "clientInfo": {"name": "bulk", "version": "1"}}),
+            Some(format!("user-{}", i % 7)),
+        );
+        store.create(&session).await?;
+    }
+    let log = stores.events(EventLogConfig::default())?;
+    let mut names = Vec::new();
+    for i in 0..streams {
+        let name = format!("stream-{i:04}");
+        log.append(
+            &name,
+            None,
+            &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": i, "progress": 1, "total": 1}}),
+        )
+        .await?;
+        log.append(
+            &name,
+            None,
+            &serde_json::json!({"jsonrpc": "2.0", "id": i, "result": {"content": []}}),
+        )
+        .await?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// What a store holds, to compare two stores: every key-value record's
+/// bytes, and every event log's records with their sequence numbers.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Contents {
+    pub records: std::collections::BTreeMap<String, Vec<u8>>,
+    pub logs: std::collections::BTreeMap<String, Vec<(u64, Vec<u8>)>>,
+}
+
+/// Reads everything `kv` and `log` hold (event logs are found through
+/// their stream records).
+pub async fn contents(
+    kv: &dyn KvStore,
+    log: &dyn mcp_persist_core::LogStore,
+) -> anyhow::Result<Contents> {
+    let mut records = std::collections::BTreeMap::new();
+    let mut logs = std::collections::BTreeMap::new();
+    for key in kv.list("").await? {
+        if let Some(entry) = kv.get(&key).await? {
+            records.insert(key.clone(), entry.value);
+        }
+        if let Some(stream) = key.strip_prefix("server/stream/") {
+            let name = format!("server/events/{stream}");
+            let mut got: Vec<(u64, Vec<u8>)> = Vec::new();
+            loop {
+                let after = got.last().map_or(0, |r| r.0);
+                let batch = log.read_after(&name, after, 1000).await?;
+                if batch.is_empty() {
+                    break;
+                }
+                got.extend(batch.into_iter().map(|r| (r.seq, r.data)));
+            }
+            logs.insert(name, got);
+        }
+    }
+    Ok(Contents { records, logs })
+}
+
+/// [`contents`] of a local store by URL.
+pub async fn local_contents(url: &str) -> anyhow::Result<Contents> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        let store = mcp_persist_store_sqlite::SqliteStore::open(path).await?;
+        let got = contents(&store, &store).await;
+        store.close().await?;
+        got
+    } else if let Some(path) = url.strip_prefix("file:") {
+        let store = mcp_persist_store_file::FileStore::open(path).await?;
+        contents(&store, &store).await
+    } else {
+        anyhow::bail!("not a local store: {url}")
+    }
+}
+
+/// Adds a stream of `events` progress notifications to a local store.
+pub async fn long_stream(url: &str, stream: &str, events: u64) -> anyhow::Result<()> {
+    let stores = open_local(url).await?;
+    let log = stores.events(mcp_persist_core::EventLogConfig::default())?;
+    for progress in 0..events {
+        log.append(
+            stream,
+            None,
+            &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": stream, "progress": progress}}),
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -177,6 +177,12 @@ pub struct TaskRecord {
     pub resumable: Option<ResumableOperation>,
     /// How many times the operation was started (1 + takeovers).
     pub runs: u32,
+    /// The capabilities the client declared when it created the task (a
+    /// `ClientCapabilities` object), so that every instance running the
+    /// operation knows what it may ask the client for. `None` on records
+    /// written before this field existed: nothing is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_capabilities: Option<serde_json::Value>,
 }
 
 impl TaskRecord {
@@ -201,7 +207,14 @@ impl TaskRecord {
             owner,
             resumable: None,
             runs: 1,
+            client_capabilities: None,
         }
+    }
+
+    /// The same task, recording the capabilities its client declared.
+    pub fn with_client_capabilities(mut self, capabilities: Option<serde_json::Value>) -> Self {
+        self.client_capabilities = capabilities;
+        self
     }
 
     /// The same task with a TTL (`None`: unlimited).

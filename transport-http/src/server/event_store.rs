@@ -40,6 +40,13 @@ const TAIL_SLICE: Duration = Duration::from_secs(5);
 ///   response (or error) has been delivered; a session's standalone stream
 ///   ends when the client goes away. A tail that sees nothing new for the
 ///   configured idle limit ends too, and the client resumes again.
+/// * Every resumed stream that may still carry events starts with a
+///   **priming event**: the resumed-from id and empty data (with the SSE
+///   `retry` hint when one is configured), as rmcp starts a fresh POST
+///   stream. A client that keeps the last id it saw on the stream it is
+///   reading (the TypeScript SDK does) thus keeps its place when a resumed
+///   stream ends before any new event, and resumes from the same id again
+///   instead of losing the rest of the call.
 /// * When the store is owned by one session (the server's session manager
 ///   hands each session its own), streams are recorded as that session's, and
 ///   a `Last-Event-ID` of another session's stream is refused.
@@ -49,6 +56,7 @@ pub struct DurableEventStore {
     session: Arc<OnceLock<SessionId>>,
     tail_idle: Duration,
     life: Option<Arc<InstanceLife>>,
+    retry: Option<Duration>,
 }
 
 impl std::fmt::Debug for DurableEventStore {
@@ -57,6 +65,7 @@ impl std::fmt::Debug for DurableEventStore {
             .field("events", &self.events)
             .field("session", &self.session.get())
             .field("tail_idle", &self.tail_idle)
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -71,7 +80,16 @@ impl DurableEventStore {
             session: Arc::new(OnceLock::new()),
             tail_idle,
             life: None,
+            retry: None,
         }
+    }
+
+    /// The same store, sending `retry` (the SSE reconnection hint) in the
+    /// priming event that starts every resumed stream. Without it the
+    /// priming event carries the id alone.
+    pub fn with_retry(mut self, retry: Option<Duration>) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// The same store, ending a replayed stream whose writing instance
@@ -94,6 +112,7 @@ impl DurableEventStore {
             session: Arc::new(OnceLock::new()),
             tail_idle: self.tail_idle,
             life: self.life.clone(),
+            retry: self.retry,
         }
     }
 
@@ -147,6 +166,7 @@ impl RmcpEventStore for DurableEventStore {
             tx,
             self.tail_idle,
             self.life.clone(),
+            self.retry,
         ));
         Ok(Box::pin(ReceiverStream(rx)))
     }
@@ -160,6 +180,7 @@ async fn pump(
     tx: mpsc::Sender<ServerSseMessage>,
     idle: Duration,
     life: Option<Arc<InstanceLife>>,
+    retry: Option<Duration>,
 ) {
     let request_stream = !after.stream().ends_with(COMMON_STREAM_SUFFIX);
     if request_stream && already_complete(&events, &after).await {
@@ -167,6 +188,9 @@ async fn pump(
             stream = after.stream(),
             "resumed after the final response; nothing more to send"
         );
+        return;
+    }
+    if tx.send(priming(&after, retry)).await.is_err() {
         return;
     }
     let mut quiet = Duration::ZERO;
@@ -271,8 +295,21 @@ async fn pump(
     }
 }
 
-/// Whether the event `id` itself was its request stream's final response,
-/// so a resume after it has nothing to wait for.
+/// The event that starts a resumed stream: the resumed-from id, no message,
+/// and the reconnection hint. A client that sees no other event before the
+/// stream ends resumes from this id again.
+fn priming(after: &EventId, retry: Option<Duration>) -> ServerSseMessage {
+    let id = after.to_string();
+    match retry {
+        Some(retry) => ServerSseMessage::priming(id, retry),
+        None => {
+            let mut message = ServerSseMessage::default();
+            message.event_id = Some(id);
+            message
+        }
+    }
+}
+
 /// Whether the instance `writer` stopped, as `life` observes it.
 async fn orphaned(life: &InstanceLife, writer: &str) -> bool {
     matches!(
@@ -297,6 +334,8 @@ fn orphan_error(request: serde_json::Value, writer: &str) -> Option<ServerSseMes
     Some(ServerSseMessage::from_message(message))
 }
 
+/// Whether the event `id` itself was its request stream's final response,
+/// so a resume after it has nothing to wait for.
 async fn already_complete(events: &mcp_persist_core::EventLog, id: &EventId) -> bool {
     let Some(before) = id.seq().checked_sub(1) else {
         return false;

@@ -1,21 +1,31 @@
 //! The session manager: rmcp's local session workers, one event log shared
 //! by every instance, and liveness decided by the shared session store.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+};
 
 use futures::Stream;
 use mcp_persist_core::SessionId as StoredSessionId;
 use rmcp::{
-    model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
-    transport::streamable_http_server::session::{
-        RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
-        local::{LocalSessionManager, LocalSessionManagerError, SessionConfig},
+    RoleServer,
+    model::{ClientCapabilities, ClientJsonRpcMessage, ClientRequest, ServerJsonRpcMessage},
+    transport::{
+        Transport,
+        streamable_http_server::session::{
+            RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+            local::{LocalSessionManager, LocalSessionManagerError, SessionConfig},
+        },
     },
 };
 use tokio::sync::RwLock;
 use tracing::{debug, info, warn};
 
-use super::event_store::DurableEventStore;
+use super::{
+    capability::{ClientFeature, MissingClientCapability},
+    event_store::DurableEventStore,
+};
 
 /// Why the [`DurableSessionManager`] could not serve a session operation.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +76,90 @@ impl std::fmt::Debug for DurableSessionManager {
     }
 }
 
-type Transport = <LocalSessionManager as SessionManager>::Transport;
+type LocalTransport = <LocalSessionManager as SessionManager>::Transport;
+
+/// The transport of one session's handler: rmcp's local session worker,
+/// with the server's requests checked against the capabilities the client
+/// declared at `initialize` (see [`MissingClientCapability`]).
+///
+/// A sampling, elicitation or roots request to a client that did not declare
+/// the capability never reaches the client: it is answered at once, as if
+/// by the client, with the error [`MissingClientCapability::to_error_data`]
+/// builds. The capabilities are read from the session's `initialize`, which
+/// a session restored on another instance replays from the stored
+/// initialize params, so every instance decides alike.
+pub struct SessionTransport {
+    inner: LocalTransport,
+    declared: Option<ClientCapabilities>,
+    refused: VecDeque<ClientJsonRpcMessage>,
+}
+
+impl std::fmt::Debug for SessionTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTransport")
+            .field("declared", &self.declared)
+            .field("refused", &self.refused.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionTransport {
+    fn new(inner: LocalTransport) -> Self {
+        SessionTransport {
+            inner,
+            declared: None,
+            refused: VecDeque::new(),
+        }
+    }
+}
+
+impl Transport<RoleServer> for SessionTransport {
+    type Error = <LocalTransport as Transport<RoleServer>>::Error;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let ServerJsonRpcMessage::Request(request) = &item {
+            // Before `initialize` nothing is declared yet, and a server has
+            // no business asking anything.
+            let declared = self.declared.clone().unwrap_or_default();
+            if let Err(missing) = MissingClientCapability::check(
+                &declared,
+                ClientFeature::of_request(&request.request),
+            ) {
+                warn!(
+                    request = %request.id,
+                    capability = missing.feature().capability(),
+                    "refused a request the client declared no capability for"
+                );
+                self.refused.push_back(ClientJsonRpcMessage::error(
+                    missing.to_error_data(),
+                    Some(request.id.clone()),
+                ));
+                return futures::future::Either::Left(futures::future::ready(Ok(())));
+            }
+        }
+        futures::future::Either::Right(self.inner.send(item))
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        if let Some(refusal) = self.refused.pop_front() {
+            return Some(refusal);
+        }
+        let message = self.inner.receive().await?;
+        if let ClientJsonRpcMessage::Request(request) = &message
+            && let ClientRequest::InitializeRequest(initialize) = &request.request
+        {
+            self.declared = Some(initialize.params.capabilities.clone());
+        }
+        Some(message)
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
 type SseStream = std::pin::Pin<Box<dyn Stream<Item = ServerSseMessage> + Send + Sync + 'static>>;
 
 fn boxed(stream: impl Stream<Item = ServerSseMessage> + Send + Sync + 'static) -> SseStream {
@@ -151,7 +244,7 @@ impl DurableSessionManager {
 
 impl SessionManager for DurableSessionManager {
     type Error = SessionManagerError;
-    type Transport = Transport;
+    type Transport = SessionTransport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (local, events) = self.new_local();
@@ -160,7 +253,7 @@ impl SessionManager for DurableSessionManager {
             events.bind(StoredSessionId::new(id.as_ref())?);
         }
         self.sessions.write().await.insert(id.clone(), local);
-        Ok((id, transport))
+        Ok((id, SessionTransport::new(transport)))
     }
 
     async fn initialize_session(
@@ -262,11 +355,12 @@ impl SessionManager for DurableSessionManager {
             RestoreOutcome::Restored(transport) => {
                 sessions.insert(id, local);
                 info!(session = %stored_id, "restoring session from the shared store");
-                Ok(RestoreOutcome::Restored(transport))
+                Ok(RestoreOutcome::Restored(SessionTransport::new(transport)))
             }
-            other => {
+            RestoreOutcome::AlreadyPresent => Ok(RestoreOutcome::AlreadyPresent),
+            _ => {
                 debug!(session = %stored_id, "rmcp declined to restore the session");
-                Ok(other)
+                Ok(RestoreOutcome::NotSupported)
             }
         }
     }

@@ -32,6 +32,7 @@
 
 mod binding;
 pub mod bus;
+pub mod capability;
 mod event_store;
 mod instance;
 mod manager;
@@ -42,8 +43,9 @@ use std::{sync::Arc, time::Duration};
 
 pub use binding::{Principal, SessionBinding, SessionBindingLayer};
 pub use bus::FleetBus;
+pub use capability::{ClientFeature, MissingClientCapability};
 pub use event_store::DurableEventStore;
-pub use manager::{DurableSessionManager, SessionManagerError};
+pub use manager::{DurableSessionManager, SessionManagerError, SessionTransport};
 use mcp_persist_core::{EventLogConfig, Result, Stores};
 pub use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::SessionConfig,
@@ -142,7 +144,9 @@ impl DurableServerBuilder {
 
     /// How long a resumed stream waits for a new event from the instance
     /// still writing it before it ends and lets the client resume again
-    /// (default 60 seconds).
+    /// (default 60 seconds). Every resumed stream starts with a priming
+    /// event carrying the resumed-from id, so a client resumes from the same
+    /// place when the stream ends with nothing new.
     pub fn tail_idle(mut self, idle: Duration) -> Self {
         self.tail_idle = idle;
         self
@@ -187,9 +191,6 @@ impl DurableServerBuilder {
             Some(config) => Some(self.stores.events(config)?.with_writer(life.id())),
             None => None,
         };
-        let rmcp_events = events
-            .clone()
-            .map(|e| DurableEventStore::new(e, self.tail_idle).with_liveness(life.clone()));
         let mut session_config = self.session_config;
         session_config.keep_alive = Some(
             session_config
@@ -204,6 +205,11 @@ impl DurableServerBuilder {
         if !self.session_config_given || session_config.sse_retry.is_none() {
             session_config.sse_retry = self.config.sse_retry;
         }
+        let rmcp_events = events.clone().map(|e| {
+            DurableEventStore::new(e, self.tail_idle)
+                .with_liveness(life.clone())
+                .with_retry(session_config.sse_retry)
+        });
         let manager = Arc::new(DurableSessionManager::new(
             sessions.clone(),
             rmcp_events,

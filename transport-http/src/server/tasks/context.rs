@@ -4,11 +4,17 @@
 use std::sync::Arc;
 
 use mcp_persist_core::{TaskId, TaskUpdate};
-use rmcp::{ErrorData, model::InputRequest, task_manager::TaskExit};
+use rmcp::{
+    ErrorData,
+    model::{ClientCapabilities, InputRequest},
+    task_manager::TaskExit,
+};
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 use super::Runtime;
+use crate::server::capability::{ClientFeature, MissingClientCapability};
+use tracing::warn;
 
 /// Handle passed to a running task operation, as rmcp's `TaskContext` is:
 /// ask the client for input mid-task, set the status message, and notice
@@ -57,12 +63,20 @@ impl TaskContext {
     /// with them. When a resumed run asks again under a key the client has
     /// already answered, the stored answer is returned at once. A cancelled
     /// task gets [`TaskExit::Cancelled`].
+    ///
+    /// A request the client cannot answer, because it did not declare the
+    /// capability (sampling, elicitation, roots) on the request that created
+    /// the task, is refused at once, on whichever instance runs the task:
+    /// the error is [`MissingClientCapability`]'s, as [`TaskExit::Error`]
+    /// (an operation that passes it on with `?` ends the task `failed` with
+    /// that message), and nothing is recorded.
     pub async fn request_input(
         &self,
         key: impl Into<String>,
         request: InputRequest,
     ) -> Result<Value, TaskExit> {
         let key = key.into();
+        let feature = ClientFeature::of_input_request(&request);
         let request = serde_json::to_value(&request).map_err(|e| {
             TaskExit::Error(ErrorData::internal_error(
                 format!("the input request does not serialize: {e}"),
@@ -74,6 +88,7 @@ impl TaskContext {
         let mut answered = None;
         let mut fenced_out = false;
         let mut reused = false;
+        let mut missing = None;
         let generation = self.generation;
         let outcome = self
             .runtime
@@ -82,8 +97,24 @@ impl TaskContext {
                 fenced_out = task.owner.generation != generation;
                 reused = false;
                 answered = None;
+                missing = None;
                 if fenced_out {
                     return Ok(false);
+                }
+                // Records written before capabilities were kept: unknown,
+                // so asked as before.
+                if let Some(declared) = &task.client_capabilities {
+                    let declared: ClientCapabilities = serde_json::from_value(declared.clone())
+                        .map_err(|e| {
+                            mcp_persist_core::Error::corrupt(
+                                format!("task/{}", task.task_id),
+                                format!("the stored client capabilities do not parse: {e}"),
+                            )
+                        })?;
+                    if let Err(refusal) = MissingClientCapability::check(&declared, feature) {
+                        missing = Some(refusal);
+                        return Ok(false);
+                    }
                 }
                 if let Some(answer) = task.input_responses.get(&key) {
                     answered = Some(answer.clone());
@@ -103,6 +134,10 @@ impl TaskContext {
             .await;
         let refusal = match outcome {
             Ok(_) if fenced_out => Some(fenced()),
+            Ok(_) if missing.is_some() => missing.map(|m| {
+                warn!(task = %self.id, key, capability = m.feature().capability(), "refused an input request the client declared no capability for");
+                TaskExit::from(m)
+            }),
             Ok(_) if reused => Some(TaskExit::Error(ErrorData::internal_error(
                 format!("input key {key:?} was already used for this task"),
                 None,

@@ -265,7 +265,10 @@ impl DurableTasks {
         .with_ttl_ms(options.ttl_ms)
         .with_poll_interval_ms(options.poll_interval_ms)
         .with_status_message(options.status_message.clone())
-        .with_resumable(resumable);
+        .with_resumable(resumable)
+        .with_client_capabilities(
+            serde_json::to_value(cx.client_capabilities().unwrap_or_default()).ok(),
+        );
         // Registered before the record exists, so no reader on this
         // instance ever sees the task without its operation.
         let ctx = rt.register_local(&id, 1);

@@ -1,0 +1,576 @@
+//! What a generic client (one that declares little, such as the MCP
+//! Inspector) meets on the durable server, in both protocol revisions and on
+//! either of two instances sharing one store:
+//!
+//! * a request for a capability it never declared is refused at once, as a
+//!   tool error or a `failed` task, instead of hanging the call;
+//! * the handler sees the client of the request itself (its `_meta` on
+//!   2026-07-28), not a placeholder;
+//! * the example server names itself, takes `--help`, and works for a
+//!   client that sends no progress token.
+
+mod support;
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use mcp_persist_core::{MemoryStore, Stores};
+use rmcp::{
+    ClientHandler, ErrorData, RoleClient, ServiceExt,
+    model::{
+        ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
+        Implementation,
+    },
+    service::RequestContext,
+    transport::{
+        StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig,
+    },
+};
+use serde_json::{Value, json};
+use support::{demo, raw_initialize_as};
+
+/// How long a refused request may take, at most, in these tests: far less
+/// than any client's request timeout, far more than a loaded machine needs.
+const AT_ONCE: Duration = Duration::from_secs(10);
+
+/// Two in-process instances of the example server, with its task runtime,
+/// on one memory store.
+struct Fleet {
+    a: String,
+    b: String,
+    _tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn serve(stores: Stores) -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let options = demo::Options::parse(["--liveness-grace-ms".to_owned(), "1000".to_owned()])?;
+    let router =
+        demo::durable_router_with_tasks(stores, &options, Arc::new(demo::Counters::default()))
+            .await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((url, task))
+}
+
+async fn fleet() -> anyhow::Result<Fleet> {
+    let stores = Stores::new(MemoryStore::new());
+    let (a, ta) = serve(stores.clone()).await?;
+    let (b, tb) = serve(stores).await?;
+    Ok(Fleet {
+        a,
+        b,
+        _tasks: vec![ta, tb],
+    })
+}
+
+/// The JSON-RPC response in an HTTP answer (plain JSON or an SSE stream).
+fn response_of(text: &str) -> anyhow::Result<Value> {
+    let message = if text.trim_start().starts_with('{') {
+        text.to_owned()
+    } else {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.contains("\"result\"") || d.contains("\"error\""))
+            .with_context(|| format!("no response in {text}"))?
+            .to_owned()
+    };
+    Ok(serde_json::from_str(&message)?)
+}
+
+/// A legacy (2025-11-25) request on `session`, answered within [`AT_ONCE`].
+async fn legacy(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    method: &str,
+    params: Value,
+) -> anyhow::Result<Value> {
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": params});
+    let (status, text) = tokio::time::timeout(
+        AT_ONCE,
+        support::raw_post(http, url, "alice", session, body),
+    )
+    .await
+    .with_context(|| format!("{method} was not answered within {AT_ONCE:?}"))??;
+    anyhow::ensure!(status == 200, "{method} answered HTTP {status}: {text}");
+    response_of(&text)
+}
+
+/// A 2026-07-28 request from a client named `client` declaring
+/// `capabilities`, answered within [`AT_ONCE`].
+async fn modern(
+    http: &reqwest::Client,
+    url: &str,
+    client: &str,
+    capabilities: Value,
+    method: &str,
+    mut params: Value,
+) -> anyhow::Result<Value> {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": { "name": client, "version": "9.9" },
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    });
+    let mut request = http
+        .post(url)
+        .header("x-demo-user", "alice")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = params
+        .get("name")
+        .or_else(|| params.get("taskId"))
+        .and_then(Value::as_str)
+    {
+        request = request.header("mcp-name", name);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": params});
+    let response = tokio::time::timeout(AT_ONCE, async {
+        let response = request.body(body.to_string()).send().await?;
+        anyhow::Ok(response.text().await?)
+    })
+    .await
+    .with_context(|| format!("{method} was not answered within {AT_ONCE:?}"))??;
+    response_of(&response)
+}
+
+fn text_of(response: &Value) -> String {
+    response["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A legacy client that declared neither elicitation nor sampling: a tool
+/// that asks it for either gets a tool error at once naming the missing
+/// capability, on the instance that created the session and on the one
+/// that restores it from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_requests_for_undeclared_capabilities_are_refused_at_once() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let http = reqwest::Client::new();
+    let session = raw_initialize_as(&http, &fleet.a, "alice", "bare-client").await?;
+    for url in [&fleet.a, &fleet.b] {
+        let answer = legacy(
+            &http,
+            url,
+            &session,
+            "tools/call",
+            json!({"name": "ask_name", "arguments": {}}),
+        )
+        .await?;
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        assert!(
+            text_of(&answer).contains("`elicitation`"),
+            "the refusal names the capability: {answer}"
+        );
+        let answer = legacy(
+            &http,
+            url,
+            &session,
+            "tools/call",
+            json!({"name": "ask_sampling", "arguments": {"prompt": "hi"}}),
+        )
+        .await?;
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        assert!(
+            text_of(&answer).contains("`sampling`"),
+            "the refusal names the capability: {answer}"
+        );
+    }
+    Ok(())
+}
+
+/// An rmcp client that declares elicitation and answers "Zed".
+#[derive(Clone)]
+struct Answering;
+
+impl ClientHandler for Answering {
+    fn get_info(&self) -> ClientConfig {
+        let capabilities = ClientCapabilities::builder().enable_elicitation().build();
+        ClientConfig::new(capabilities, Implementation::new("answering-client", "2.0"))
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"name": "Zed"})))
+    }
+}
+
+/// The check refuses nothing a client declared: a client with elicitation is
+/// asked, and its answer reaches the tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_capability_is_still_asked() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-demo-user", "alice".parse()?);
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?;
+    let transport = StreamableHttpClientTransport::with_client(
+        http,
+        StreamableHttpClientTransportConfig::with_uri(fleet.a.clone()),
+    );
+    let client = Answering.serve(transport).await?;
+    let result = tokio::time::timeout(
+        AT_ONCE,
+        client.call_tool(rmcp::model::CallToolRequestParams::new("ask_name")),
+    )
+    .await
+    .context("ask_name was not answered")??;
+    let text = result.content[0].as_text().context("text")?.text.clone();
+    assert_eq!(text, "Hello, Zed!", "{result:?}");
+    client.cancel().await?;
+    Ok(())
+}
+
+/// A 2026-07-28 task asking a client that declared the tasks extension but
+/// not elicitation: the task ends `failed` at once with the refusal, as
+/// every instance reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_asking_for_an_undeclared_capability_fails_at_once() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let http = reqwest::Client::new();
+    let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let created = modern(
+        &http,
+        &fleet.a,
+        "tasks-only",
+        caps.clone(),
+        "tools/call",
+        json!({"name": "ask_name", "arguments": {}}),
+    )
+    .await?;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("not a task: {created}"))?
+        .to_owned();
+    let started = std::time::Instant::now();
+    let failed = loop {
+        let got = modern(
+            &http,
+            &fleet.b,
+            "tasks-only",
+            caps.clone(),
+            "tasks/get",
+            json!({"taskId": task}),
+        )
+        .await?;
+        let status = got["result"]["status"].as_str().unwrap_or_default();
+        assert_ne!(
+            status, "input_required",
+            "a question the client cannot answer was put to it: {got}"
+        );
+        if status == "failed" {
+            break got;
+        }
+        anyhow::ensure!(
+            started.elapsed() < AT_ONCE,
+            "the task did not fail within {AT_ONCE:?}: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let error = &failed["result"]["error"];
+    assert_eq!(error["code"], -32021, "{failed}");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`elicitation`")),
+        "{failed}"
+    );
+    // The same answer on the instance that ran it.
+    let on_a = modern(
+        &http,
+        &fleet.a,
+        "tasks-only",
+        caps,
+        "tasks/get",
+        json!({"taskId": task}),
+    )
+    .await?;
+    assert_eq!(on_a["result"]["status"], "failed", "{on_a}");
+    Ok(())
+}
+
+/// `whoami` reports the client of the request: on 2026-07-28 the one its
+/// `_meta` names (two clients in turn on one instance, each seeing itself),
+/// on 2025-11-25 the session's, on either instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_sees_the_requests_own_client() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let http = reqwest::Client::new();
+    for (client, caps) in [
+        ("inspector-like", json!({})),
+        ("sampler", json!({"sampling": {}})),
+    ] {
+        let answer = modern(
+            &http,
+            &fleet.a,
+            client,
+            caps.clone(),
+            "tools/call",
+            json!({"name": "whoami", "arguments": {}}),
+        )
+        .await?;
+        let who: Value =
+            serde_json::from_str(&text_of(&answer)).with_context(|| format!("whoami: {answer}"))?;
+        assert_eq!(who["client"], client, "{who}");
+        assert_eq!(who["clientVersion"], "9.9", "{who}");
+        assert_eq!(who["capabilities"], caps, "{who}");
+    }
+    let session = raw_initialize_as(&http, &fleet.a, "alice", "legacy-client").await?;
+    for url in [&fleet.a, &fleet.b] {
+        let answer = legacy(
+            &http,
+            url,
+            &session,
+            "tools/call",
+            json!({"name": "whoami", "arguments": {}}),
+        )
+        .await?;
+        let who: Value = serde_json::from_str(&text_of(&answer))?;
+        assert_eq!(who["client"], "legacy-client", "{who}");
+        assert_eq!(who["session"], session.as_str(), "{who}");
+    }
+    Ok(())
+}
+
+/// The example names itself in `serverInfo`, and `slow_progress` without a
+/// progress token is a call that sends no progress, in both revisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_names_itself_and_needs_no_progress_token() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let http = reqwest::Client::new();
+    let response = http
+        .post(&fleet.a)
+        .header("x-demo-user", "alice")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(
+            json!({
+                "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                           "clientInfo": {"name": "t", "version": "1"}}
+            })
+            .to_string(),
+        )
+        .send()
+        .await?;
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .context("session id")?
+        .to_str()?
+        .to_owned();
+    let init = response_of(&response.text().await?)?;
+    let info = &init["result"]["serverInfo"];
+    assert_eq!(info["name"], "mcp-persist-example-server", "{init}");
+    assert_eq!(info["version"], env!("CARGO_PKG_VERSION"), "{init}");
+
+    let args =
+        json!({"name": "slow_progress", "arguments": {"count": 3, "delay_ms": 1, "tag": "quiet"}});
+    let answer = legacy(&http, &fleet.b, &session, "tools/call", args.clone()).await?;
+    assert_eq!(text_of(&answer), "done quiet", "{answer}");
+    let answer = modern(&http, &fleet.b, "t", json!({}), "tools/call", args).await?;
+    assert_eq!(text_of(&answer), "done quiet", "{answer}");
+    Ok(())
+}
+
+/// `--help` (or `-h`, anywhere) asks for the usage, which lists every flag
+/// the server takes; a bad flag or value is a one-line error.
+#[test]
+fn the_example_has_a_help_listing_its_flags() {
+    for args in [vec!["--help"], vec!["--port", "1", "-h"]] {
+        let command = demo::Command::parse(args.iter().map(|s| s.to_string())).expect("parses");
+        assert!(matches!(command, demo::Command::Help), "{args:?}");
+    }
+    let flags: Vec<&str> = demo::USAGE
+        .split_whitespace()
+        .filter(|w| w.starts_with("--") && *w != "--help")
+        .collect();
+    for flag in [
+        "--backend",
+        "--store",
+        "--redis-prefix",
+        "--port",
+        "--idle-ttl-ms",
+        "--strict-sessions",
+        "--sse-retry-ms",
+        "--tail-idle-ms",
+        "--event-retention-ms",
+        "--event-max",
+        "--pipelined-events",
+        "--written-events",
+        "--liveness-grace-ms",
+        "--runs-file",
+        "--rmcp-defaults",
+    ] {
+        assert!(flags.contains(&flag), "--help lists {flag}");
+    }
+    // Each listed flag is one the server takes.
+    for flag in flags {
+        let mut args = vec![flag.trim_end_matches(',').to_owned()];
+        if demo::Options::parse(args.clone()).is_err() {
+            args.push("1".to_owned());
+        }
+        demo::Options::parse(args.clone())
+            .unwrap_or_else(|e| panic!("--help lists {args:?}, which does not parse: {e:#}"));
+    }
+    let bad =
+        demo::Options::parse(["--port".to_owned(), "eighty".to_owned()]).expect_err("not a number");
+    assert!(format!("{bad:#}").contains("--port"), "{bad:#}");
+    let unknown = demo::Options::parse(["--bogus".to_owned()]).expect_err("unknown");
+    assert!(format!("{unknown:#}").contains("--bogus"), "{unknown:#}");
+}
+
+/// A server whose one tool runs `ask_later` as a resumable task: the first
+/// run waits, a run taken over by another instance asks the client for
+/// elicitation.
+#[derive(Clone)]
+struct TakeoverHandler {
+    tasks: mcp_persist_transport_http::server::DurableTasks,
+}
+
+impl rmcp::ServerHandler for TakeoverHandler {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(
+            rmcp::model::ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+    }
+
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let created = self
+            .tasks
+            .spawn_resumable(
+                &context,
+                rmcp::task_manager::TaskOptions::default(),
+                "ask_later",
+                json!({}),
+            )
+            .await?;
+        Ok(rmcp::model::CallToolResponse::Task(created))
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        self.tasks.get_task(request, &context).await
+    }
+}
+
+async fn takeover_instance(
+    stores: Stores,
+) -> anyhow::Result<(
+    String,
+    mcp_persist_transport_http::server::DurableTasks,
+    tokio::task::JoinHandle<()>,
+)> {
+    let server = mcp_persist_transport_http::server::DurableServer::builder(stores)
+        .liveness_grace(Duration::from_millis(300))
+        .build()?;
+    let tasks = server
+        .tasks()
+        .resumable("ask_later", |cx, _args| {
+            Box::pin(async move {
+                if cx.generation() == 1 {
+                    // The first run never asks: it waits to be taken over.
+                    std::future::pending::<()>().await;
+                }
+                let request = serde_json::from_value(json!({
+                    "method": "elicitation/create",
+                    "params": {"message": "Name?", "requestedSchema": {"type": "object", "properties": {}}}
+                }))
+                .map_err(|e| {
+                    rmcp::task_manager::TaskExit::Error(ErrorData::internal_error(
+                        e.to_string(),
+                        None,
+                    ))
+                })?;
+                cx.request_input("name", request).await?;
+                Ok(rmcp::model::CallToolResult::success(vec![]))
+            })
+        })
+        .start()
+        .await?;
+    let handler = TakeoverHandler {
+        tasks: tasks.clone(),
+    };
+    let router =
+        axum::Router::new().nest_service("/mcp", server.service(move || Ok(handler.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((url, tasks, task))
+}
+
+/// The capabilities a client declared travel with its task: when the
+/// instance running it stops and another instance runs it again, that run's
+/// request for an undeclared capability is refused there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_taken_over_by_another_instance_knows_what_the_client_declared() -> anyhow::Result<()>
+{
+    let stores = Stores::new(MemoryStore::new());
+    let (a, tasks_a, serve_a) = takeover_instance(stores.clone()).await?;
+    let (b, _tasks_b, _serve_b) = takeover_instance(stores).await?;
+    let http = reqwest::Client::new();
+    let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let created = modern(
+        &http,
+        &a,
+        "tasks-only",
+        caps.clone(),
+        "tools/call",
+        json!({"name": "ask_later", "arguments": {}}),
+    )
+    .await?;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("not a task: {created}"))?
+        .to_owned();
+    // A stops: its lease is released, B takes the task over on a poll.
+    tasks_a.shutdown().await;
+    serve_a.abort();
+    let started = std::time::Instant::now();
+    let failed = loop {
+        let got = modern(
+            &http,
+            &b,
+            "tasks-only",
+            caps.clone(),
+            "tasks/get",
+            json!({"taskId": task}),
+        )
+        .await?;
+        let status = got["result"]["status"].as_str().unwrap_or_default();
+        assert_ne!(status, "input_required", "{got}");
+        if status == "failed" {
+            break got;
+        }
+        anyhow::ensure!(
+            started.elapsed() < AT_ONCE,
+            "the task was not taken over and refused within {AT_ONCE:?}: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(failed["result"]["error"]["code"], -32021, "{failed}");
+    Ok(())
+}
