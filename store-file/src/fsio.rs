@@ -53,9 +53,7 @@ pub(crate) fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error)
 /// Milliseconds since the Unix epoch (TTLs are wall-clock, so they hold
 /// across processes and restarts).
 pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    mcp_persist_core::kit::now().as_unix_millis()
 }
 
 /// Microseconds since the Unix epoch.
@@ -69,8 +67,12 @@ pub(crate) fn unix_micros() -> u64 {
 /// `ttl`, rounded up so that a TTL never ends early. Never 0, which means
 /// "no expiry" on disk.
 pub(crate) fn expiry_ms(now_ms: u64, ttl: Duration) -> u64 {
-    let ttl_ms = u64::try_from(ttl.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-    now_ms.saturating_add(ttl_ms).max(1)
+    mcp_persist_core::kit::expires_at_from(
+        mcp_persist_core::Timestamp::from_unix_millis(now_ms),
+        ttl,
+    )
+    .as_unix_millis()
+    .max(1)
 }
 
 /// Whether a record with this on-disk expiry (0: none) is still live.

@@ -170,8 +170,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Backend, Error, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
-    backend::{DEFAULT_MAX_VALUE_BYTES, validate_key, validate_value},
+    Backend, Error, Key, KvEntry, KvStore, LogRecord, LogStore, PutOptions, Result, Version,
+    backend::DEFAULT_MAX_VALUE_BYTES, kit::check_value,
 };
 
 use crate::{
@@ -190,7 +190,7 @@ pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 /// back soon after) would make an immediate sweep destroy live records for
 /// good; within the margin they stay on disk and come back with the clock.
 /// See [`FileStoreOptions::sweep_margin`].
-pub const SWEEP_MARGIN: Duration = Duration::from_secs(60);
+pub use mcp_persist_core::kit::SWEEP_MARGIN;
 
 /// Tuning of a [`FileStore`]. The defaults suit most applications.
 #[derive(Debug, Clone)]
@@ -360,7 +360,8 @@ impl FileStore {
     /// needed from them first, or accept their loss. Safe to run again if
     /// interrupted. Any log can be set aside, damaged or not.
     pub async fn quarantine_log(&self, log: &str) -> Result<Option<PathBuf>> {
-        validate_key(log)?;
+        let log = Key::new(log)?;
+        let log = log.as_str();
         let log = log.to_owned();
         self.blocking(move |inner| inner.log_quarantine(&log)).await
     }
@@ -403,17 +404,15 @@ impl KvStore for FileStore {
         self.inner.options.max_value_bytes
     }
 
-    async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
-        validate_key(key)?;
-        let key = key.to_owned();
+    async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
+        let key = key.clone();
         self.blocking(move |inner| inner.kv_get(&key)).await
     }
 
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
-        validate_key(key)?;
-        validate_value(&value, self.inner.options.max_value_bytes)?;
-        let key = key.to_owned();
+        check_value(&value, self.inner.options.max_value_bytes)?;
+        let key = key.clone();
         self.blocking(move |inner| {
             // The TTL runs from the moment the write is made.
             let expires = ttl.map_or(0, |ttl| expiry_ms(unix_ms(), ttl));
@@ -422,16 +421,17 @@ impl KvStore for FileStore {
         .await
     }
 
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
-        validate_key(key)?;
-        let key = key.to_owned();
+    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
+        let key = key.clone();
         self.blocking(move |inner| inner.kv_delete(&key, if_version))
             .await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+    async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         let prefix = prefix.to_owned();
-        self.blocking(move |inner| inner.kv_list(&prefix)).await
+        let names = self.blocking(move |inner| inner.kv_list(&prefix)).await?;
+        // A record file whose name decodes to no valid key is not a record.
+        Ok(names.into_iter().filter_map(|k| Key::new(k).ok()).collect())
     }
 }
 
@@ -440,19 +440,18 @@ impl FileStore {
     /// `sync` says so (see `Inner::log_append`).
     async fn append_with(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
         sync: bool,
     ) -> Result<Vec<u64>> {
-        validate_key(log)?;
         for record in &records {
-            validate_value(record, self.inner.options.max_value_bytes)?;
+            check_value(record, self.inner.options.max_value_bytes)?;
         }
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let log = log.to_owned();
+        let log = log.clone();
         self.blocking(move |inner| inner.log_append(&log, &records, ttl, sync))
             .await
     }
@@ -466,7 +465,7 @@ impl LogStore for FileStore {
 
     async fn append(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
@@ -479,30 +478,27 @@ impl LogStore for FileStore {
     /// way is cut on open like any other.
     async fn append_unsynced(
         &self,
-        log: &str,
+        log: &Key,
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
         self.append_with(log, records, ttl, false).await
     }
 
-    async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
-        validate_key(log)?;
-        let log = log.to_owned();
+    async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+        let log = log.clone();
         self.blocking(move |inner| inner.log_read(&log, after, limit))
             .await
     }
 
-    async fn trim(&self, log: &str, before: u64) -> Result<u64> {
-        validate_key(log)?;
-        let log = log.to_owned();
+    async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
+        let log = log.clone();
         self.blocking(move |inner| inner.log_trim(&log, before))
             .await
     }
 
-    async fn delete_log(&self, log: &str) -> Result<()> {
-        validate_key(log)?;
-        let log = log.to_owned();
+    async fn delete_log(&self, log: &Key) -> Result<()> {
+        let log = log.clone();
         self.blocking(move |inner| inner.log_delete(&log)).await
     }
 }
