@@ -50,6 +50,46 @@
 #[doc(inline)]
 pub use mcp_persist_core::*;
 
+use mcp_persist_core::registry::{OpenOptions, Registry};
+
+/// Every backend this build has, by URL scheme: `memory:` always, and one
+/// opener per backend feature (`sqlite:PATH`, `file:DIR`, `redis://…`,
+/// `secretsmanager://…`). The command line opens stores through it; a new
+/// backend is one line here.
+///
+/// ```
+/// let schemes = mcp_persist::backends().schemes();
+/// assert!(schemes.contains(&"memory"));
+/// # #[cfg(feature = "sqlite")]
+/// assert!(schemes.contains(&"sqlite"));
+/// ```
+pub fn backends() -> Registry {
+    let registry = Registry::new().with(mcp_persist_core::memory::MemoryOpener);
+    #[cfg(feature = "sqlite")]
+    let registry = registry.with(mcp_persist_store_sqlite::SqliteOpener);
+    #[cfg(feature = "file")]
+    let registry = registry.with(mcp_persist_store_file::FileOpener);
+    #[cfg(feature = "redis")]
+    let registry = registry.with(mcp_persist_store_redis::RedisOpener);
+    #[cfg(feature = "vault")]
+    let registry = registry.with(mcp_persist_store_vault::SecretsManagerOpener);
+    registry
+}
+
+/// Opens the store a URL names (any scheme of [`backends`]), creating it
+/// when it does not exist yet, as the typed stores over it.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let stores = mcp_persist::open("memory:").await?;
+/// let events = stores.events(mcp_persist::EventLogConfig::default())?;
+/// # let _ = events;
+/// # Ok::<_, mcp_persist::Error>(()) }).unwrap();
+/// ```
+pub async fn open(url: &str) -> Result<Stores> {
+    Ok(backends().open(url, OpenOptions::default()).await?.stores())
+}
+
 /// The rmcp the transports are built on: use it for handlers, models and
 /// `serve`, so its version always matches.
 #[cfg(any(feature = "client", feature = "server"))]

@@ -163,6 +163,7 @@ mod commit;
 mod fsio;
 mod kv;
 mod log;
+mod opener;
 mod store;
 mod tail;
 
@@ -191,6 +192,7 @@ pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 /// good; within the margin they stay on disk and come back with the clock.
 /// See [`FileStoreOptions::sweep_margin`].
 pub use mcp_persist_core::kit::SWEEP_MARGIN;
+pub use opener::FileOpener;
 
 /// Tuning of a [`FileStore`]. The defaults suit most applications.
 #[derive(Debug, Clone)]
