@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, io::Write};
 
-use mcp_persist_core::{Error, stores::inspect::inspect};
+use mcp_persist::{Error, stores::inspect::inspect};
 use serde_json::{Value, json};
 
 use crate::{
@@ -178,9 +178,9 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     // The file backend can also read every segment and file in full,
     // including logs no record names any more.
     for backend in ctx.store.backends() {
-        if let Some(file) = &backend.file {
-            let report = file.verify().await.map_err(|e| backend.fail(e))?;
-            for problem in report.problems {
+        {
+            let problems = backend.kv.verify().await.map_err(|e| backend.fail(e))?;
+            for problem in problems {
                 if !findings.iter().any(|f| problem.contains(&f.key)) {
                     findings.push(Finding {
                         key: backend.label.clone(),
@@ -216,8 +216,7 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
             table.print(out)?;
             writeln!(out)?;
         }
-        let file_store = ctx.store.backends().iter().any(|b| b.file.is_some());
-        if file_store && !damaged_logs.is_empty() {
+        if !damaged_logs.is_empty() {
             writeln!(
                 out,
                 "to set the damaged logs aside and let their streams go on: mcp-persist quarantine {} {}\n",

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, io::Write};
 
-use mcp_persist_core::{
+use mcp_persist::{
     Credentials, Timestamp, declare,
     records::decode,
     stores::inspect::{Inspected, inspect},
@@ -17,8 +17,7 @@ use crate::{
         is_log_name, log_of, standalone_logs, time_at,
     },
     output::{Level, Table, diag, or_dash, print_json},
-    rawredis,
-    target::{Location, Store},
+    target::Store,
 };
 
 /// What every reading command needs.
@@ -40,14 +39,14 @@ pub(crate) struct Read {
     /// Its version.
     pub(crate) version: u64,
     /// The decoded record, or the reason it is damaged.
-    pub(crate) record: Result<Inspected, mcp_persist_core::Error>,
+    pub(crate) record: Result<Inspected, mcp_persist::Error>,
 }
 
 impl Ctx<'_> {
     /// Reads and decodes the record under `key`; `None` when absent.
     pub(crate) async fn read(&self, key: &str) -> Result<Option<Read>, Failure> {
         let backend = self.store.backend_for(key);
-        match backend.kv.get(key).await {
+        match backend.kv.get(&crate::model::key(key)?).await {
             Ok(None) => Ok(None),
             Ok(Some(entry)) => Ok(Some(Read {
                 key: key.to_owned(),
@@ -56,8 +55,8 @@ impl Ctx<'_> {
                 record: inspect(key, &entry.value),
             })),
             Err(
-                e @ (mcp_persist_core::Error::Corrupt { .. }
-                | mcp_persist_core::Error::NewerSchema { .. }),
+                e @ (mcp_persist::Error::Corrupt { .. }
+                | mcp_persist::Error::NewerSchema { .. }),
             ) => Ok(Some(Read {
                 key: key.to_owned(),
                 bytes: 0,
@@ -308,10 +307,10 @@ pub(crate) async fn ls_credentials(ctx: &Ctx<'_>, out: &mut impl Write) -> Resul
     let mut damaged = 0;
     for key in ctx.store.list(declare::CREDENTIALS.prefix).await? {
         let backend = ctx.store.backend_for(&key);
-        let entry = match backend.kv.get(&key).await {
+        let entry = match backend.kv.get(&crate::model::key(&key)?).await {
             Ok(Some(entry)) => entry,
             Ok(None) => continue,
-            Err(mcp_persist_core::Error::Corrupt { .. }) => {
+            Err(mcp_persist::Error::Corrupt { .. }) => {
                 damaged += 1;
                 continue;
             }
@@ -592,22 +591,27 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
 /// mcp-persist keys are on that server, so an empty table is not mistaken
 /// for an empty store.
 pub(crate) async fn explain_empty(store: &Store) {
+    use mcp_persist_store_redis::RedisStore;
     let backend = &store.rest;
-    let (
-        Location::Redis {
-            urls,
-            cluster,
-            prefix: None,
-        },
-        Some(default),
-    ) = (&backend.location, &backend.redis_prefix)
+    let Some((default, prefix)) = backend
+        .with_concrete(|redis: &RedisStore| {
+            (redis.has_default_prefix(), redis.key_prefix().to_owned())
+        })
+        .await
     else {
         return;
     };
-    if !backend.kv.list("").await.is_ok_and(|keys| keys.is_empty()) {
+    if !default || !backend.kv.list("").await.is_ok_and(|keys| keys.is_empty()) {
         return;
     }
-    let elsewhere = match rawredis::prefixes_in_use(urls, *cluster, 100_000).await {
+    let found = match backend
+        .with_concrete(|redis: &RedisStore| redis.clone())
+        .await
+    {
+        Some(redis) => redis.prefixes_in_use(100_000).await,
+        None => None,
+    };
+    let elsewhere = match found {
         Some(found) if found.is_empty() => {
             " No mcp-persist records were found under any other prefix either.".to_owned()
         }
@@ -626,7 +630,7 @@ pub(crate) async fn explain_empty(store: &Store) {
     diag(
         Level::Note,
         &format!(
-            "{} holds nothing under the default key prefix `{default}`: the URL names no ?prefix=, and an application that sets its own (RedisStore's key_prefix) keeps its keys under that; name it with ?prefix=P.{elsewhere}",
+            "{} holds nothing under the default key prefix `{prefix}`: the URL names no ?prefix=, and an application that sets its own (RedisStore's key_prefix) keeps its keys under that; name it with ?prefix=P.{elsewhere}",
             backend.label
         ),
     );

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use mcp_persist_core::{
+use mcp_persist::{
     Key, Timestamp,
-    declare::{self, Declaration, Family, Lifetime},
+    declare::{self, Family, Lifetime},
     stores::inspect::Inspected,
 };
 
@@ -78,14 +78,6 @@ impl Kind {
         }
     }
 
-    /// The record kind a key of this layout must hold, if its layout is
-    /// declared.
-    pub(crate) fn record_kinds(key: &str) -> &'static [&'static str] {
-        match declare::of_key(key) {
-            Some(d) => std::slice::from_ref(&d.kind),
-            None => &[],
-        }
-    }
 }
 
 /// The log a key-value key names, with the record kind its entries hold:
@@ -108,11 +100,6 @@ pub(crate) fn standalone_logs() -> Vec<(String, &'static str)> {
 /// Whether `name` is the name of a declared log.
 pub(crate) fn is_log_name(name: &str) -> bool {
     declare::of_log(name).is_some()
-}
-
-/// The declared kind of key-value keys listed under `family`, for `ls`.
-pub(crate) fn declaration(kind: &str) -> &'static Declaration {
-    declare::of_kind(kind).unwrap_or_else(|| panic!("core declares no record kind {kind:?}"))
 }
 
 /// The components of `key` under its declaration, unescaped.

@@ -316,6 +316,23 @@ pub trait Opener: Send + Sync + 'static {
     /// [`Error::Unavailable`], a missing store under
     /// [`OpenMode::Existing`] [`Error::NotFound`].
     async fn open(&self, url: &StoreUrl, options: OpenOptions) -> Result<OpenedStore>;
+
+    /// Whether a store is at `url` (`true`), or an open with `options`
+    /// would create one there (`false`), refusing what `open` would refuse,
+    /// while opening nothing and writing nothing: what a dry run asks. The
+    /// default, for stores on a server, is `true` without asking the server.
+    async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        let _ = (url, options);
+        Ok(true)
+    }
+
+    /// The file or folder on this machine that `url` names, for backends
+    /// that keep a store in one (tools lock it while they write); `None`
+    /// for the rest.
+    fn local_path(&self, url: &StoreUrl) -> Option<std::path::PathBuf> {
+        let _ = url;
+        None
+    }
 }
 
 /// The openers an application or tool was built with.
@@ -380,6 +397,30 @@ impl Registry {
                     ),
                 )
             })
+    }
+
+    /// Parses `url` and checks that a backend of this registry opens it.
+    pub fn parse(&self, url: &str) -> Result<StoreUrl> {
+        let url = StoreUrl::parse(url)?;
+        self.opener(&url)?;
+        Ok(url)
+    }
+
+    /// See [`Opener::exists`].
+    pub async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        self.opener(url)?.exists(url, options).await
+    }
+
+    /// See [`Opener::local_path`].
+    pub fn local_path(&self, url: &StoreUrl) -> Option<std::path::PathBuf> {
+        self.opener(url).ok()?.local_path(url)
+    }
+
+    /// Opens the store a parsed `url` names.
+    pub async fn open_url(&self, url: &StoreUrl, options: OpenOptions) -> Result<OpenedStore> {
+        let opener = self.opener(url)?;
+        tracing::debug!(url = %url, mode = ?options.mode, "opening a store");
+        opener.open(url, options).await
     }
 
     /// Opens the store `url` names.

@@ -160,6 +160,19 @@ pub(crate) fn probe(dir: &Path, options: OpenOptions) -> Result<()> {
     Ok(())
 }
 
+/// The folder a `file:` URL names.
+fn dir_of(url: &StoreUrl) -> Result<PathBuf> {
+    let rest = url.rest();
+    let dir = PathBuf::from(rest.strip_prefix("//").unwrap_or(rest));
+    if dir.as_os_str().is_empty() {
+        return Err(Error::invalid(
+            "store URL",
+            format!("`{url}` names no directory; write file:DIR, e.g. file:./state"),
+        ));
+    }
+    Ok(dir)
+}
+
 #[async_trait]
 impl Opener for FileOpener {
     fn schemes(&self) -> &'static [&'static str] {
@@ -171,15 +184,18 @@ impl Opener for FileOpener {
     }
 
     async fn open(&self, url: &StoreUrl, options: OpenOptions) -> Result<OpenedStore> {
-        let rest = url.rest();
-        let dir = PathBuf::from(rest.strip_prefix("//").unwrap_or(rest));
-        if dir.as_os_str().is_empty() {
-            return Err(Error::invalid(
-                "store URL",
-                format!("`{url}` names no directory; write file:DIR, e.g. file:./state"),
-            ));
-        }
+        let dir = dir_of(url)?;
         probe(&dir, options)?;
         Ok(OpenedStore::both(FileStore::open(dir).await?, url))
+    }
+
+    async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        let dir = dir_of(url)?;
+        probe(&dir, options)?;
+        Ok(dir.join(META_FILE).is_file())
+    }
+
+    fn local_path(&self, url: &StoreUrl) -> Option<PathBuf> {
+        dir_of(url).ok()
     }
 }

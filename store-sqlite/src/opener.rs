@@ -203,4 +203,14 @@ impl Opener for SqliteOpener {
         let closing = store.clone();
         Ok(OpenedStore::both(store, url).on_close(move || closing.close()))
     }
+
+    async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        let path = path_of(url)?;
+        probe(&path, options)?;
+        Ok(fs::metadata(&path).is_ok_and(|m| m.len() > 0))
+    }
+
+    fn local_path(&self, url: &StoreUrl) -> Option<PathBuf> {
+        path_of(url).ok()
+    }
 }
