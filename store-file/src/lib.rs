@@ -64,26 +64,66 @@
 //! bad checksum followed by more bytes, a length larger than any record, a
 //! frame with a good checksum but not numbered one above the frame before
 //! it, a segment whose header does not match its name, a segment missing
-//! between two others. Damage is [`Error::Corrupt`] naming the log, the
-//! segment file and the byte, with a `tracing` warning, and appears in
-//! [`FileStore::verify`]'s problems. Nothing is cut or deleted, and no
-//! sequence number is handed out twice: while the last segment is damaged,
-//! reads, appends and trims of that log fail with `Corrupt`; damage in an
-//! earlier segment fails the reads that cross it, while appends go on above
-//! the intact last segment.
+//! before, between or after the others, acknowledged records missing from
+//! the end (below). Damage is [`Error::Corrupt`] naming the log (and the
+//! segment file and the byte), with a `tracing` warning, and appears in
+//! [`FileStore::verify`]'s problems. Nothing is cut or deleted: while the
+//! last segment is damaged, reads, appends and trims of that log fail with
+//! `Corrupt`; damage in an earlier segment fails the reads that cross it,
+//! while appends go on above the intact last segment.
 //!
-//! What the operator does: keep a copy of the store directory, then call
-//! [`FileStore::quarantine_log`]. It moves the log's segment files, as they
-//! are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the log go
-//! on empty, numbered above every sequence number it could have handed out.
-//! Records still wanted can be recovered from those files by hand (the
-//! format is in `log.rs`); readers of the log find nothing before the new
-//! numbers.
+//! # No sequence number is handed out twice
+//!
+//! Whatever happens to a log's files (truncated, segments deleted, the
+//! whole directory deleted, set aside), no number an append returned is
+//! ever returned again for that log, until the log is deleted
+//! ([`LogStore::delete_log`]) or swept after it expired. Two records make
+//! sure of it, at no extra sync per append:
+//!
+//! * **A commit slot** at the start of each segment, rewritten by every
+//!   append and synced with its frames: the highest number handed out, and
+//!   the highest one known to be synced (as of the append before).
+//! * **A numbering mark** per log, `mark/<sha256 of name>`, outside the
+//!   log's directory: a number no record was numbered above. Appends
+//!   reserve numbers in blocks of a segment's worth, so the mark is written
+//!   (crash-safely) when a log starts and then once per block, not once per
+//!   append. Starting a segment also seals the one before it (one more
+//!   fdatasync per segment), so a missing last segment is noticed.
+//!
+//! What a loss of acknowledged records is reported as:
+//!
+//! * Records cut from the end of a log that had been synced before the last
+//!   append (a truncation of acknowledged records, at a frame boundary or
+//!   not), or a missing segment, or every segment or the directory of a log
+//!   gone while its mark remains: damage, [`Error::Corrupt`] as above, until
+//!   the operator acts.
+//! * Records of the last append only, cut from the end (when that append
+//!   wrote into an existing segment): these cannot be told from an append
+//!   cut short by a power cut, so they are treated alike. The log goes on
+//!   above them, their numbers are skipped (a gap readers see, never a
+//!   number handed out again), and a warning names them.
+//!
+//! What the operator does about damage: keep a copy of the store directory,
+//! then call [`FileStore::quarantine_log`]. It moves the log's segment files,
+//! as they are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the
+//! log go on empty, numbered above its mark (so above every sequence number
+//! it handed out). Records still wanted can be recovered from those files by
+//! hand (the format is in `log.rs`); readers of the log find nothing before
+//! the new numbers. [`LogStore::delete_log`] is the other way out; after it
+//! (and after the sweep of an expired log) the mark is gone and numbering
+//! starts again at 1, as the backend contract allows.
+//!
+//! Logs last written by version 0.1 have no mark and segments without a
+//! slot; their first append by this version starts a segment of the new
+//! format and writes the mark, and the guarantee holds from then on. A log
+//! whose directory and mark are both deleted cannot be told from one that
+//! never existed.
 //!
 //! A bit flipped inside the very last frame of a log, with nothing after it,
 //! cannot be told from an append cut short and is cut as a torn tail: that
-//! one record is lost. A power cut that persisted a later part of an
-//! unacknowledged batch but not an earlier part is reported as damage.
+//! one record is lost (its number is not reused). A power cut that persisted
+//! a later part of an unacknowledged batch but not an earlier part is
+//! reported as damage.
 //!
 //! # Time to live
 //!
@@ -95,7 +135,8 @@
 //! deletes only what expired at least [`SWEEP_MARGIN`] (60 s, tunable with
 //! [`FileStoreOptions::sweep_margin`]) ago: after a brief forward step that
 //! is undone within the margin, records read as expired meanwhile come back.
-//! An append to a log that reads as expired still starts it afresh.
+//! An append to a log that reads as expired still starts it afresh (empty,
+//! numbered on above its old records).
 //!
 //! Versions are the greater of the key's previous version plus one, the
 //! store's version floor plus one, and the current time in microseconds: a
@@ -109,13 +150,14 @@
 //! <dir>/store.json              format version, version floor
 //! <dir>/kv/<sha256 of key>      one record per key (header, key, value, checksums)
 //! <dir>/log/<sha256 of name>/   one log: segment files <first seq>.seg, trim.json
+//! <dir>/mark/<sha256 of name>    the numbering mark of each log
 //! <dir>/lock/                   lock stripes
 //! <dir>/trash/                  deleted logs on their way out
 //! <dir>/quarantine/             damaged records, and logs set aside, kept as they were
 //! ```
 //!
 //! The record and segment formats are described in the source (`kv.rs`,
-//! `log.rs`). The store works on Unix; it relies on POSIX renames, directory
+//! `log.rs`, `mark.rs`). The store works on Unix; it relies on POSIX renames, directory
 //! fsync and file modes.
 //!
 //! # Example
@@ -163,6 +205,7 @@ mod commit;
 mod fsio;
 mod kv;
 mod log;
+mod mark;
 mod store;
 mod tail;
 
@@ -351,10 +394,11 @@ impl FileStore {
     /// Sets a damaged log aside, the operator's way out of
     /// [`Error::Corrupt`] on a log: moves its segment files, untouched, into
     /// `quarantine/log-<hashed name>.<micros>/` and returns that directory
-    /// (`None` if the log has no segment). The log then reads as empty and
-    /// its next append is numbered above every sequence number it could
-    /// have handed out, so no number is ever reused; a reader holding an old
-    /// number simply finds nothing after it.
+    /// (`None` if there is no such log: no segment, and no numbering mark
+    /// saying it had some). The log then reads as empty and its next append
+    /// is numbered above its mark, so above every sequence number it handed
+    /// out, and no number is ever reused; a reader holding an old number
+    /// simply finds nothing after it.
     ///
     /// Records in the moved files are no longer served: recover what is
     /// needed from them first, or accept their loss. Safe to run again if

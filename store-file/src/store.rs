@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     pub(crate) root: PathBuf,
     pub(crate) kv_dir: PathBuf,
     pub(crate) log_dir: PathBuf,
+    /// The numbering mark of each log ([`crate::mark`]).
+    pub(crate) mark_dir: PathBuf,
     lock_dir: PathBuf,
     pub(crate) trash_dir: PathBuf,
     pub(crate) quarantine_dir: PathBuf,
@@ -104,6 +106,7 @@ impl Inner {
         let mut inner = Inner {
             kv_dir: root.join("kv"),
             log_dir: root.join("log"),
+            mark_dir: root.join("mark"),
             lock_dir: root.join("lock"),
             trash_dir: root.join("trash"),
             quarantine_dir: root.join("quarantine"),
@@ -117,6 +120,7 @@ impl Inner {
         for dir in [
             &inner.kv_dir,
             &inner.log_dir,
+            &inner.mark_dir,
             &inner.lock_dir,
             &inner.trash_dir,
         ] {
