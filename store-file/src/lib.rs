@@ -108,7 +108,7 @@
 //! as they are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the
 //! log go on empty, numbered above its mark (so above every sequence number
 //! it handed out). Records still wanted can be recovered from those files by
-//! hand (the format is in `log.rs`); readers of the log find nothing before
+//! hand (the format is in `log/format.rs`); readers of the log find nothing before
 //! the new numbers. [`LogStore::delete_log`] is the other way out; after it
 //! (and after the sweep of an expired log) the mark is gone and numbering
 //! starts again at 1, as the backend contract allows.
@@ -156,8 +156,8 @@
 //! <dir>/quarantine/             damaged records, and logs set aside, kept as they were
 //! ```
 //!
-//! The record and segment formats are described in the source (`kv.rs`,
-//! `log.rs`, `mark.rs`). The store works on Unix; it relies on POSIX renames, directory
+//! The record and segment formats are described in the source
+//! (`kv/format.rs`, `log/format.rs`, `log/mark.rs`). The store works on Unix; it relies on POSIX renames, directory
 //! fsync and file modes.
 //!
 //! # Example
@@ -205,9 +205,7 @@ mod commit;
 mod fsio;
 mod kv;
 mod log;
-mod mark;
 mod store;
-mod tail;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -219,7 +217,9 @@ use mcp_persist_core::{
 
 use crate::{
     fsio::{NAME, expiry_ms, unix_ms},
-    store::Inner,
+    kv::Kv,
+    log::Logs,
+    store::StoreDir,
 };
 
 /// Temporary files older than this are left by crashed writers and swept.
@@ -298,6 +298,27 @@ impl FileStoreOptions {
     }
 }
 
+/// Everything a [`FileStore`] shares between its clones: the store
+/// directory, and the key-value and log halves that work in it.
+#[derive(Debug)]
+struct Inner {
+    store: Arc<StoreDir>,
+    kv: Kv,
+    logs: Logs,
+}
+
+impl Inner {
+    /// Opens (creating if needed) the store in `root`. Blocking.
+    fn open(root: PathBuf, options: FileStoreOptions) -> Result<Self> {
+        let store = Arc::new(StoreDir::open(root, options)?);
+        Ok(Inner {
+            kv: Kv::new(Arc::clone(&store)),
+            logs: Logs::open(Arc::clone(&store))?,
+            store,
+        })
+    }
+}
+
 /// A [`KvStore`] and [`LogStore`] in one directory; see the
 /// [crate docs](crate) for its guarantees.
 ///
@@ -311,7 +332,7 @@ pub struct FileStore {
 impl std::fmt::Debug for FileStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileStore")
-            .field("dir", &self.inner.root)
+            .field("dir", &self.inner.store.root)
             .finish_non_exhaustive()
     }
 }
@@ -359,7 +380,7 @@ impl FileStore {
         let inner = tokio::task::spawn_blocking(move || Inner::open(dir, options))
             .await
             .map_err(|e| Error::backend(NAME, e))??;
-        tracing::debug!(dir = %inner.root.display(), "opened file store");
+        tracing::debug!(dir = %inner.store.root.display(), "opened file store");
         Ok(FileStore {
             inner: Arc::new(inner),
         })
@@ -367,7 +388,7 @@ impl FileStore {
 
     /// The store's directory.
     pub fn dir(&self) -> &std::path::Path {
-        &self.inner.root
+        &self.inner.store.root
     }
 
     /// Reads every record and log segment in full and reports what does not
@@ -375,8 +396,8 @@ impl FileStore {
     /// the whole store.
     pub async fn verify(&self) -> Result<VerifyReport> {
         self.blocking(|inner| {
-            let kv = inner.verify_kv()?;
-            let logs = inner.verify_logs()?;
+            let kv = inner.kv.verify()?;
+            let logs = inner.logs.verify()?;
             let mut problems = kv.problems;
             problems.extend(logs.problems);
             Ok(VerifyReport {
@@ -406,7 +427,8 @@ impl FileStore {
     pub async fn quarantine_log(&self, log: &str) -> Result<Option<PathBuf>> {
         validate_key(log)?;
         let log = log.to_owned();
-        self.blocking(move |inner| inner.log_quarantine(&log)).await
+        self.blocking(move |inner| inner.logs.quarantine(&log))
+            .await
     }
 
     /// Runs `f` on the blocking pool.
@@ -435,8 +457,8 @@ impl Backend for FileStore {
     /// left more than ten minutes ago. Deletes every log that expired at
     /// least the margin ago too, all its segments at once.
     async fn sweep_expired(&self) -> Result<u64> {
-        let records = self.blocking(|inner| inner.kv_sweep()).await?;
-        let logs = self.blocking(|inner| inner.log_sweep()).await?;
+        let records = self.blocking(|inner| inner.kv.sweep()).await?;
+        let logs = self.blocking(|inner| inner.logs.sweep()).await?;
         Ok(records + logs)
     }
 }
@@ -444,24 +466,24 @@ impl Backend for FileStore {
 #[async_trait]
 impl KvStore for FileStore {
     fn max_value_bytes(&self) -> usize {
-        self.inner.options.max_value_bytes
+        self.inner.store.options.max_value_bytes
     }
 
     async fn get(&self, key: &str) -> Result<Option<KvEntry>> {
         validate_key(key)?;
         let key = key.to_owned();
-        self.blocking(move |inner| inner.kv_get(&key)).await
+        self.blocking(move |inner| inner.kv.get(&key)).await
     }
 
     async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
         validate_key(key)?;
-        validate_value(&value, self.inner.options.max_value_bytes)?;
+        validate_value(&value, self.inner.store.options.max_value_bytes)?;
         let key = key.to_owned();
         self.blocking(move |inner| {
             // The TTL runs from the moment the write is made.
             let expires = ttl.map_or(0, |ttl| expiry_ms(unix_ms(), ttl));
-            inner.kv_put(&key, &value, mode, expires)
+            inner.kv.put(&key, &value, mode, expires)
         })
         .await
     }
@@ -469,19 +491,19 @@ impl KvStore for FileStore {
     async fn delete(&self, key: &str, if_version: Option<Version>) -> Result<bool> {
         validate_key(key)?;
         let key = key.to_owned();
-        self.blocking(move |inner| inner.kv_delete(&key, if_version))
+        self.blocking(move |inner| inner.kv.delete(&key, if_version))
             .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
         let prefix = prefix.to_owned();
-        self.blocking(move |inner| inner.kv_list(&prefix)).await
+        self.blocking(move |inner| inner.kv.list(&prefix)).await
     }
 }
 
 impl FileStore {
     /// Validates and appends `records` to `log`, fdatasyncing them when
-    /// `sync` says so (see `Inner::log_append`).
+    /// `sync` says so (see `Logs::append`).
     async fn append_with(
         &self,
         log: &str,
@@ -491,13 +513,13 @@ impl FileStore {
     ) -> Result<Vec<u64>> {
         validate_key(log)?;
         for record in &records {
-            validate_value(record, self.inner.options.max_value_bytes)?;
+            validate_value(record, self.inner.store.options.max_value_bytes)?;
         }
         if records.is_empty() {
             return Ok(Vec::new());
         }
         let log = log.to_owned();
-        self.blocking(move |inner| inner.log_append(&log, &records, ttl, sync))
+        self.blocking(move |inner| inner.logs.append(&log, &records, ttl, sync))
             .await
     }
 }
@@ -505,7 +527,7 @@ impl FileStore {
 #[async_trait]
 impl LogStore for FileStore {
     fn max_record_bytes(&self) -> usize {
-        self.inner.options.max_value_bytes
+        self.inner.store.options.max_value_bytes
     }
 
     async fn append(
@@ -533,21 +555,21 @@ impl LogStore for FileStore {
     async fn read_after(&self, log: &str, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
         validate_key(log)?;
         let log = log.to_owned();
-        self.blocking(move |inner| inner.log_read(&log, after, limit))
+        self.blocking(move |inner| inner.logs.read(&log, after, limit))
             .await
     }
 
     async fn trim(&self, log: &str, before: u64) -> Result<u64> {
         validate_key(log)?;
         let log = log.to_owned();
-        self.blocking(move |inner| inner.log_trim(&log, before))
+        self.blocking(move |inner| inner.logs.trim(&log, before))
             .await
     }
 
     async fn delete_log(&self, log: &str) -> Result<()> {
         validate_key(log)?;
         let log = log.to_owned();
-        self.blocking(move |inner| inner.log_delete(&log)).await
+        self.blocking(move |inner| inner.logs.delete(&log)).await
     }
 }
 

@@ -1,6 +1,5 @@
-//! Where each log ends, as a handle last saw it: the leaf shared by the
-//! store (which keeps one per log) and the log code (which reads and moves
-//! it).
+//! Where each log ends, as a handle last saw it (one per log, cached by
+//! [`Logs`](super::Logs)), and the commit slot of a segment.
 
 /// The commit slot of a segment (format 2): what its appends handed out and
 /// what was known to be on disk, rewritten in place by every append to it.
