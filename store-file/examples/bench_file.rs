@@ -300,6 +300,23 @@ fn main() -> Result<()> {
         raw,
         baseline: "append+fdatasync",
     });
+    // The first append to a new log each time: directory, segment and
+    // numbering mark, against a file created whole the crash-safe way.
+    let mut new_logs = 0u64;
+    let (ours, raw) = compare(
+        || {
+            new_logs += 1;
+            rt.block_on(store.append(&format!("bench/new-{new_logs}"), vec![value.clone()], None))?;
+            Ok(())
+        },
+        || raw_replace(&raw_dir, &frame, true),
+    )?;
+    rows.push(Row {
+        what: "log append, 1 record to a new log",
+        ours,
+        raw,
+        baseline: "write+fsync+rename+dir fsync",
+    });
     let frames = frame.repeat(BATCH);
     let (ours, raw) = compare(
         || {

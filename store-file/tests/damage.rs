@@ -65,9 +65,12 @@ fn last_segment(store_dir: &Path) -> PathBuf {
     segments(store_dir).pop().expect("a segment")
 }
 
+/// Bytes before the name in a segment header (format 2: header and slot).
+const SEGMENT_FIXED: usize = 64;
+
 /// Offset of the frame of the `i`-th note (0-based) in a one-segment journal.
 fn frame_at(i: usize) -> usize {
-    24 + LOG.len() + i * (FRAME + NOTE)
+    SEGMENT_FIXED + LOG.len() + i * (FRAME + NOTE)
 }
 
 /// A frame as the store writes it, with a good checksum.

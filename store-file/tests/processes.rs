@@ -191,6 +191,84 @@ impl Rng {
     }
 }
 
+/// How many kills a crash test makes (see the module docs).
+fn kills() -> u32 {
+    match std::env::var(KILLS_ENV).or_else(|_| std::env::var(SHARED_KILLS_ENV)) {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{KILLS_ENV}={v:?} is not a positive number")),
+        Err(_) => DEFAULT_KILLS,
+    }
+}
+
+/// A generator seeded from the clock, its seed printed.
+fn seeded() -> Rng {
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64
+        | 1;
+    eprintln!("crash test seed {seed}");
+    Rng(seed)
+}
+
+/// Starts the crash child on `dir` and kills it with SIGKILL at a random
+/// moment: half the time after a random number of acknowledgements (and a
+/// random pause), otherwise after a random delay, possibly while it is
+/// still starting up or opening the store. Returns what it acknowledged.
+fn run_and_kill(dir: &Path, tag: &str, rng: &mut Rng, kill: u32) -> Acks {
+    let mut proc = child("crash", dir, tag, 0);
+    let stdout = proc.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel::<String>();
+    let reader = thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(at) = line.find("ACK ") {
+                // Only the parent may have gone; then stop quietly.
+                let _ = tx.send(line[at + 4..].to_owned());
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    if rng.below(2) == 0 {
+        let wanted = 1 + rng.below(30);
+        for _ in 0..wanted {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => lines.push(line),
+                Err(_) => break,
+            }
+        }
+        spin(Duration::from_micros(rng.below(3000)));
+    } else {
+        thread::sleep(Duration::from_millis(rng.below(60)));
+    }
+    proc.kill().expect("SIGKILL the child");
+    let status = proc.wait().expect("reap the child");
+    // It must die of the SIGKILL, not of a failure of its own first.
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "child {kill} ended otherwise: {status:?}"
+    );
+    reader.join().expect("reader thread");
+    let mut acks = Acks::default();
+    lines.extend(rx.try_iter());
+    for line in lines {
+        let mut parts = line.splitn(3, ' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("kv"), Some(n), None) => acks.counter = Some(n.parse().expect("number")),
+            (Some("blob"), Some(_), None) => {}
+            (Some("log"), Some(seq), Some(data)) => {
+                acks.log.push((seq.parse().expect("seq"), data.to_owned()));
+            }
+            _ => panic!("unexpected acknowledgement {line:?}"),
+        }
+    }
+    acks
+}
+
 /// What a child acknowledged before it was killed.
 #[derive(Default)]
 struct Acks {
@@ -200,21 +278,8 @@ struct Acks {
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_acknowledged() {
-    let kills: u32 = match std::env::var(KILLS_ENV).or_else(|_| std::env::var(SHARED_KILLS_ENV)) {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|n| *n > 0)
-            .unwrap_or_else(|| panic!("{KILLS_ENV}={v:?} is not a positive number")),
-        Err(_) => DEFAULT_KILLS,
-    };
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos() as u64
-        | 1;
-    eprintln!("crash test seed {seed}");
-    let mut rng = Rng(seed);
+    let kills = kills();
+    let mut rng = seeded();
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("store");
     let rt = runtime();
@@ -225,56 +290,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     let started = Instant::now();
     for kill in 0..kills {
         let tag = format!("c{kill}");
-        let mut proc = child("crash", &dir, &tag, 0);
-        let stdout = proc.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel::<String>();
-        let reader = thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(at) = line.find("ACK ") {
-                    // Only the parent may have gone; then stop quietly.
-                    let _ = tx.send(line[at + 4..].to_owned());
-                }
-            }
-        });
-        // Half the time kill after a random number of acknowledgements (and
-        // a random pause), otherwise after a random delay, possibly while
-        // the child is still starting up or opening the store.
-        let mut lines = Vec::new();
-        if rng.below(2) == 0 {
-            let wanted = 1 + rng.below(30);
-            for _ in 0..wanted {
-                match rx.recv_timeout(Duration::from_secs(20)) {
-                    Ok(line) => lines.push(line),
-                    Err(_) => break,
-                }
-            }
-            spin(Duration::from_micros(rng.below(3000)));
-        } else {
-            thread::sleep(Duration::from_millis(rng.below(60)));
-        }
-        proc.kill().expect("SIGKILL the child");
-        let status = proc.wait().expect("reap the child");
-        // It must die of the SIGKILL, not of a failure of its own first.
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "child {kill} ended otherwise: {status:?}"
-        );
-        reader.join().expect("reader thread");
-        let mut acks = Acks::default();
-        lines.extend(rx.try_iter());
-        for line in lines {
-            let mut parts = line.splitn(3, ' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some("kv"), Some(n), None) => acks.counter = Some(n.parse().expect("number")),
-                (Some("blob"), Some(_), None) => {}
-                (Some("log"), Some(seq), Some(data)) => {
-                    acks.log.push((seq.parse().expect("seq"), data.to_owned()));
-                }
-                _ => panic!("unexpected acknowledgement {line:?}"),
-            }
-        }
+        let acks = run_and_kill(&dir, &tag, &mut rng, kill);
 
         rt.block_on(async {
             let store = FileStore::open_with(&dir, options())
@@ -382,6 +398,87 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         counter > 0 && !log.is_empty(),
         "the children never got to write"
     );
+}
+
+/// Copies the directory tree `from` to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create copy");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy file");
+        }
+    }
+}
+
+#[test]
+fn the_numbering_mark_survives_sigkill() {
+    // Kills at random moments, as above, with segments small enough that
+    // the mark is raised every few kills. After each, a copy of the store
+    // loses every log directory: the log must then refuse, and once set
+    // aside go on above every number ever acknowledged.
+    let kills = kills().div_ceil(4);
+    let mut rng = seeded();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    let rt = runtime();
+    let mut highest = 0u64;
+    let mut raised = 0;
+    let mut last_mark = None;
+    for kill in 0..kills {
+        let acks = run_and_kill(&dir, &format!("m{kill}"), &mut rng, kill);
+        highest = acks.log.iter().map(|(seq, _)| *seq).fold(highest, u64::max);
+        if !dir.join("log").is_dir() {
+            continue; // killed before the store was laid out
+        }
+        let mark = std::fs::read_dir(dir.join("mark"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| std::fs::read(e.path()).expect("read mark"));
+        if mark.is_some() && mark != last_mark {
+            raised += 1;
+            last_mark = mark;
+        }
+        let copy = tmp.path().join(format!("copy-{kill}"));
+        copy_tree(&dir, &copy);
+        std::fs::remove_dir_all(copy.join("log")).expect("delete the logs");
+        std::fs::create_dir(copy.join("log")).expect("recreate the log root");
+        rt.block_on(async {
+            let store = FileStore::open_with(&copy, options())
+                .await
+                .unwrap_or_else(|e| panic!("copy does not open after kill {kill}: {e}"));
+            if highest > 0 {
+                let refused = store.append("log", vec![b"x".to_vec()], None).await;
+                assert!(
+                    matches!(refused, Err(Error::Corrupt { .. })),
+                    "after kill {kill}: a log that handed out up to {highest} went on \
+                     without its files: {refused:?}"
+                );
+            }
+            store.quarantine_log("log").await.expect("quarantine");
+            let next = store
+                .append("log", vec![b"x".to_vec()], None)
+                .await
+                .expect("append")[0];
+            assert!(
+                next > highest,
+                "after kill {kill}: {next} reuses a number up to {highest}"
+            );
+        });
+        std::fs::remove_dir_all(&copy).expect("remove copy");
+    }
+    eprintln!(
+        "{kills} kills: numbers up to {highest} acknowledged, the mark changed {raised} times"
+    );
+    assert!(highest > 0, "the children never got to append");
+    if kills >= 20 {
+        assert!(raised > 1, "the mark was never raised");
+    }
 }
 
 fn spin(d: Duration) {
