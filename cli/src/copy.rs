@@ -25,9 +25,7 @@
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mcp_persist::{
-    Error, LogRecord, PutMode, PutOptions, Timestamp, stores::inspect::inspect,
-};
+use mcp_persist::{Error, LogRecord, PutMode, PutOptions, Timestamp, stores::inspect::inspect};
 use serde_json::json;
 
 use crate::{
@@ -305,13 +303,21 @@ async fn copy_key(
     let to = dest.backend_for(key);
     let put = PutOptions::new(PutMode::Create).with_ttl(record_ttl);
     let mut kv_done = true;
-    match to.kv.put(&crate::model::key(key)?, entry_value.clone(), put).await {
+    match to
+        .kv
+        .put(&crate::model::key(key)?, entry_value.clone(), put)
+        .await
+    {
         Ok(_) => {
             summary.copied += 1;
             summary.verify_keys.push(key.to_owned());
         }
         Err(Error::AlreadyExists { .. }) => {
-            let existing = to.kv.get(&crate::model::key(key)?).await.map_err(|e| to.fail(e))?;
+            let existing = to
+                .kv
+                .get(&crate::model::key(key)?)
+                .await
+                .map_err(|e| to.fail(e))?;
             match existing {
                 Some(existing) if existing.value == entry_value => {
                     summary.already += 1;
@@ -482,9 +488,13 @@ async fn copy_log(
         while missing > 0 {
             checkpoint(lock, || format!("{name}, before sequence number {next}"))?;
             let n = missing.min(BATCH as u64);
-            dst.append(&crate::model::key(name)?, vec![b"{}".to_vec(); n as usize], ttl)
-                .await
-                .map_err(dst_fail)?;
+            dst.append(
+                &crate::model::key(name)?,
+                vec![b"{}".to_vec(); n as usize],
+                ttl,
+            )
+            .await
+            .map_err(dst_fail)?;
             missing -= n;
         }
     }
@@ -494,7 +504,11 @@ async fn copy_log(
             format!("{name}, before sequence number {}", expected[0])
         })?;
         let got = dst
-            .append(&crate::model::key(name)?, chunk.iter().map(|r| r.data.clone()).collect(), ttl)
+            .append(
+                &crate::model::key(name)?,
+                chunk.iter().map(|r| r.data.clone()).collect(),
+                ttl,
+            )
             .await
             .map_err(dst_fail)?;
         if got != expected {
@@ -518,7 +532,9 @@ async fn copy_log(
         .first()
         .is_some_and(|r| r.seq < first)
     {
-        dst.trim(&crate::model::key(name)?, first).await.map_err(dst_fail)?;
+        dst.trim(&crate::model::key(name)?, first)
+            .await
+            .map_err(dst_fail)?;
     }
     Ok(())
 }
@@ -530,7 +546,13 @@ async fn verify(dest: &Store, summary: &Summary) -> Result<Vec<String>, Failure>
     let mut mismatches = Vec::new();
     for key in &summary.verify_keys {
         let to = dest.backend_for(key);
-        if to.kv.get(&crate::model::key(key)?).await.map_err(|e| to.fail(e))?.is_none() {
+        if to
+            .kv
+            .get(&crate::model::key(key)?)
+            .await
+            .map_err(|e| to.fail(e))?
+            .is_none()
+        {
             mismatches.push(format!("{key}: missing in the destination"));
         }
     }

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use crate::{
     fail::{Code, Failure},
     model::{
-        Expiry, Kind, TtlPolicy, components, created_at, format_duration, format_time,
-        is_log_name, log_of, standalone_logs, time_at,
+        Expiry, Kind, TtlPolicy, components, created_at, format_duration, format_time, is_log_name,
+        log_of, standalone_logs, time_at,
     },
     output::{Level, Table, diag, or_dash, print_json},
     target::Store,
@@ -55,8 +55,7 @@ impl Ctx<'_> {
                 record: inspect(key, &entry.value),
             })),
             Err(
-                e @ (mcp_persist::Error::Corrupt { .. }
-                | mcp_persist::Error::NewerSchema { .. }),
+                e @ (mcp_persist::Error::Corrupt { .. } | mcp_persist::Error::NewerSchema { .. }),
             ) => Ok(Some(Read {
                 key: key.to_owned(),
                 bytes: 0,

@@ -12,12 +12,7 @@
 //! compare-and-swap), so a destination without logs (Secrets Manager) takes
 //! none.
 
-use std::{
-    fs::File,
-    mem::ManuallyDrop,
-    path::Path,
-    time::Duration,
-};
+use std::{fs::File, mem::ManuallyDrop, path::Path, time::Duration};
 
 use crate::{
     fail::{Code, Failure},
@@ -178,7 +173,10 @@ async fn lease(backend: &Backend) -> Result<ToolLock, Failure> {
             Err(e) => return Err(backend.fail(e)),
         }
         if !told {
-            let by = ToolLock::holder(&*backend.kv, COPY_LOCK).await.ok().flatten();
+            let by = ToolLock::holder(&*backend.kv, COPY_LOCK)
+                .await
+                .ok()
+                .flatten();
             waiting(label, by.as_deref());
             told = true;
         }

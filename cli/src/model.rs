@@ -77,7 +77,6 @@ impl Kind {
             Kind::Other => "other",
         }
     }
-
 }
 
 /// The log a key-value key names, with the record kind its entries hold:

@@ -21,7 +21,8 @@ use crate::{
 
 /// The split form's line of the help text (the URL forms come from the
 /// registry).
-const SPLIT_FORM: &str = "  credentials=URL;rest=URL            credentials and shared keys in one store,
+const SPLIT_FORM: &str =
+    "  credentials=URL;rest=URL            credentials and shared keys in one store,
                                       everything else in another";
 
 /// Every backend this build opens.
@@ -55,9 +56,7 @@ impl Access {
         match self {
             Access::ReadOnly => OpenOptions::read_only(),
             Access::Write => OpenOptions::existing(),
-            Access::Create { create_dirs } => {
-                OpenOptions::default().create_folders(create_dirs)
-            }
+            Access::Create { create_dirs } => OpenOptions::default().create_folders(create_dirs),
         }
     }
 }
@@ -141,7 +140,6 @@ impl Location {
             opened: Arc::new(tokio::sync::Mutex::new(Some(opened))),
         })
     }
-
 }
 
 /// A parsed store argument: one location, or a split bundle.
@@ -374,7 +372,10 @@ impl Store {
 }
 
 /// Every record of `log` in `store`, in order.
-pub(crate) async fn read_all(store: &dyn LogStore, log: &str) -> mcp_persist::Result<Vec<LogRecord>> {
+pub(crate) async fn read_all(
+    store: &dyn LogStore,
+    log: &str,
+) -> mcp_persist::Result<Vec<LogRecord>> {
     let log = mcp_persist::Key::new(log)?;
     let mut out: Vec<LogRecord> = Vec::new();
     loop {

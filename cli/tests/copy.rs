@@ -226,7 +226,10 @@ async fn killed_copy_resumes(
         if copied >= SESSIONS / 4 {
             child.start_kill()?;
             child.wait().await?;
-            break dest_kv.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await?.len();
+            break dest_kv
+                .list(mcp_persist_core::declare::SERVER_SESSION.prefix)
+                .await?
+                .len();
         }
         assert!(
             child.try_wait()?.is_none(),
@@ -258,7 +261,13 @@ async fn killed_copy_resumes(
             .is_some_and(|n| n >= (EVENTS / 3) as u64),
         "{summary}"
     );
-    assert_eq!(dest_kv.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await?.len(), SESSIONS);
+    assert_eq!(
+        dest_kv
+            .list(mcp_persist_core::declare::SERVER_SESSION.prefix)
+            .await?
+            .len(),
+        SESSIONS
+    );
     let mut got = Vec::new();
     loop {
         let after = got.last().copied().unwrap_or(0);

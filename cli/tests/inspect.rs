@@ -120,7 +120,7 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
         assert!(!shown.contains(secret), "show printed a secret:\n{shown}");
     }
     // `show` of a log: the stream's events, decoded.
-    let log = cli_expect(&["show", server, &events_log(&stream)], 0);
+    let log = cli_expect(&["show", server, &events_log(stream)], 0);
     assert!(log.contains("notifications/progress"), "{log}");
 
     // Tasks and shared keys, as a server keeps them; key material never shown.

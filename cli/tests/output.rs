@@ -235,7 +235,7 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
         .and_then(|id| id.splitn(3, '-').nth(2))
         .expect("token-seq-stream");
     let session = session_key(&filled.raw_session);
-    let log = events_log(&stream);
+    let log = events_log(stream);
     let none_log = events_log("none");
     let copy_dest = format!("sqlite:{}", dir.path().join("copy.db").display());
     let file_store = format!("file:{}", dir.path().join("files").display());
@@ -256,11 +256,7 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
         ("gc --dry-run", vec!["gc", client, "--dry-run"], 0),
         ("copy", vec!["copy", "--dry-run", server, &copy_dest], 0),
         ("copy", vec!["copy", server, &copy_dest], 0),
-        (
-            "quarantine",
-            vec!["quarantine", &file_store, &none_log],
-            6,
-        ),
+        ("quarantine", vec!["quarantine", &file_store, &none_log], 6),
         ("rm", vec!["rm", server, &session], 0),
         ("gc", vec!["gc", client], 0),
     ];

@@ -131,7 +131,7 @@ async fn real_store_scenario(scheme: &str) -> anyhow::Result<()> {
         .last()
         .and_then(|id| id.splitn(3, '-').nth(2))
         .expect("an event id is token-seq-stream");
-    let log = events_log(&stream);
+    let log = events_log(stream);
     let key = session_key(&filled.raw_session);
     for store in [&filled.server_store, &filled.client_store] {
         assert_reads_leave_tree_alone(dir.path(), snapshot, store, &key, &log);
@@ -299,7 +299,7 @@ async fn read_only_commands_write_no_redis_key() -> anyhow::Result<()> {
         .last()
         .and_then(|id| id.splitn(3, '-').nth(2))
         .expect("an event id is token-seq-stream");
-    let log = events_log(&stream);
+    let log = events_log(stream);
     let key = session_key(&filled.raw_session);
     let empty_prefix = unique("readonly-empty");
     let empty = format!("{}?prefix={empty_prefix}", redis.trim_end_matches('/'));
@@ -367,7 +367,13 @@ async fn read_only_commands_write_no_secret() -> anyhow::Result<()> {
     let before = snapshot().await?;
     assert!(!before.is_empty(), "the credentials were copied");
     let tree_before = sqlite_tree(&rest);
-    for args in read_only_commands(&split, &mcp_persist_core::declare::CREDENTIALS.key(&["x", "y"]).to_string(), &events_log("x")) {
+    for args in read_only_commands(
+        &split,
+        mcp_persist_core::declare::CREDENTIALS
+            .key(&["x", "y"])
+            .as_ref(),
+        &events_log("x"),
+    ) {
         let out = run(&args);
         assert!(
             matches!(out.status.code(), Some(0 | 6)),

@@ -10,6 +10,7 @@
 //! under the system temp directory (which should be a real disk, not tmpfs,
 //! for the numbers to mean anything). Runs well under a minute.
 
+use mcp_persist_core::conformance::key;
 use std::{
     fs::{self, File, OpenOptions},
     io::Write,
@@ -137,7 +138,13 @@ fn our_slice(
                 let log = format!("bench/stream-{i}");
                 let mut n = 0u64;
                 while start.elapsed() < slice {
-                    store.append(&log, vec![value.clone()], None).await?;
+                    store
+                        .append(
+                            &mcp_persist_core::conformance::key(&log),
+                            vec![value.clone()],
+                            None,
+                        )
+                        .await?;
                     n += 1;
                 }
                 anyhow::Ok(n)
@@ -235,11 +242,14 @@ fn main() -> Result<()> {
 
     // Key-value puts: a compare-and-swap update each time, against the raw
     // replace without and with the directory fsync our puts also do.
-    let mut version =
-        rt.block_on(store.put("bench/key", value.clone(), PutOptions::new(PutMode::Create)))?;
+    let mut version = rt.block_on(store.put(
+        &key("bench/key"),
+        value.clone(),
+        PutOptions::new(PutMode::Create),
+    ))?;
     let mut put = || -> Result<()> {
         version = rt.block_on(store.put(
-            "bench/key",
+            &key("bench/key"),
             value.clone(),
             PutOptions::new(PutMode::Update(version)),
         ))?;
@@ -261,7 +271,10 @@ fn main() -> Result<()> {
     // Key-value gets.
     let (ours, raw) = compare(
         || {
-            std::hint::black_box(rt.block_on(store.get("bench/key"))?.context("present")?);
+            std::hint::black_box(
+                rt.block_on(store.get(&key("bench/key")))?
+                    .context("present")?,
+            );
             Ok(())
         },
         || {
@@ -285,7 +298,7 @@ fn main() -> Result<()> {
     let frame = vec![1u8; VALUE_BYTES + 24];
     let (ours, raw) = compare(
         || {
-            rt.block_on(store.append("bench/log", vec![value.clone()], None))?;
+            rt.block_on(store.append(&key("bench/log"), vec![value.clone()], None))?;
             Ok(())
         },
         || {
@@ -300,10 +313,31 @@ fn main() -> Result<()> {
         raw,
         baseline: "append+fdatasync",
     });
+    // The first append to a new log each time: directory, segment and
+    // numbering mark, against a file created whole the crash-safe way.
+    let mut new_logs = 0u64;
+    let (ours, raw) = compare(
+        || {
+            new_logs += 1;
+            rt.block_on(store.append(
+                &key(format!("bench/new-{new_logs}")),
+                vec![value.clone()],
+                None,
+            ))?;
+            Ok(())
+        },
+        || raw_replace(&raw_dir, &frame, true),
+    )?;
+    rows.push(Row {
+        what: "log append, 1 record to a new log",
+        ours,
+        raw,
+        baseline: "write+fsync+rename+dir fsync",
+    });
     let frames = frame.repeat(BATCH);
     let (ours, raw) = compare(
         || {
-            rt.block_on(store.append("bench/batched", vec![value.clone(); BATCH], None))?;
+            rt.block_on(store.append(&key("bench/batched"), vec![value.clone(); BATCH], None))?;
             Ok(())
         },
         || {

@@ -7,7 +7,7 @@
 //! ```
 
 use anyhow::{Context, Result};
-use mcp_persist_core::{Error, KvStore, LogStore, PutMode, PutOptions};
+use mcp_persist_core::{Error, Key, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_file::FileStore;
 
 #[tokio::main(flavor = "current_thread")]
@@ -20,10 +20,11 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("opening the journal in {dir}"))?;
 
+    let (runs_key, notes_key) = (Key::new("runs")?, Key::new("notes")?);
     // Count runs with compare-and-swap: two journals started at once still
     // count both runs.
     let runs = loop {
-        let (current, mode) = match store.get("runs").await? {
+        let (current, mode) = match store.get(&runs_key).await? {
             Some(entry) => (
                 String::from_utf8_lossy(&entry.value).parse::<u64>()?,
                 PutMode::Update(entry.version),
@@ -32,7 +33,7 @@ async fn main() -> Result<()> {
         };
         match store
             .put(
-                "runs",
+                &runs_key,
                 (current + 1).to_string().into_bytes(),
                 PutOptions::new(mode),
             )
@@ -47,11 +48,11 @@ async fn main() -> Result<()> {
 
     if !note.is_empty() {
         let seqs = store
-            .append("notes", vec![note.join(" ").into_bytes()], None)
+            .append(&notes_key, vec![note.join(" ").into_bytes()], None)
             .await?;
         println!("noted as #{}", seqs[0]);
     }
-    for record in store.read_after("notes", 0, usize::MAX).await? {
+    for record in store.read_after(&notes_key, 0, usize::MAX).await? {
         println!(
             "#{:>3}  {}",
             record.seq,

@@ -15,12 +15,17 @@
 
 use std::{
     collections::HashMap,
-    fs::File,
+    fs::{self, File},
     io,
+    os::unix::fs::MetadataExt,
+    path::Path,
     sync::{Condvar, Mutex, MutexGuard},
 };
 
-use tracing::trace;
+use mcp_persist_core::Error;
+use tracing::{debug, trace};
+
+use crate::fsio::io;
 
 /// A failed round, as reported to each of its members.
 #[derive(Debug)]
@@ -56,7 +61,7 @@ struct Rounds {
 }
 
 /// How a round's leader syncs: its own file alone, or everything.
-pub(crate) trait Syncer {
+trait Syncer {
     /// Syncs the leader's own file: a round of one.
     fn sync_one(&self) -> io::Result<()>;
     /// Syncs every file of the filesystem: a round of several.
@@ -65,7 +70,7 @@ pub(crate) trait Syncer {
 
 /// Rounds of syncs shared by the appends waiting at the same time.
 #[derive(Debug, Default)]
-pub(crate) struct GroupSync {
+struct GroupSync {
     rounds: Mutex<Rounds>,
     done: Condvar,
 }
@@ -79,7 +84,7 @@ impl GroupSync {
     /// Returns once a sync that started after this call has finished: what
     /// the caller wrote before calling is on the disk, or the error says it
     /// may not be.
-    pub(crate) fn sync(&self, syncer: &impl Syncer) -> io::Result<()> {
+    fn sync(&self, syncer: &impl Syncer) -> io::Result<()> {
         let mut rounds = self.rounds();
         rounds.waiting += 1;
         // The first round to start from now on: a round under way may have
@@ -135,7 +140,7 @@ impl GroupSync {
 
 /// Whether `syncfs` reports write-back errors here (Linux 5.8 and later),
 /// so a round's failure reaches its members.
-pub(crate) fn syncfs_reports_errors() -> bool {
+fn syncfs_reports_errors() -> bool {
     #[cfg(target_os = "linux")]
     {
         reports_errors_from(&rustix::system::uname().release().to_string_lossy())
@@ -158,7 +163,7 @@ fn reports_errors_from(release: &str) -> bool {
 
 /// Syncs the filesystem holding `root` (an open handle to the store
 /// directory).
-pub(crate) fn syncfs(root: &File) -> io::Result<()> {
+fn syncfs(root: &File) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         rustix::fs::syncfs(root).map_err(io::Error::from)
@@ -170,6 +175,67 @@ pub(crate) fn syncfs(root: &File) -> io::Result<()> {
             io::ErrorKind::Unsupported,
             "syncfs is Linux only",
         ))
+    }
+}
+
+/// Group commit of a store's synced log appends, when it is on and
+/// trustworthy here.
+#[derive(Debug)]
+pub(crate) struct GroupCommit {
+    /// The store directory, open: `syncfs` syncs its filesystem.
+    root: File,
+    rounds: GroupSync,
+}
+
+impl GroupCommit {
+    /// Group commit for the store in `root` with its logs in `log_dir`,
+    /// when `wanted` and `syncfs` can be trusted with the logs: errors
+    /// reported (Linux 5.8+) and one filesystem.
+    pub(crate) fn new(wanted: bool, root: &Path, log_dir: &Path) -> Result<Option<Self>, Error> {
+        if !wanted {
+            return Ok(None);
+        }
+        if !syncfs_reports_errors() {
+            debug!("group commit off: syncfs does not report write-back errors here");
+            return Ok(None);
+        }
+        let root_file = File::open(root).map_err(io("open", root))?;
+        let root_dev = root_file.metadata().map_err(io("inspect", root))?.dev();
+        let log_dev = fs::metadata(log_dir).map_err(io("inspect", log_dir))?.dev();
+        if root_dev != log_dev {
+            debug!("group commit off: the logs are on another filesystem than the store");
+            return Ok(None);
+        }
+        Ok(Some(GroupCommit {
+            root: root_file,
+            rounds: GroupSync::default(),
+        }))
+    }
+
+    /// Syncs `file` (a segment just appended to) as one member of a round:
+    /// alone, or with the whole filesystem for a round of several.
+    pub(crate) fn sync(&self, file: &File) -> io::Result<()> {
+        self.rounds.sync(&SegmentSync {
+            file,
+            root: &self.root,
+        })
+    }
+}
+
+/// A synced append's share of a group commit round: its segment alone, or
+/// the whole filesystem for a round of several.
+struct SegmentSync<'a> {
+    file: &'a File,
+    root: &'a File,
+}
+
+impl Syncer for SegmentSync<'_> {
+    fn sync_one(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        syncfs(self.root)
     }
 }
 

@@ -64,26 +64,66 @@
 //! bad checksum followed by more bytes, a length larger than any record, a
 //! frame with a good checksum but not numbered one above the frame before
 //! it, a segment whose header does not match its name, a segment missing
-//! between two others. Damage is [`Error::Corrupt`] naming the log, the
-//! segment file and the byte, with a `tracing` warning, and appears in
-//! [`FileStore::verify`]'s problems. Nothing is cut or deleted, and no
-//! sequence number is handed out twice: while the last segment is damaged,
-//! reads, appends and trims of that log fail with `Corrupt`; damage in an
-//! earlier segment fails the reads that cross it, while appends go on above
-//! the intact last segment.
+//! before, between or after the others, acknowledged records missing from
+//! the end (below). Damage is [`Error::Corrupt`] naming the log (and the
+//! segment file and the byte), with a `tracing` warning, and appears in
+//! [`FileStore::verify`]'s problems. Nothing is cut or deleted: while the
+//! last segment is damaged, reads, appends and trims of that log fail with
+//! `Corrupt`; damage in an earlier segment fails the reads that cross it,
+//! while appends go on above the intact last segment.
 //!
-//! What the operator does: keep a copy of the store directory, then call
-//! [`FileStore::quarantine_log`]. It moves the log's segment files, as they
-//! are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the log go
-//! on empty, numbered above every sequence number it could have handed out.
-//! Records still wanted can be recovered from those files by hand (the
-//! format is in `log.rs`); readers of the log find nothing before the new
-//! numbers.
+//! # No sequence number is handed out twice
+//!
+//! Whatever happens to a log's files (truncated, segments deleted, the
+//! whole directory deleted, set aside), no number an append returned is
+//! ever returned again for that log, until the log is deleted
+//! ([`LogStore::delete_log`]) or swept after it expired. Two records make
+//! sure of it, at no extra sync per append:
+//!
+//! * **A commit slot** at the start of each segment, rewritten by every
+//!   append and synced with its frames: the highest number handed out, and
+//!   the highest one known to be synced (as of the append before).
+//! * **A numbering mark** per log, `mark/<sha256 of name>`, outside the
+//!   log's directory: a number no record was numbered above. Appends
+//!   reserve numbers in blocks of a segment's worth, so the mark is written
+//!   (crash-safely) when a log starts and then once per block, not once per
+//!   append. Starting a segment also seals the one before it (one more
+//!   fdatasync per segment), so a missing last segment is noticed.
+//!
+//! What a loss of acknowledged records is reported as:
+//!
+//! * Records cut from the end of a log that had been synced before the last
+//!   append (a truncation of acknowledged records, at a frame boundary or
+//!   not), or a missing segment, or every segment or the directory of a log
+//!   gone while its mark remains: damage, [`Error::Corrupt`] as above, until
+//!   the operator acts.
+//! * Records of the last append only, cut from the end (when that append
+//!   wrote into an existing segment): these cannot be told from an append
+//!   cut short by a power cut, so they are treated alike. The log goes on
+//!   above them, their numbers are skipped (a gap readers see, never a
+//!   number handed out again), and a warning names them.
+//!
+//! What the operator does about damage: keep a copy of the store directory,
+//! then call [`FileStore::quarantine_log`]. It moves the log's segment files,
+//! as they are, into `quarantine/log-<sha256 of name>.<micros>/` and lets the
+//! log go on empty, numbered above its mark (so above every sequence number
+//! it handed out). Records still wanted can be recovered from those files by
+//! hand (the format is in `log/format.rs`); readers of the log find nothing before
+//! the new numbers. [`LogStore::delete_log`] is the other way out; after it
+//! (and after the sweep of an expired log) the mark is gone and numbering
+//! starts again at 1, as the backend contract allows.
+//!
+//! Logs last written by version 0.1 have no mark and segments without a
+//! slot; their first append by this version starts a segment of the new
+//! format and writes the mark, and the guarantee holds from then on. A log
+//! whose directory and mark are both deleted cannot be told from one that
+//! never existed.
 //!
 //! A bit flipped inside the very last frame of a log, with nothing after it,
 //! cannot be told from an append cut short and is cut as a torn tail: that
-//! one record is lost. A power cut that persisted a later part of an
-//! unacknowledged batch but not an earlier part is reported as damage.
+//! one record is lost (its number is not reused). A power cut that persisted
+//! a later part of an unacknowledged batch but not an earlier part is
+//! reported as damage.
 //!
 //! # Time to live
 //!
@@ -95,7 +135,8 @@
 //! deletes only what expired at least [`SWEEP_MARGIN`] (60 s, tunable with
 //! [`FileStoreOptions::sweep_margin`]) ago: after a brief forward step that
 //! is undone within the margin, records read as expired meanwhile come back.
-//! An append to a log that reads as expired still starts it afresh.
+//! An append to a log that reads as expired still starts it afresh (empty,
+//! numbered on above its old records).
 //!
 //! Versions are the greater of the key's previous version plus one, the
 //! store's version floor plus one, and the current time in microseconds: a
@@ -109,19 +150,20 @@
 //! <dir>/store.json              format version, version floor
 //! <dir>/kv/<sha256 of key>      one record per key (header, key, value, checksums)
 //! <dir>/log/<sha256 of name>/   one log: segment files <first seq>.seg, trim.json
+//! <dir>/mark/<sha256 of name>    the numbering mark of each log
 //! <dir>/lock/                   lock stripes
 //! <dir>/trash/                  deleted logs on their way out
 //! <dir>/quarantine/             damaged records, and logs set aside, kept as they were
 //! ```
 //!
-//! The record and segment formats are described in the source (`kv.rs`,
-//! `log.rs`). The store works on Unix; it relies on POSIX renames, directory
+//! The record and segment formats are described in the source
+//! (`kv/format.rs`, `log/format.rs`, `log/mark.rs`). The store works on Unix; it relies on POSIX renames, directory
 //! fsync and file modes.
 //!
 //! # Example
 //!
 //! ```
-//! use mcp_persist_core::{KvStore, LogStore, PutMode, PutOptions, Stores};
+//! use mcp_persist_core::{Key, KvStore, LogStore, PutMode, PutOptions, Stores};
 //! use mcp_persist_store_file::FileStore;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -131,10 +173,10 @@
 //! let store = FileStore::open(&path).await?;
 //!
 //! // The backend primitives...
-//! let v1 = store.put("greeting", b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
-//! store.put("greeting", b"hello again".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
-//! let seqs = store.append("events", vec![b"one".to_vec(), b"two".to_vec()], None).await?;
-//! assert_eq!(store.read_after("events", seqs[0], 10).await?[0].data, b"two");
+//! let v1 = store.put(&Key::new("greeting")?, b"hello".to_vec(), PutOptions::new(PutMode::Create)).await?;
+//! store.put(&Key::new("greeting")?, b"hello again".to_vec(), PutOptions::new(PutMode::Update(v1))).await?;
+//! let seqs = store.append(&Key::new("events")?, vec![b"one".to_vec(), b"two".to_vec()], None).await?;
+//! assert_eq!(store.read_after(&Key::new("events")?, seqs[0], 10).await?[0].data, b"two");
 //!
 //! // ...or, as an application would, the typed stores on top of them.
 //! let stores = Stores::new(store.clone());
@@ -143,7 +185,7 @@
 //! // A restarted process opens the same directory and finds everything.
 //! drop(store);
 //! let reopened = FileStore::open(&path).await?;
-//! assert_eq!(reopened.get("greeting").await?.unwrap().value, b"hello again");
+//! assert_eq!(reopened.get(&Key::new("greeting")?).await?.unwrap().value, b"hello again");
 //! # Ok::<_, mcp_persist_core::Error>(()) })?;
 //! # Ok(()) }
 //! ```
@@ -165,7 +207,6 @@ mod kv;
 mod log;
 mod opener;
 mod store;
-mod tail;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -177,7 +218,9 @@ use mcp_persist_core::{
 
 use crate::{
     fsio::{NAME, expiry_ms, unix_ms},
-    store::Inner,
+    kv::Kv,
+    log::Logs,
+    store::StoreDir,
 };
 
 /// Temporary files older than this are left by crashed writers and swept.
@@ -257,6 +300,27 @@ impl FileStoreOptions {
     }
 }
 
+/// Everything a [`FileStore`] shares between its clones: the store
+/// directory, and the key-value and log halves that work in it.
+#[derive(Debug)]
+struct Inner {
+    store: Arc<StoreDir>,
+    kv: Kv,
+    logs: Logs,
+}
+
+impl Inner {
+    /// Opens (creating if needed) the store in `root`. Blocking.
+    fn open(root: PathBuf, options: FileStoreOptions) -> Result<Self> {
+        let store = Arc::new(StoreDir::open(root, options)?);
+        Ok(Inner {
+            kv: Kv::new(Arc::clone(&store)),
+            logs: Logs::open(Arc::clone(&store))?,
+            store,
+        })
+    }
+}
+
 /// A [`KvStore`] and [`LogStore`] in one directory; see the
 /// [crate docs](crate) for its guarantees.
 ///
@@ -270,7 +334,7 @@ pub struct FileStore {
 impl std::fmt::Debug for FileStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileStore")
-            .field("dir", &self.inner.root)
+            .field("dir", &self.inner.store.root)
             .finish_non_exhaustive()
     }
 }
@@ -318,7 +382,7 @@ impl FileStore {
         let inner = tokio::task::spawn_blocking(move || Inner::open(dir, options))
             .await
             .map_err(|e| Error::backend(NAME, e))??;
-        tracing::debug!(dir = %inner.root.display(), "opened file store");
+        tracing::debug!(dir = %inner.store.root.display(), "opened file store");
         Ok(FileStore {
             inner: Arc::new(inner),
         })
@@ -326,7 +390,7 @@ impl FileStore {
 
     /// The store's directory.
     pub fn dir(&self) -> &std::path::Path {
-        &self.inner.root
+        &self.inner.store.root
     }
 
     /// Reads every record and log segment in full and reports what does not
@@ -334,8 +398,8 @@ impl FileStore {
     /// the whole store.
     pub async fn verify(&self) -> Result<VerifyReport> {
         self.blocking(|inner| {
-            let kv = inner.verify_kv()?;
-            let logs = inner.verify_logs()?;
+            let kv = inner.kv.verify()?;
+            let logs = inner.logs.verify()?;
             let mut problems = kv.problems;
             problems.extend(logs.problems);
             Ok(VerifyReport {
@@ -353,10 +417,11 @@ impl FileStore {
     /// Sets a damaged log aside, the operator's way out of
     /// [`Error::Corrupt`] on a log: moves its segment files, untouched, into
     /// `quarantine/log-<hashed name>.<micros>/` and returns that directory
-    /// (`None` if the log has no segment). The log then reads as empty and
-    /// its next append is numbered above every sequence number it could
-    /// have handed out, so no number is ever reused; a reader holding an old
-    /// number simply finds nothing after it.
+    /// (`None` if there is no such log: no segment, and no numbering mark
+    /// saying it had some). The log then reads as empty and its next append
+    /// is numbered above its mark, so above every sequence number it handed
+    /// out, and no number is ever reused; a reader holding an old number
+    /// simply finds nothing after it.
     ///
     /// Records in the moved files are no longer served: recover what is
     /// needed from them first, or accept their loss. Safe to run again if
@@ -365,7 +430,8 @@ impl FileStore {
         let log = Key::new(log)?;
         let log = log.as_str();
         let log = log.to_owned();
-        self.blocking(move |inner| inner.log_quarantine(&log)).await
+        self.blocking(move |inner| inner.logs.quarantine(&log))
+            .await
     }
 
     /// Runs `f` on the blocking pool.
@@ -394,8 +460,8 @@ impl Backend for FileStore {
     /// left more than ten minutes ago. Deletes every log that expired at
     /// least the margin ago too, all its segments at once.
     async fn sweep_expired(&self) -> Result<u64> {
-        let records = self.blocking(|inner| inner.kv_sweep()).await?;
-        let logs = self.blocking(|inner| inner.log_sweep()).await?;
+        let records = self.blocking(|inner| inner.kv.sweep()).await?;
+        let logs = self.blocking(|inner| inner.logs.sweep()).await?;
         Ok(records + logs)
     }
 
@@ -408,35 +474,35 @@ impl Backend for FileStore {
 #[async_trait]
 impl KvStore for FileStore {
     fn max_value_bytes(&self) -> usize {
-        self.inner.options.max_value_bytes
+        self.inner.store.options.max_value_bytes
     }
 
     async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
         let key = key.clone();
-        self.blocking(move |inner| inner.kv_get(&key)).await
+        self.blocking(move |inner| inner.kv.get(&key)).await
     }
 
     async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         let PutOptions { mode, ttl, .. } = options;
-        check_value(&value, self.inner.options.max_value_bytes)?;
+        check_value(&value, self.inner.store.options.max_value_bytes)?;
         let key = key.clone();
         self.blocking(move |inner| {
             // The TTL runs from the moment the write is made.
             let expires = ttl.map_or(0, |ttl| expiry_ms(unix_ms(), ttl));
-            inner.kv_put(&key, &value, mode, expires)
+            inner.kv.put(&key, &value, mode, expires)
         })
         .await
     }
 
     async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
         let key = key.clone();
-        self.blocking(move |inner| inner.kv_delete(&key, if_version))
+        self.blocking(move |inner| inner.kv.delete(&key, if_version))
             .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
         let prefix = prefix.to_owned();
-        let names = self.blocking(move |inner| inner.kv_list(&prefix)).await?;
+        let names = self.blocking(move |inner| inner.kv.list(&prefix)).await?;
         // A record file whose name decodes to no valid key is not a record.
         Ok(names.into_iter().filter_map(|k| Key::new(k).ok()).collect())
     }
@@ -444,7 +510,7 @@ impl KvStore for FileStore {
 
 impl FileStore {
     /// Validates and appends `records` to `log`, fdatasyncing them when
-    /// `sync` says so (see `Inner::log_append`).
+    /// `sync` says so (see `Logs::append`).
     async fn append_with(
         &self,
         log: &Key,
@@ -453,13 +519,13 @@ impl FileStore {
         sync: bool,
     ) -> Result<Vec<u64>> {
         for record in &records {
-            check_value(record, self.inner.options.max_value_bytes)?;
+            check_value(record, self.inner.store.options.max_value_bytes)?;
         }
         if records.is_empty() {
             return Ok(Vec::new());
         }
         let log = log.clone();
-        self.blocking(move |inner| inner.log_append(&log, &records, ttl, sync))
+        self.blocking(move |inner| inner.logs.append(&log, &records, ttl, sync))
             .await
     }
 }
@@ -467,7 +533,7 @@ impl FileStore {
 #[async_trait]
 impl LogStore for FileStore {
     fn max_record_bytes(&self) -> usize {
-        self.inner.options.max_value_bytes
+        self.inner.store.options.max_value_bytes
     }
 
     async fn append(
@@ -494,19 +560,19 @@ impl LogStore for FileStore {
 
     async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
         let log = log.clone();
-        self.blocking(move |inner| inner.log_read(&log, after, limit))
+        self.blocking(move |inner| inner.logs.read(&log, after, limit))
             .await
     }
 
     async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
         let log = log.clone();
-        self.blocking(move |inner| inner.log_trim(&log, before))
+        self.blocking(move |inner| inner.logs.trim(&log, before))
             .await
     }
 
     async fn delete_log(&self, log: &Key) -> Result<()> {
         let log = log.clone();
-        self.blocking(move |inner| inner.log_delete(&log)).await
+        self.blocking(move |inner| inner.logs.delete(&log)).await
     }
 
     /// [`FileStore::quarantine_log`]: the log's files move to `quarantine/`.

@@ -28,7 +28,7 @@ pub struct FileOpener;
 /// The layout this build writes and reads: `store.json` format 1.
 const FORMAT: u64 = 1;
 /// The folders of the layout; opening creates those that are missing.
-const DIRS: [&str; 4] = ["kv", "log", "lock", "trash"];
+const DIRS: [&str; 5] = ["kv", "log", "mark", "lock", "trash"];
 /// How the temporary files of atomic writes begin.
 const TEMP: &str = ".tmp-";
 /// The lock file every opening takes.
@@ -87,7 +87,10 @@ pub(crate) fn probe(dir: &Path, options: OpenOptions) -> Result<()> {
     };
     if !meta.is_dir() {
         let also = if is_sqlite(dir) {
-            format!("; it is a SQLite database: name it sqlite:{}", dir.display())
+            format!(
+                "; it is a SQLite database: name it sqlite:{}",
+                dir.display()
+            )
         } else {
             String::new()
         };

@@ -1,14 +1,11 @@
-//! The store directory: layout, opening, the store-wide metadata file, locks.
+//! The store directory both halves of a store share: its layout, opening
+//! it, the store-wide metadata file, locks, the trash and the quarantine.
 
 use std::{
-    collections::{HashMap, HashSet},
     fs, io,
-    os::unix::fs::{MetadataExt, PermissionsExt},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    sync::{
-        Mutex, MutexGuard,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use mcp_persist_core::Error;
@@ -17,12 +14,10 @@ use tracing::{debug, warn};
 
 use crate::{
     FileStoreOptions,
-    commit::{GroupSync, syncfs_reports_errors},
     fsio::{
         DIR_MODE, LockGuard, ensure_private_dir, io, io_error, lock_file, warn_if_open_to_others,
         write_atomic,
     },
-    tail::Tail,
 };
 
 /// The on-disk layout version this build writes and the newest it reads.
@@ -46,36 +41,26 @@ struct Meta {
     version_floor: u64,
 }
 
-/// Everything a [`FileStore`](crate::FileStore) shares between its clones.
+/// The store directory, shared by the key-value half
+/// ([`Kv`](crate::kv::Kv)) and the log half ([`Logs`](crate::log::Logs)).
 #[derive(Debug)]
-pub(crate) struct Inner {
+pub(crate) struct StoreDir {
     pub(crate) root: PathBuf,
     pub(crate) kv_dir: PathBuf,
     pub(crate) log_dir: PathBuf,
+    /// The numbering mark of each log ([`crate::log::mark`]).
+    pub(crate) mark_dir: PathBuf,
     lock_dir: PathBuf,
     pub(crate) trash_dir: PathBuf,
     pub(crate) quarantine_dir: PathBuf,
     pub(crate) options: FileStoreOptions,
-    /// Last known end of each log this handle has touched, by hashed name.
-    pub(crate) tails: Mutex<HashMap<String, Tail>>,
-    /// Logs whose torn tail this handle has already checked for and cut.
-    pub(crate) recovered: Mutex<HashSet<String>>,
     /// Whether a record file open to others has been warned about already.
     warned_mode: AtomicBool,
-    /// Group commit of synced appends, when on and trustworthy here.
-    pub(crate) group: Option<GroupCommit>,
 }
 
-/// Group commit of synced log appends ([`crate::commit`]).
-#[derive(Debug)]
-pub(crate) struct GroupCommit {
-    /// The store directory, open: `syncfs` syncs its filesystem.
-    pub(crate) root: fs::File,
-    pub(crate) rounds: GroupSync,
-}
-
-impl Inner {
-    /// Opens (creating if needed) the store in `root`. Blocking.
+impl StoreDir {
+    /// Opens (creating if needed) the store directory `root` and its layout,
+    /// and empties the trash. Blocking.
     pub(crate) fn open(root: PathBuf, options: FileStoreOptions) -> Result<Self, Error> {
         // The directory and any missing parents are created 0700.
         match fs::metadata(&root) {
@@ -101,56 +86,29 @@ impl Inner {
             }
             Err(e) => return Err(io_error("open store directory", &root, e)),
         }
-        let mut inner = Inner {
+        let store = StoreDir {
             kv_dir: root.join("kv"),
             log_dir: root.join("log"),
+            mark_dir: root.join("mark"),
             lock_dir: root.join("lock"),
             trash_dir: root.join("trash"),
             quarantine_dir: root.join("quarantine"),
             root,
             options,
-            tails: Mutex::new(HashMap::new()),
-            recovered: Mutex::new(HashSet::new()),
             warned_mode: AtomicBool::new(false),
-            group: None,
         };
         for dir in [
-            &inner.kv_dir,
-            &inner.log_dir,
-            &inner.lock_dir,
-            &inner.trash_dir,
+            &store.kv_dir,
+            &store.log_dir,
+            &store.mark_dir,
+            &store.lock_dir,
+            &store.trash_dir,
         ] {
             ensure_private_dir(dir)?;
         }
-        inner.init_meta()?;
-        inner.empty_trash();
-        inner.group = inner.group_commit()?;
-        Ok(inner)
-    }
-
-    /// Group commit, when the options ask for it and `syncfs` can be trusted
-    /// with the logs: errors reported (Linux 5.8+) and one filesystem.
-    fn group_commit(&self) -> Result<Option<GroupCommit>, Error> {
-        if !self.options.group_commit {
-            return Ok(None);
-        }
-        if !syncfs_reports_errors() {
-            debug!("group commit off: syncfs does not report write-back errors here");
-            return Ok(None);
-        }
-        let root = fs::File::open(&self.root).map_err(io("open", &self.root))?;
-        let root_dev = root.metadata().map_err(io("inspect", &self.root))?.dev();
-        let log_dev = fs::metadata(&self.log_dir)
-            .map_err(io("inspect", &self.log_dir))?
-            .dev();
-        if root_dev != log_dev {
-            debug!("group commit off: the logs are on another filesystem than the store");
-            return Ok(None);
-        }
-        Ok(Some(GroupCommit {
-            root,
-            rounds: GroupSync::default(),
-        }))
+        store.init_meta()?;
+        store.empty_trash();
+        Ok(store)
     }
 
     /// Creates the metadata file if it is missing, and checks its format.
@@ -265,14 +223,5 @@ impl Inner {
     pub(crate) fn sweep_cutoff_ms(&self, now_ms: u64) -> u64 {
         let margin = u64::try_from(self.options.sweep_margin.as_millis()).unwrap_or(u64::MAX);
         now_ms.saturating_sub(margin)
-    }
-
-    pub(crate) fn tails(&self) -> MutexGuard<'_, HashMap<String, Tail>> {
-        // The map is a cache validated on every use: a poisoned one is still sound.
-        self.tails.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn recovered(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.recovered.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

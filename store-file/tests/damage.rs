@@ -6,6 +6,7 @@
 //! recovery, and that nothing acknowledged is silently dropped: damaged bytes
 //! stay where they were, and sequence numbers are never handed out twice.
 
+use mcp_persist_core::conformance::key;
 use std::{
     fs::{self, OpenOptions},
     io::Write,
@@ -38,7 +39,11 @@ async fn journal(dir: &Path, n: u64) -> Vec<u64> {
     for i in 1..=n {
         seqs.extend(
             store
-                .append(LOG, vec![note(i)], None)
+                .append(
+                    &mcp_persist_core::conformance::key(LOG),
+                    vec![note(i)],
+                    None,
+                )
                 .await
                 .expect("append"),
         );
@@ -65,9 +70,12 @@ fn last_segment(store_dir: &Path) -> PathBuf {
     segments(store_dir).pop().expect("a segment")
 }
 
+/// Bytes before the name in a segment header (format 2: header and slot).
+const SEGMENT_FIXED: usize = 64;
+
 /// Offset of the frame of the `i`-th note (0-based) in a one-segment journal.
 fn frame_at(i: usize) -> usize {
-    24 + LOG.len() + i * (FRAME + NOTE)
+    SEGMENT_FIXED + LOG.len() + i * (FRAME + NOTE)
 }
 
 /// A frame as the store writes it, with a good checksum.
@@ -136,16 +144,40 @@ async fn assert_damage_kept(dir: &Path, what: &str) {
         })
         .collect();
     let store = FileStore::open(dir).await.expect("open");
-    let reason = corrupt_log(store.read_after(LOG, 0, 100).await, what);
+    let reason = corrupt_log(
+        store
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 100)
+            .await,
+        what,
+    );
     assert!(
         reason.contains(".seg") && reason.contains("at byte"),
         "{what}: the error does not say where: {reason}"
     );
-    corrupt_log(store.append(LOG, vec![note(99)], None).await, what);
-    corrupt_log(store.trim(LOG, u64::MAX).await, what);
+    corrupt_log(
+        store
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(99)],
+                None,
+            )
+            .await,
+        what,
+    );
+    corrupt_log(
+        store
+            .trim(&mcp_persist_core::conformance::key(LOG), u64::MAX)
+            .await,
+        what,
+    );
     // A second handle (another process) sees the same.
     let other = FileStore::open(dir).await.expect("open");
-    corrupt_log(other.read_after(LOG, 0, 100).await, what);
+    corrupt_log(
+        other
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 100)
+            .await,
+        what,
+    );
     for (path, bytes) in &segs {
         assert_eq!(
             &fs::read(path).expect("read segment"),
@@ -209,7 +241,11 @@ async fn a_frame_with_a_good_checksum_but_an_impossible_length_is_damage() {
         .expect("open");
     for i in 1..=3 {
         store
-            .append(LOG, vec![note(i)], None)
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(i)],
+                None,
+            )
             .await
             .expect("append");
     }
@@ -218,9 +254,20 @@ async fn a_frame_with_a_good_checksum_but_an_impossible_length_is_damage() {
     append_bytes(&seg, &frame(4, &[7u8; 4096]));
     let before = fs::read(&seg).expect("read");
     let store = FileStore::open_with(&dir, small).await.expect("open");
-    corrupt_log(store.read_after(LOG, 0, 10).await, "oversized frame");
     corrupt_log(
-        store.append(LOG, vec![note(5)], None).await,
+        store
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+            .await,
+        "oversized frame",
+    );
+    corrupt_log(
+        store
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(5)],
+                None,
+            )
+            .await,
         "oversized frame",
     );
     assert_eq!(fs::read(&seg).expect("read"), before, "the frame was cut");
@@ -255,12 +302,28 @@ async fn sequence_number_u64_max_is_damage_and_nothing_panics() {
     fs::write(&seg, &bytes).expect("write segment");
     fs::set_permissions(&seg, fs::Permissions::from_mode(0o600)).expect("chmod");
     let store = FileStore::open(&dir).await.expect("open");
-    corrupt_log(store.read_after(LOG, 0, 10).await, "segment at u64::MAX");
     corrupt_log(
-        store.append(LOG, vec![note(4)], None).await,
+        store
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+            .await,
         "segment at u64::MAX",
     );
-    corrupt_log(store.trim(LOG, 2).await, "segment at u64::MAX");
+    corrupt_log(
+        store
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(4)],
+                None,
+            )
+            .await,
+        "segment at u64::MAX",
+    );
+    corrupt_log(
+        store
+            .trim(&mcp_persist_core::conformance::key(LOG), 2)
+            .await,
+        "segment at u64::MAX",
+    );
     assert_eq!(fs::read(&seg).expect("read"), bytes);
     assert!(!store.verify().await.expect("verify").is_clean());
 }
@@ -293,7 +356,11 @@ async fn a_deleted_middle_segment_is_damage_and_numbering_goes_on() {
     for i in 1..=12 {
         seqs.extend(
             store
-                .append(LOG, vec![note(i)], None)
+                .append(
+                    &mcp_persist_core::conformance::key(LOG),
+                    vec![note(i)],
+                    None,
+                )
                 .await
                 .expect("append"),
         );
@@ -304,7 +371,12 @@ async fn a_deleted_middle_segment_is_damage_and_numbering_goes_on() {
     fs::remove_file(&segs[1]).expect("delete a middle segment");
 
     let store = FileStore::open_with(&dir, options).await.expect("open");
-    let reason = corrupt_log(store.read_after(LOG, 0, 100).await, "missing segment");
+    let reason = corrupt_log(
+        store
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 100)
+            .await,
+        "missing segment",
+    );
     assert!(reason.contains("missing"), "{reason}");
     let report = store.verify().await.expect("verify");
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
@@ -312,11 +384,19 @@ async fn a_deleted_middle_segment_is_damage_and_numbering_goes_on() {
     // appends go on above every number handed out.
     let last = *seqs.last().expect("seqs");
     assert_eq!(
-        store.read_after(LOG, last - 1, 10).await.expect("read")[0].seq,
+        store
+            .read_after(&mcp_persist_core::conformance::key(LOG), last - 1, 10)
+            .await
+            .expect("read")[0]
+            .seq,
         last
     );
     let next = store
-        .append(LOG, vec![note(13)], None)
+        .append(
+            &mcp_persist_core::conformance::key(LOG),
+            vec![note(13)],
+            None,
+        )
         .await
         .expect("append");
     assert_eq!(next, vec![last + 1]);
@@ -333,7 +413,16 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
 
     let store = FileStore::open(&dir).await.expect("open");
     // Until the operator acts, appends refuse rather than reuse 9 and 10.
-    corrupt_log(store.append(LOG, vec![note(11)], None).await, "damaged");
+    corrupt_log(
+        store
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(11)],
+                None,
+            )
+            .await,
+        "damaged",
+    );
     let kept = store
         .quarantine_log(LOG)
         .await
@@ -349,9 +438,19 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
 
     // The log goes on, empty, above every number it handed out.
     let highest = *seqs.last().expect("seqs");
-    assert!(store.read_after(LOG, 0, 10).await.expect("read").is_empty());
+    assert!(
+        store
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+            .await
+            .expect("read")
+            .is_empty()
+    );
     let next = store
-        .append(LOG, vec![note(11)], None)
+        .append(
+            &mcp_persist_core::conformance::key(LOG),
+            vec![note(11)],
+            None,
+        )
         .await
         .expect("append")[0];
     assert!(next > highest, "{next} reuses a number up to {highest}");
@@ -360,10 +459,17 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
     // A sweep keeps the numbering, and so does another handle.
     store.sweep_expired().await.expect("sweep");
     let other = FileStore::open(&dir).await.expect("open");
-    let read = other.read_after(LOG, 0, 10).await.expect("read");
+    let read = other
+        .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+        .await
+        .expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![next]);
     let after = other
-        .append(LOG, vec![note(12)], None)
+        .append(
+            &mcp_persist_core::conformance::key(LOG),
+            vec![note(12)],
+            None,
+        )
         .await
         .expect("append")[0];
     assert_eq!(after, next + 1);
@@ -372,7 +478,11 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
     other.quarantine_log(LOG).await.expect("quarantine again");
     store.sweep_expired().await.expect("sweep");
     let again = other
-        .append(LOG, vec![note(13)], None)
+        .append(
+            &mcp_persist_core::conformance::key(LOG),
+            vec![note(13)],
+            None,
+        )
         .await
         .expect("append")[0];
     assert!(again > after, "{again} after {after}");
@@ -405,7 +515,10 @@ async fn a_torn_tail_is_still_cut_and_numbering_goes_on() {
         let report = store.verify().await.expect("verify");
         assert!(report.is_clean(), "{what}: {:?}", report.problems);
         assert_eq!(report.torn_tail_bytes, tail.len() as u64, "{what}");
-        let read = store.read_after(LOG, 0, 10).await.expect("read");
+        let read = store
+            .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+            .await
+            .expect("read");
         assert_eq!(
             read.iter().map(|r| r.seq).collect::<Vec<_>>(),
             seqs,
@@ -417,11 +530,22 @@ async fn a_torn_tail_is_still_cut_and_numbering_goes_on() {
             "{what}: not cut"
         );
         let next = store
-            .append(LOG, vec![note(4)], None)
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(4)],
+                None,
+            )
             .await
             .expect("append");
         assert_eq!(next, vec![4], "{what}");
-        assert_eq!(store.read_after(LOG, 0, 10).await.expect("read").len(), 4);
+        assert_eq!(
+            store
+                .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+                .await
+                .expect("read")
+                .len(),
+            4
+        );
     }
 }
 
@@ -444,14 +568,17 @@ async fn read_only_checks(dir: &Path) {
     let seg = last_segment(dir);
     let len = fs::metadata(&seg).expect("stat").len();
     let store = FileStore::open(dir).await.expect("open");
-    let read = store.read_after(LOG, 0, 10).await.expect("read");
+    let read = store
+        .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+        .await
+        .expect("read");
     assert_eq!(
         read.iter().map(|r| r.data.clone()).collect::<Vec<_>>(),
         vec![note(1), note(2), note(3)]
     );
     assert_eq!(
         store
-            .read_after(LOG, 2, 10)
+            .read_after(&mcp_persist_core::conformance::key(LOG), 2, 10)
             .await
             .expect("read again")
             .len(),
@@ -459,7 +586,11 @@ async fn read_only_checks(dir: &Path) {
     );
     assert_eq!(fs::metadata(&seg).expect("stat").len(), len);
     let err = store
-        .append(LOG, vec![note(4)], None)
+        .append(
+            &mcp_persist_core::conformance::key(LOG),
+            vec![note(4)],
+            None,
+        )
         .await
         .expect_err("append to a read-only segment");
     assert!(
@@ -524,7 +655,11 @@ async fn flipped_bytes_in_a_record_are_corrupt_naming_its_key() {
         let store = FileStore::open(&dir).await.expect("open");
         for key in ["damaged", "fine"] {
             store
-                .put(key, b"a value".to_vec(), PutOptions::new(PutMode::Create))
+                .put(
+                    &mcp_persist_core::conformance::key(key),
+                    b"a value".to_vec(),
+                    PutOptions::new(PutMode::Create),
+                )
                 .await
                 .expect("put");
         }
@@ -538,14 +673,14 @@ async fn flipped_bytes_in_a_record_are_corrupt_naming_its_key() {
         let bytes = fs::read(&file).expect("read");
 
         let store = FileStore::open(&dir).await.expect("open");
-        let err = store.get("damaged").await.expect_err(what);
+        let err = store.get(&key("damaged")).await.expect_err(what);
         assert!(
             matches!(&err, Error::Corrupt { key, .. } if key == "damaged"),
             "{what}: got {err:?}"
         );
         assert_eq!(
             store
-                .get("fine")
+                .get(&key("fine"))
                 .await
                 .expect("get")
                 .expect("present")
@@ -557,12 +692,16 @@ async fn flipped_bytes_in_a_record_are_corrupt_naming_its_key() {
                 .list("")
                 .await
                 .expect("list")
-                .contains(&"fine".to_owned())
+                .contains(&mcp_persist_core::conformance::key("fine"))
         );
         // A conditional write cannot be judged against it, and leaves it.
         assert!(
             store
-                .put("damaged", b"new".to_vec(), PutOptions::new(PutMode::Create))
+                .put(
+                    &key("damaged"),
+                    b"new".to_vec(),
+                    PutOptions::new(PutMode::Create)
+                )
                 .await
                 .is_err(),
             "{what}"
@@ -582,7 +721,7 @@ async fn a_record_at_version_u64_max_is_corrupt_not_a_repeated_version() {
     let dir = tmp.path().join("store");
     let store = FileStore::open(&dir).await.expect("open");
     store
-        .put("max", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("max"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     let file = fs::read_dir(dir.join("kv"))
@@ -600,18 +739,22 @@ async fn a_record_at_version_u64_max_is_corrupt_not_a_repeated_version() {
     bytes[36..40].copy_from_slice(&crc);
     fs::write(&file, &bytes).expect("write");
 
-    let entry = store.get("max").await.expect("get").expect("present");
+    let entry = store.get(&key("max")).await.expect("get").expect("present");
     assert_eq!(entry.version.get(), u64::MAX);
     for result in [
         store
             .put(
-                "max",
+                &key("max"),
                 b"w".to_vec(),
                 PutOptions::new(PutMode::Update(entry.version)),
             )
             .await,
         store
-            .put("max", b"w".to_vec(), PutOptions::new(PutMode::Overwrite))
+            .put(
+                &key("max"),
+                b"w".to_vec(),
+                PutOptions::new(PutMode::Overwrite),
+            )
             .await,
     ] {
         assert!(
@@ -620,7 +763,7 @@ async fn a_record_at_version_u64_max_is_corrupt_not_a_repeated_version() {
         );
     }
     assert!(matches!(
-        store.delete("max", None).await,
+        store.delete(&key("max"), None).await,
         Err(Error::Corrupt { .. })
     ));
     assert_eq!(

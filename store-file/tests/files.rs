@@ -1,6 +1,7 @@
 //! What the store does with its files: damaged records, modes, keys that
 //! try to escape, torn log tails, sweeps.
 
+use mcp_persist_core::conformance::key;
 use std::{
     fs::{self, OpenOptions},
     io::Write,
@@ -71,7 +72,7 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
     let store = open(&dir).await;
     store
         .put(
-            "victim",
+            &key("victim"),
             b"precious value".to_vec(),
             PutOptions::new(PutMode::Create),
         )
@@ -79,7 +80,7 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
         .expect("put");
     store
         .put(
-            "bystander",
+            &key("bystander"),
             b"fine".to_vec(),
             PutOptions::new(PutMode::Create),
         )
@@ -99,7 +100,7 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
     for (what, bytes) in damages {
         fs::write(&file, &bytes).expect("damage the record");
         let store = open(&dir).await;
-        let err = store.get("victim").await.expect_err(what);
+        let err = store.get(&key("victim")).await.expect_err(what);
         assert!(
             matches!(&err, Error::Corrupt { key, .. } if key == "victim"),
             "{what}: want Corrupt naming the key, got {err:?}"
@@ -112,7 +113,7 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
         // old version refuses rather than guessing.
         assert_eq!(
             store
-                .get("bystander")
+                .get(&key("bystander"))
                 .await
                 .expect("get")
                 .expect("present")
@@ -124,10 +125,14 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
                 .list("")
                 .await
                 .expect("list")
-                .contains(&"bystander".to_owned())
+                .contains(&mcp_persist_core::conformance::key("bystander"))
         );
         let err = store
-            .put("victim", b"x".to_vec(), PutOptions::new(PutMode::Create))
+            .put(
+                &key("victim"),
+                b"x".to_vec(),
+                PutOptions::new(PutMode::Create),
+            )
             .await
             .expect_err("create over damage");
         assert!(matches!(err, Error::Corrupt { .. }), "{what}: got {err:?}");
@@ -145,13 +150,17 @@ async fn truncated_or_garbage_record_is_corrupt_naming_its_key() {
     let store = open(&dir).await;
     let v = store
         .put(
-            "victim",
+            &key("victim"),
             b"fresh".to_vec(),
             PutOptions::new(PutMode::Overwrite),
         )
         .await
         .expect("overwrite a damaged record");
-    let entry = store.get("victim").await.expect("get").expect("present");
+    let entry = store
+        .get(&key("victim"))
+        .await
+        .expect("get")
+        .expect("present");
     assert_eq!((entry.value.as_slice(), entry.version), (&b"fresh"[..], v));
     let kept: Vec<PathBuf> = walk(&dir.join("quarantine"));
     assert_eq!(kept.len(), 1, "the damaged file is kept in quarantine");
@@ -164,7 +173,11 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
     store
-        .put("future", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("future"),
+            b"v".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     let file = record_file(&dir, "future");
@@ -172,13 +185,17 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
     bytes[4] = 9; // record format 9
     fs::write(&file, &bytes).expect("write");
 
-    let err = store.get("future").await.expect_err("newer record");
+    let err = store.get(&key("future")).await.expect_err("newer record");
     assert!(
         matches!(err, Error::NewerSchema { ref key, found: 9, supported: 1 } if key == "future"),
         "got {err:?}"
     );
     let err = store
-        .put("future", b"w".to_vec(), PutOptions::new(PutMode::Overwrite))
+        .put(
+            &key("future"),
+            b"w".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
         .await
         .expect_err("overwrite of a newer record");
     assert!(matches!(err, Error::NewerSchema { .. }), "got {err:?}");
@@ -188,8 +205,8 @@ async fn records_and_stores_of_a_newer_format_are_refused_untouched() {
         "newer record was changed"
     );
     // Deleting it deliberately works, and keeps the file aside.
-    assert!(store.delete("future", None).await.expect("delete"));
-    assert_eq!(store.get("future").await.expect("get"), None);
+    assert!(store.delete(&key("future"), None).await.expect("delete"));
+    assert_eq!(store.get(&key("future")).await.expect("get"), None);
     assert_eq!(walk(&dir.join("quarantine")).len(), 1);
 
     // A store laid out by a newer version does not open.
@@ -212,19 +229,19 @@ async fn directories_are_0700_and_files_0600() {
     for i in 0..5 {
         store
             .put(
-                &format!("k{i}"),
+                &key(format!("k{i}")),
                 vec![i; 10],
                 PutOptions::new(PutMode::Overwrite),
             )
             .await
             .expect("put");
         store
-            .append("log", vec![vec![i; 100]], None)
+            .append(&key("log"), vec![vec![i; 100]], None)
             .await
             .expect("append");
     }
-    store.delete("k0", None).await.expect("delete");
-    store.trim("log", 3).await.expect("trim");
+    store.delete(&key("k0"), None).await.expect("delete");
+    store.trim(&key("log"), 3).await.expect("trim");
     let mut checked = 0;
     for path in std::iter::once(dir.clone())
         .chain(std::iter::once(tmp.path().join("parent")))
@@ -259,32 +276,32 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
     ];
     for (i, key) in keys.iter().enumerate() {
         store
-            .put(key, vec![i as u8], PutOptions::new(PutMode::Create))
+            .put(
+                &mcp_persist_core::conformance::key(key),
+                vec![i as u8],
+                PutOptions::new(PutMode::Create),
+            )
             .await
             .expect("put");
         store
-            .append(key, vec![vec![i as u8]], None)
+            .append(
+                &mcp_persist_core::conformance::key(key),
+                vec![vec![i as u8]],
+                None,
+            )
             .await
             .expect("append");
     }
-    let err = store
-        .put(
-            "nul\0../../x",
-            b"x".to_vec(),
-            PutOptions::new(PutMode::Create),
-        )
-        .await
-        .expect_err("NUL");
-    assert!(matches!(err, Error::InvalidInput { .. }), "got {err:?}");
-    let err = store
-        .put(
-            &"../".repeat(400),
-            b"x".to_vec(),
-            PutOptions::new(PutMode::Create),
-        )
-        .await
-        .expect_err("over-long key");
-    assert!(matches!(err, Error::TooLarge { .. }), "got {err:?}");
+    // Keys with NUL or over the length limit never reach the store: they
+    // are refused when made.
+    assert!(matches!(
+        mcp_persist_core::Key::new("nul\0../../x"),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert!(matches!(
+        mcp_persist_core::Key::new("../".repeat(400)),
+        Err(Error::TooLarge { .. })
+    ));
 
     // Nothing was created outside the store directory.
     let outside: Vec<PathBuf> = fs::read_dir(tmp.path())
@@ -295,11 +312,20 @@ async fn keys_that_look_like_paths_stay_inside_the_directory() {
     // Every key is its own record, under a hashed name, and reads back.
     for (i, key) in keys.iter().enumerate() {
         assert_eq!(
-            store.get(key).await.expect("get").expect("present").value,
+            store
+                .get(&mcp_persist_core::conformance::key(key))
+                .await
+                .expect("get")
+                .expect("present")
+                .value,
             vec![i as u8]
         );
         assert_eq!(
-            store.read_after(key, 0, 10).await.expect("read")[0].data,
+            store
+                .read_after(&mcp_persist_core::conformance::key(key), 0, 10)
+                .await
+                .expect("read")[0]
+                .data,
             vec![i as u8]
         );
     }
@@ -336,7 +362,7 @@ async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
             let store = open(&dir).await;
             store
                 .append(
-                    "events",
+                    &key("events"),
                     vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
                     None,
                 )
@@ -357,7 +383,10 @@ async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
         let before = store.verify().await.expect("verify");
         assert!(before.is_clean(), "{:?}", before.problems);
         assert_eq!(before.torn_tail_bytes, tail.len() as u64);
-        let read = store.read_after("events", 0, 100).await.expect("read");
+        let read = store
+            .read_after(&key("events"), 0, 100)
+            .await
+            .expect("read");
         assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
         assert_eq!(
             fs::metadata(&seg).expect("stat").len(),
@@ -365,11 +394,14 @@ async fn a_torn_log_tail_is_cut_when_the_log_is_opened() {
             "torn tail not cut"
         );
         let next = store
-            .append("events", vec![b"d".to_vec()], None)
+            .append(&key("events"), vec![b"d".to_vec()], None)
             .await
             .expect("append");
         assert_eq!(next, vec![seqs[2] + 1]);
-        let read = store.read_after("events", 0, 100).await.expect("read");
+        let read = store
+            .read_after(&key("events"), 0, 100)
+            .await
+            .expect("read");
         assert_eq!(
             read.into_iter().map(|r| r.data).collect::<Vec<_>>(),
             vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]
@@ -388,12 +420,12 @@ async fn damage_inside_a_log_is_corrupt_naming_the_log() {
         .expect("open");
     for i in 0..20u8 {
         store
-            .append("stream", vec![vec![i; 64]], None)
+            .append(&key("stream"), vec![vec![i; 64]], None)
             .await
             .expect("append");
     }
     store
-        .append("other", vec![b"fine".to_vec()], None)
+        .append(&key("other"), vec![b"fine".to_vec()], None)
         .await
         .expect("append");
     let log_dir = fs::read_dir(dir.join("log"))
@@ -409,7 +441,7 @@ async fn damage_inside_a_log_is_corrupt_naming_the_log() {
 
     let store = open(&dir).await;
     let err = store
-        .read_after("stream", 0, 100)
+        .read_after(&key("stream"), 0, 100)
         .await
         .expect_err("damaged log");
     assert!(
@@ -417,7 +449,7 @@ async fn damage_inside_a_log_is_corrupt_naming_the_log() {
         "got {err:?}"
     );
     assert_eq!(
-        store.read_after("other", 0, 10).await.expect("read")[0].data,
+        store.read_after(&key("other"), 0, 10).await.expect("read")[0].data,
         b"fine"
     );
     assert_eq!(store.verify().await.expect("verify").problems.len(), 1);
@@ -434,7 +466,7 @@ async fn trim_deletes_whole_segments_and_keeps_numbering() {
     for i in 0..100u32 {
         seqs.extend(
             store
-                .append("l", vec![i.to_be_bytes().repeat(8)], None)
+                .append(&key("l"), vec![i.to_be_bytes().repeat(8)], None)
                 .await
                 .expect("append"),
         );
@@ -442,27 +474,36 @@ async fn trim_deletes_whole_segments_and_keeps_numbering() {
     let log_dir = only_log_dir(&dir);
     let before = segments(&log_dir).len();
     assert!(before > 5, "only {before} segments");
-    assert_eq!(store.trim("l", seqs[80]).await.expect("trim"), 80);
+    assert_eq!(store.trim(&key("l"), seqs[80]).await.expect("trim"), 80);
     assert!(
         segments(&log_dir).len() <= 4,
         "whole segments were not deleted"
     );
-    let left = store.read_after("l", 0, usize::MAX).await.expect("read");
+    let left = store
+        .read_after(&key("l"), 0, usize::MAX)
+        .await
+        .expect("read");
     assert_eq!(
         left.iter().map(|r| r.seq).collect::<Vec<_>>(),
         seqs[80..].to_vec()
     );
     // Trimming past the end drops only what exists.
-    assert_eq!(store.trim("l", u64::MAX).await.expect("trim"), 20);
-    assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
+    assert_eq!(store.trim(&key("l"), u64::MAX).await.expect("trim"), 20);
+    assert!(
+        store
+            .read_after(&key("l"), 0, 10)
+            .await
+            .expect("read")
+            .is_empty()
+    );
     let next = store
-        .append("l", vec![b"more".to_vec()], None)
+        .append(&key("l"), vec![b"more".to_vec()], None)
         .await
         .expect("append");
     assert!(next[0] > seqs[99]);
     let reopened = open(&dir).await;
     assert_eq!(
-        reopened.read_after("l", 0, 10).await.expect("read")[0].data,
+        reopened.read_after(&key("l"), 0, 10).await.expect("read")[0].data,
         b"more"
     );
 }
@@ -480,28 +521,36 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     .expect("open");
     let short = Some(Duration::from_millis(50));
     let v_deleted = store
-        .put("deleted", b"1".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("deleted"),
+            b"1".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
-    store.delete("deleted", None).await.expect("delete");
+    store.delete(&key("deleted"), None).await.expect("delete");
     let v_expired = store
         .put(
-            "expiring",
+            &key("expiring"),
             b"1".to_vec(),
             PutOptions::new(PutMode::Create).with_ttl(short),
         )
         .await
         .expect("put");
     store
-        .put("kept", b"1".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("kept"),
+            b"1".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     store
-        .append("old-log", vec![b"x".to_vec()], short)
+        .append(&key("old-log"), vec![b"x".to_vec()], short)
         .await
         .expect("append");
     store
-        .append("live-log", vec![b"y".to_vec()], None)
+        .append(&key("live-log"), vec![b"y".to_vec()], None)
         .await
         .expect("append");
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -511,7 +560,11 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     assert_eq!(fs::read_dir(dir.join("kv")).expect("kv").count(), 1);
     assert_eq!(fs::read_dir(dir.join("log")).expect("log").count(), 1);
     assert_eq!(
-        store.read_after("live-log", 0, 10).await.expect("read")[0].data,
+        store
+            .read_after(&key("live-log"), 0, 10)
+            .await
+            .expect("read")[0]
+            .data,
         b"y"
     );
 
@@ -519,12 +572,20 @@ async fn sweeps_reclaim_expired_state_and_versions_never_repeat() {
     // even from a fresh handle.
     let store = open(&dir).await;
     let v = store
-        .put("deleted", b"2".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("deleted"),
+            b"2".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     assert!(v > v_deleted, "{v} after {v_deleted}");
     let v = store
-        .put("expiring", b"2".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("expiring"),
+            b"2".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("put");
     assert!(v > v_expired, "{v} after {v_expired}");
@@ -536,22 +597,32 @@ async fn an_expired_log_restarts_empty_on_append() {
     let dir = tmp.path().join("store");
     let store = open(&dir).await;
     let first = store
-        .append("l", vec![b"old".to_vec()], Some(Duration::from_millis(50)))
+        .append(
+            &key("l"),
+            vec![b"old".to_vec()],
+            Some(Duration::from_millis(50)),
+        )
         .await
         .expect("append");
     // An append without a TTL keeps the log's expiry.
     store
-        .append("l", vec![b"old too".to_vec()], None)
+        .append(&key("l"), vec![b"old too".to_vec()], None)
         .await
         .expect("append");
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(store.read_after("l", 0, 10).await.expect("read").is_empty());
+    assert!(
+        store
+            .read_after(&key("l"), 0, 10)
+            .await
+            .expect("read")
+            .is_empty()
+    );
     let next = store
-        .append("l", vec![b"new".to_vec()], None)
+        .append(&key("l"), vec![b"new".to_vec()], None)
         .await
         .expect("append");
     assert!(next[0] > first[0]);
-    let read = store.read_after("l", 0, 10).await.expect("read");
+    let read = store.read_after(&key("l"), 0, 10).await.expect("read");
     assert_eq!(
         read.into_iter().map(|r| r.data).collect::<Vec<_>>(),
         vec![b"new".to_vec()]
@@ -585,7 +656,7 @@ async fn a_sweep_leaves_what_expired_within_the_margin() {
     for key in ["recent", "long-gone"] {
         store
             .put(
-                key,
+                &mcp_persist_core::conformance::key(key),
                 b"1".to_vec(),
                 PutOptions::new(PutMode::Create).with_ttl(short),
             )
@@ -593,7 +664,7 @@ async fn a_sweep_leaves_what_expired_within_the_margin() {
             .expect("put");
     }
     store
-        .append("recent-log", vec![b"x".to_vec()], short)
+        .append(&key("recent-log"), vec![b"x".to_vec()], short)
         .await
         .expect("append");
     // One record expired long before the margin (a day after the epoch).
@@ -601,10 +672,10 @@ async fn a_sweep_leaves_what_expired_within_the_margin() {
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     // Reads honour the TTL at once...
-    assert_eq!(store.get("recent").await.expect("get"), None);
+    assert_eq!(store.get(&key("recent")).await.expect("get"), None);
     assert!(
         store
-            .read_after("recent-log", 0, 10)
+            .read_after(&key("recent-log"), 0, 10)
             .await
             .expect("read")
             .is_empty()

@@ -2,6 +2,7 @@
 //! syncs and still lose nothing acknowledged, in one process and when the
 //! process is killed with SIGKILL mid-round.
 
+use mcp_persist_core::conformance::key;
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
@@ -51,7 +52,7 @@ async fn many_logs_at_once(store: &FileStore, rounds: usize) {
                 let data = format!("{log}:{k}").into_bytes();
                 seqs.extend(
                     store
-                        .append(&format!("log-{log}"), vec![data], None)
+                        .append(&key(format!("log-{log}")), vec![data], None)
                         .await?,
                 );
             }
@@ -63,7 +64,7 @@ async fn many_logs_at_once(store: &FileStore, rounds: usize) {
         let expected: Vec<u64> = (1..=rounds as u64).collect();
         assert_eq!(seqs, expected, "log {log}: numbers handed out");
         let read = store
-            .read_after(&format!("log-{log}"), 0, usize::MAX)
+            .read_after(&key(format!("log-{log}")), 0, usize::MAX)
             .await
             .expect("read");
         let data: Vec<String> = read
@@ -115,7 +116,11 @@ fn child_process() {
                     }
                     let data = format!("{tag}:{k}");
                     let seqs = store
-                        .append(&format!("log-{log}"), vec![data.clone().into_bytes()], None)
+                        .append(
+                            &key(format!("log-{log}")),
+                            vec![data.clone().into_bytes()],
+                            None,
+                        )
                         .await
                         .expect("append");
                     println!("ACK {log} {} {data}", seqs[0]);
@@ -189,7 +194,7 @@ fn sigkill_mid_round_loses_nothing_acknowledged() {
                 .expect("open after the kill");
             for log in 0..LOGS {
                 let read: Vec<(u64, String)> = store
-                    .read_after(&format!("log-{log}"), 0, usize::MAX)
+                    .read_after(&key(format!("log-{log}")), 0, usize::MAX)
                     .await
                     .expect("read")
                     .into_iter()

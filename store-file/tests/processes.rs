@@ -19,6 +19,7 @@
 //! It prints its seed, the number of kills, the time taken and how many
 //! torn tails it found and cut.
 
+use mcp_persist_core::conformance::key;
 use std::{
     io::{BufRead, BufReader},
     os::unix::process::ExitStatusExt,
@@ -90,7 +91,11 @@ fn child_process() {
 async fn increment(store: &FileStore, key: &str) -> (u64, u64) {
     let mut conflicts = 0;
     loop {
-        let (n, mode) = match store.get(key).await.expect("get") {
+        let (n, mode) = match store
+            .get(&mcp_persist_core::conformance::key(key))
+            .await
+            .expect("get")
+        {
             None => (0, PutMode::Create),
             Some(entry) => (
                 std::str::from_utf8(&entry.value)
@@ -101,7 +106,11 @@ async fn increment(store: &FileStore, key: &str) -> (u64, u64) {
             ),
         };
         match store
-            .put(key, (n + 1).to_string().into_bytes(), PutOptions::new(mode))
+            .put(
+                &mcp_persist_core::conformance::key(key),
+                (n + 1).to_string().into_bytes(),
+                PutOptions::new(mode),
+            )
             .await
         {
             Ok(_) => return (n + 1, conflicts),
@@ -124,7 +133,7 @@ async fn crash_child(store: &FileStore, tag: &str) {
         println!("ACK kv {n}");
         store
             .put(
-                "blob",
+                &key("blob"),
                 vec![(n % 251) as u8; BLOB_BYTES],
                 PutOptions::new(PutMode::Overwrite),
             )
@@ -137,7 +146,7 @@ async fn crash_child(store: &FileStore, tag: &str) {
             .collect();
         j += batch;
         let seqs = store
-            .append("log", records.clone(), None)
+            .append(&key("log"), records.clone(), None)
             .await
             .expect("append");
         for (seq, data) in seqs.iter().zip(&records) {
@@ -153,7 +162,11 @@ async fn increment_child(store: &FileStore, tag: &str, count: u64) {
     for i in 0..count {
         conflicts += increment(store, "shared").await.1;
         store
-            .append("shared-log", vec![format!("{tag}:{i}").into_bytes()], None)
+            .append(
+                &key("shared-log"),
+                vec![format!("{tag}:{i}").into_bytes()],
+                None,
+            )
             .await
             .expect("append");
     }
@@ -191,6 +204,84 @@ impl Rng {
     }
 }
 
+/// How many kills a crash test makes (see the module docs).
+fn kills() -> u32 {
+    match std::env::var(KILLS_ENV).or_else(|_| std::env::var(SHARED_KILLS_ENV)) {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| panic!("{KILLS_ENV}={v:?} is not a positive number")),
+        Err(_) => DEFAULT_KILLS,
+    }
+}
+
+/// A generator seeded from the clock, its seed printed.
+fn seeded() -> Rng {
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64
+        | 1;
+    eprintln!("crash test seed {seed}");
+    Rng(seed)
+}
+
+/// Starts the crash child on `dir` and kills it with SIGKILL at a random
+/// moment: half the time after a random number of acknowledgements (and a
+/// random pause), otherwise after a random delay, possibly while it is
+/// still starting up or opening the store. Returns what it acknowledged.
+fn run_and_kill(dir: &Path, tag: &str, rng: &mut Rng, kill: u32) -> Acks {
+    let mut proc = child("crash", dir, tag, 0);
+    let stdout = proc.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel::<String>();
+    let reader = thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(at) = line.find("ACK ") {
+                // Only the parent may have gone; then stop quietly.
+                let _ = tx.send(line[at + 4..].to_owned());
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    if rng.below(2) == 0 {
+        let wanted = 1 + rng.below(30);
+        for _ in 0..wanted {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => lines.push(line),
+                Err(_) => break,
+            }
+        }
+        spin(Duration::from_micros(rng.below(3000)));
+    } else {
+        thread::sleep(Duration::from_millis(rng.below(60)));
+    }
+    proc.kill().expect("SIGKILL the child");
+    let status = proc.wait().expect("reap the child");
+    // It must die of the SIGKILL, not of a failure of its own first.
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "child {kill} ended otherwise: {status:?}"
+    );
+    reader.join().expect("reader thread");
+    let mut acks = Acks::default();
+    lines.extend(rx.try_iter());
+    for line in lines {
+        let mut parts = line.splitn(3, ' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("kv"), Some(n), None) => acks.counter = Some(n.parse().expect("number")),
+            (Some("blob"), Some(_), None) => {}
+            (Some("log"), Some(seq), Some(data)) => {
+                acks.log.push((seq.parse().expect("seq"), data.to_owned()));
+            }
+            _ => panic!("unexpected acknowledgement {line:?}"),
+        }
+    }
+    acks
+}
+
 /// What a child acknowledged before it was killed.
 #[derive(Default)]
 struct Acks {
@@ -200,21 +291,8 @@ struct Acks {
 
 #[test]
 fn sigkill_at_random_moments_loses_nothing_acknowledged() {
-    let kills: u32 = match std::env::var(KILLS_ENV).or_else(|_| std::env::var(SHARED_KILLS_ENV)) {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|n| *n > 0)
-            .unwrap_or_else(|| panic!("{KILLS_ENV}={v:?} is not a positive number")),
-        Err(_) => DEFAULT_KILLS,
-    };
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos() as u64
-        | 1;
-    eprintln!("crash test seed {seed}");
-    let mut rng = Rng(seed);
+    let kills = kills();
+    let mut rng = seeded();
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = tmp.path().join("store");
     let rt = runtime();
@@ -225,56 +303,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     let started = Instant::now();
     for kill in 0..kills {
         let tag = format!("c{kill}");
-        let mut proc = child("crash", &dir, &tag, 0);
-        let stdout = proc.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel::<String>();
-        let reader = thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(at) = line.find("ACK ") {
-                    // Only the parent may have gone; then stop quietly.
-                    let _ = tx.send(line[at + 4..].to_owned());
-                }
-            }
-        });
-        // Half the time kill after a random number of acknowledgements (and
-        // a random pause), otherwise after a random delay, possibly while
-        // the child is still starting up or opening the store.
-        let mut lines = Vec::new();
-        if rng.below(2) == 0 {
-            let wanted = 1 + rng.below(30);
-            for _ in 0..wanted {
-                match rx.recv_timeout(Duration::from_secs(20)) {
-                    Ok(line) => lines.push(line),
-                    Err(_) => break,
-                }
-            }
-            spin(Duration::from_micros(rng.below(3000)));
-        } else {
-            thread::sleep(Duration::from_millis(rng.below(60)));
-        }
-        proc.kill().expect("SIGKILL the child");
-        let status = proc.wait().expect("reap the child");
-        // It must die of the SIGKILL, not of a failure of its own first.
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "child {kill} ended otherwise: {status:?}"
-        );
-        reader.join().expect("reader thread");
-        let mut acks = Acks::default();
-        lines.extend(rx.try_iter());
-        for line in lines {
-            let mut parts = line.splitn(3, ' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some("kv"), Some(n), None) => acks.counter = Some(n.parse().expect("number")),
-                (Some("blob"), Some(_), None) => {}
-                (Some("log"), Some(seq), Some(data)) => {
-                    acks.log.push((seq.parse().expect("seq"), data.to_owned()));
-                }
-                _ => panic!("unexpected acknowledgement {line:?}"),
-            }
-        }
+        let acks = run_and_kill(&dir, &tag, &mut rng, kill);
 
         rt.block_on(async {
             let store = FileStore::open_with(&dir, options())
@@ -294,7 +323,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
             // The counter is the last acknowledged value, or one more (the
             // write was committed but the child died before printing).
             let last_acked = acks.counter.unwrap_or(counter);
-            let found = match store.get("counter").await.expect("get counter") {
+            let found = match store.get(&key("counter")).await.expect("get counter") {
                 Some(entry) => std::str::from_utf8(&entry.value)
                     .expect("counter is utf8")
                     .parse::<u64>()
@@ -310,7 +339,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
                 "after kill {kill}: counter went back from {counter} to {found}"
             );
             counter = found;
-            if let Some(blob) = store.get("blob").await.expect("get blob") {
+            if let Some(blob) = store.get(&key("blob")).await.expect("get blob") {
                 assert_eq!(blob.value.len(), BLOB_BYTES, "after kill {kill}: blob size");
                 assert!(
                     blob.value.iter().all(|b| *b == blob.value[0]),
@@ -322,7 +351,7 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
             // records: every acknowledged one, in order, then at most the one
             // batch it was appending when killed.
             let read = store
-                .read_after("log", 0, usize::MAX)
+                .read_after(&key("log"), 0, usize::MAX)
                 .await
                 .expect("read log");
             let read: Vec<(u64, String)> = read
@@ -384,58 +413,90 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     );
 }
 
+/// Copies the directory tree `from` to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create copy");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy file");
+        }
+    }
+}
+
+#[test]
+fn the_numbering_mark_survives_sigkill() {
+    // Kills at random moments, as above, with segments small enough that
+    // the mark is raised every few kills. After each, a copy of the store
+    // loses every log directory: the log must then refuse, and once set
+    // aside go on above every number ever acknowledged.
+    let kills = kills().div_ceil(4);
+    let mut rng = seeded();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    let rt = runtime();
+    let mut highest = 0u64;
+    let mut raised = 0;
+    let mut last_mark = None;
+    for kill in 0..kills {
+        let acks = run_and_kill(&dir, &format!("m{kill}"), &mut rng, kill);
+        highest = acks.log.iter().map(|(seq, _)| *seq).fold(highest, u64::max);
+        if !dir.join("log").is_dir() {
+            continue; // killed before the store was laid out
+        }
+        let mark = std::fs::read_dir(dir.join("mark"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| std::fs::read(e.path()).expect("read mark"));
+        if mark.is_some() && mark != last_mark {
+            raised += 1;
+            last_mark = mark;
+        }
+        let copy = tmp.path().join(format!("copy-{kill}"));
+        copy_tree(&dir, &copy);
+        std::fs::remove_dir_all(copy.join("log")).expect("delete the logs");
+        std::fs::create_dir(copy.join("log")).expect("recreate the log root");
+        rt.block_on(async {
+            let store = FileStore::open_with(&copy, options())
+                .await
+                .unwrap_or_else(|e| panic!("copy does not open after kill {kill}: {e}"));
+            if highest > 0 {
+                let refused = store.append(&key("log"), vec![b"x".to_vec()], None).await;
+                assert!(
+                    matches!(refused, Err(Error::Corrupt { .. })),
+                    "after kill {kill}: a log that handed out up to {highest} went on \
+                     without its files: {refused:?}"
+                );
+            }
+            store.quarantine_log("log").await.expect("quarantine");
+            let next = store
+                .append(&key("log"), vec![b"x".to_vec()], None)
+                .await
+                .expect("append")[0];
+            assert!(
+                next > highest,
+                "after kill {kill}: {next} reuses a number up to {highest}"
+            );
+        });
+        std::fs::remove_dir_all(&copy).expect("remove copy");
+    }
+    eprintln!(
+        "{kills} kills: numbers up to {highest} acknowledged, the mark changed {raised} times"
+    );
+    assert!(highest > 0, "the children never got to append");
+    if kills >= 20 {
+        assert!(raised > 1, "the mark was never raised");
+    }
+}
+
 fn spin(d: Duration) {
     let until = Instant::now() + d;
     while Instant::now() < until {
         std::hint::spin_loop();
     }
-}
-
-#[test]
-fn two_processes_increment_one_key_to_the_exact_total() {
-    const EACH: u64 = 150;
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let dir = tmp.path().join("store");
-    // Create the store first, so both children start on the same layout.
-    runtime().block_on(async {
-        FileStore::open_with(&dir, options()).await.expect("open");
-    });
-    let children: Vec<Child> = ["a", "b"]
-        .iter()
-        .map(|tag| child("increment", &dir, tag, EACH))
-        .collect();
-    for mut proc in children {
-        let stdout = proc.stdout.take().expect("piped stdout");
-        // Read to the end: a closed pipe would fail the child's last writes.
-        let done = BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .filter_map(|l| l.find("DONE ").map(|at| l[at..].to_owned()))
-            .last();
-        assert!(proc.wait().expect("wait").success(), "child failed");
-        eprintln!("child: {}", done.expect("child reported"));
-    }
-    runtime().block_on(async {
-        let store = FileStore::open_with(&dir, options()).await.expect("open");
-        let entry = store.get("shared").await.expect("get").expect("present");
-        assert_eq!(entry.value, (2 * EACH).to_string().into_bytes());
-        // Appends from both processes: all there, numbered in order, and
-        // each process's own records in the order it made them.
-        let read = store
-            .read_after("shared-log", 0, usize::MAX)
-            .await
-            .expect("read");
-        assert_eq!(read.len() as u64, 2 * EACH);
-        assert!(read.windows(2).all(|w| w[0].seq < w[1].seq));
-        for tag in ["a", "b"] {
-            let mine: Vec<String> = read
-                .iter()
-                .map(|r| String::from_utf8(r.data.clone()).expect("utf8"))
-                .filter(|d| d.starts_with(&format!("{tag}:")))
-                .collect();
-            let expected: Vec<String> = (0..EACH).map(|i| format!("{tag}:{i}")).collect();
-            assert_eq!(mine, expected);
-        }
-        assert!(store.verify().await.expect("verify").is_clean());
-    });
 }

@@ -2,6 +2,7 @@
 //! in its own folder would. This changes the current directory, which is
 //! shared by the whole process: it is the only test in this binary.
 
+use mcp_persist_core::conformance::key;
 use mcp_persist_core::{KvStore, PutMode, PutOptions};
 use mcp_persist_store_file::FileStore;
 
@@ -13,7 +14,7 @@ async fn a_one_part_relative_path_opens_and_reopens() {
     // First run: the directory does not exist yet and is created.
     let store = FileStore::open("state").await.expect("first open");
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     drop(store);
@@ -22,7 +23,12 @@ async fn a_one_part_relative_path_opens_and_reopens() {
     // Second run finds it.
     let store = FileStore::open("state").await.expect("second open");
     assert_eq!(
-        store.get("k").await.expect("get").expect("present").value,
+        store
+            .get(&key("k"))
+            .await
+            .expect("get")
+            .expect("present")
+            .value,
         b"v"
     );
 }

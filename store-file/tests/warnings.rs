@@ -3,6 +3,7 @@
 //! Its own test binary: it installs a process-wide tracing subscriber, since
 //! the store works on tokio's blocking threads.
 
+use mcp_persist_core::conformance::key;
 use std::{
     fmt::Write as _,
     fs,
@@ -64,10 +65,10 @@ async fn a_store_open_to_others_draws_a_warning() {
     let private = tmp.path().join("private");
     let store = FileStore::open(&private).await.expect("open");
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
-    store.get("k").await.expect("get");
+    store.get(&key("k")).await.expect("get");
     assert_eq!(warnings.take(), Vec::<String>::new());
 
     // A directory someone made world-readable.
@@ -89,7 +90,7 @@ async fn a_store_open_to_others_draws_a_warning() {
 
     // A record file someone made group-readable: warned about when read.
     store
-        .put("k", b"v".to_vec(), PutOptions::new(PutMode::Create))
+        .put(&key("k"), b"v".to_vec(), PutOptions::new(PutMode::Create))
         .await
         .expect("put");
     let file = fs::read_dir(shared.join("kv"))
@@ -100,7 +101,7 @@ async fn a_store_open_to_others_draws_a_warning() {
         .path();
     fs::set_permissions(&file, fs::Permissions::from_mode(0o640)).expect("chmod");
     warnings.take();
-    store.get("k").await.expect("get");
+    store.get(&key("k")).await.expect("get");
     let seen = warnings.take();
     assert!(
         seen.iter()

@@ -460,4 +460,3 @@ fn checksum_existing_rows(conn: &Connection, ctx: Ctx<'_>) -> Result<()> {
     }
     Ok(())
 }
-

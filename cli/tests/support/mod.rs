@@ -330,9 +330,10 @@ pub async fn raw_resume(
 pub fn event_ids(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter(|event| {
-            event
-                .lines()
-                .any(|l| l.strip_prefix("data:").is_some_and(|d| !d.trim().is_empty()))
+            event.lines().any(|l| {
+                l.strip_prefix("data:")
+                    .is_some_and(|d| !d.trim().is_empty())
+            })
         })
         .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("id:")))
         .map(|s| s.trim().to_owned())
@@ -398,12 +399,16 @@ pub async fn fill(dir: &Path, scheme: &str) -> anyhow::Result<Filled> {
 
 /// The key of a server session's record.
 pub fn session_key(id: &str) -> String {
-    mcp_persist_core::declare::SERVER_SESSION.key(&[id]).to_string()
+    mcp_persist_core::declare::SERVER_SESSION
+        .key(&[id])
+        .to_string()
 }
 
 /// The key of an SSE stream's record.
 pub fn stream_key(stream: &str) -> String {
-    mcp_persist_core::declare::EVENT_STREAM.key(&[stream]).to_string()
+    mcp_persist_core::declare::EVENT_STREAM
+        .key(&[stream])
+        .to_string()
 }
 
 /// The name of an SSE stream's event log.
@@ -413,7 +418,9 @@ pub fn events_log(stream: &str) -> String {
 
 /// The key of a shared key ring.
 pub fn key_ring(name: &str) -> String {
-    mcp_persist_core::declare::SHARED_KEY_RING.key(&[name]).to_string()
+    mcp_persist_core::declare::SHARED_KEY_RING
+        .key(&[name])
+        .to_string()
 }
 
 /// `text` as a store key.

@@ -36,11 +36,11 @@ pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamO
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
 pub use liveness::{InstanceLease, InstanceLeases, Liveness, OwnLease};
 pub use session::ServerSessionStore;
-pub use tool_lock::ToolLock;
 pub use tasks::{
     MAX_TASK_ID_BYTES, ResumableOperation, TaskId, TaskOwner, TaskRecord, TaskStatus, TaskStore,
     TaskUpdate,
 };
+pub use tool_lock::ToolLock;
 
 use std::time::Duration;
 

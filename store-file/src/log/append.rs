@@ -1,0 +1,289 @@
+//! Appending: in place at the end of the last segment, or in a new one.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io,
+    os::unix::fs::{FileExt, MetadataExt},
+    path::Path,
+    time::Duration,
+};
+
+use mcp_persist_core::Error;
+use tracing::{debug, warn};
+
+use super::{
+    Cut, Empty, Logs,
+    format::{
+        LOG_FORMAT, encode_frames, encode_segment_header, read_trim, segment_name, write_slot,
+        write_trim,
+    },
+    mark, report,
+    tail::{Slot, Tail},
+};
+use crate::fsio::{
+    ensure_private_dir, expiry_ms, io, io_error, is_live, sync_dir, unix_ms, write_atomic,
+};
+
+impl Logs {
+    /// Appends `records` to log `name`. With `sync`, the frames are
+    /// fdatasynced before this returns (they survive a power cut);
+    /// without, they are written to the file (they survive a crash of this
+    /// process, and other processes read them at once). A new segment is
+    /// always created whole and synced.
+    pub(crate) fn append(
+        &self,
+        name: &str,
+        records: &[Vec<u8>],
+        ttl: Option<Duration>,
+        sync: bool,
+    ) -> Result<Vec<u64>, Error> {
+        report(name, self.append_records(name, records, ttl, sync))
+    }
+
+    fn append_records(
+        &self,
+        name: &str,
+        records: &[Vec<u8>],
+        ttl: Option<Duration>,
+        sync: bool,
+    ) -> Result<Vec<u64>, Error> {
+        let (hashed, dir) = self.paths(name);
+        let guard = self.store.lock_stripe("log", &hashed)?;
+        let now = unix_ms();
+        let scanned = self.scan_tail(&hashed, &dir, name, Cut::Must)?;
+        self.recovered().insert(hashed.clone());
+        // `handed`: the highest number the log may have handed out; the new
+        // records go above it. `live`: the last segment, when the log goes on
+        // after it; `expired`: the segments of an expired log, to discard.
+        let (handed, live, expired) = match scanned {
+            None => {
+                let handed = match self.empty_log(&hashed, &dir, name)? {
+                    Empty::Fresh => {
+                        ensure_private_dir(&dir)?;
+                        0
+                    }
+                    Empty::SetAside { next } => next - 1,
+                };
+                (handed, None, None)
+            }
+            Some((t, segments)) => {
+                let handed = match t.handed_out() {
+                    Some(handed) => handed,
+                    None => {
+                        let reserved = mark::read(&self.store.mark_dir, &hashed, name)?
+                            .map_or(0, |m| m.reserved);
+                        warn!(
+                            log = name,
+                            "the commit slot of a log's last segment does not check out; \
+                             numbering goes on above the log's mark"
+                        );
+                        t.last_seq.max(reserved)
+                    }
+                };
+                if handed > t.last_seq && t.slot.is_some() {
+                    warn!(
+                        log = name,
+                        first_missing = t.last_seq + 1,
+                        last_missing = handed,
+                        "records handed out at the end of a log are missing (an append cut \
+                         short by a power cut, or records cut away); their numbers are \
+                         skipped, never handed out again"
+                    );
+                }
+                if is_live(t.expires_ms, now) {
+                    (handed, Some(t), None)
+                } else {
+                    (handed, None, Some((t, segments)))
+                }
+            }
+        };
+        // What the records follow, and what the log's expiry was.
+        let (follows, carried_expiry, known_reserved) = match (&live, &expired) {
+            (Some(t), _) => (t.last_seq, t.expires_ms, t.reserved),
+            (None, Some((t, _))) => (t.last_seq, 0, t.reserved),
+            (None, None) => (handed, 0, 0),
+        };
+        let expires_ms = ttl.map_or(carried_expiry, |ttl| expiry_ms(now, ttl));
+        // u64::MAX is never a sequence number, so every read can add one.
+        let count = records.len() as u64;
+        let Some(next) = handed
+            .checked_add(1)
+            .filter(|next| next.checked_add(count).is_some())
+        else {
+            return Err(Error::corrupt(
+                name,
+                format!("the log's sequence numbers are exhausted (last {handed})"),
+            ));
+        };
+        let (frames, seqs, last_rel, last_crc) = encode_frames(next, expires_ms, records);
+        let last = *seqs.last().expect("append is never called without records");
+        // The segment written in place, to sync once the lock is released.
+        let mut to_sync = None;
+        let in_place = live.filter(|t| {
+            t.format >= LOG_FORMAT
+                && handed == t.last_seq
+                && t.end < self.store.options.segment_bytes
+        });
+        let mut tail = match in_place {
+            Some(t) => {
+                let path = dir.join(segment_name(t.seg_first));
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io("open for appending", &path))?;
+                file.write_all_at(&frames, t.end)
+                    .map_err(io("write", &path))?;
+                // After the frames: a slot never names a frame not written.
+                let synced = t.slot.map_or(0, |s| s.synced).max(t.synced);
+                let slot = Slot {
+                    issued: last,
+                    synced,
+                    next: 0,
+                };
+                write_slot(&file, &path, slot)?;
+                to_sync = Some((file, path));
+                Tail {
+                    last_off: t.end + last_rel,
+                    last_seq: last,
+                    last_crc,
+                    end: t.end + frames.len() as u64,
+                    expires_ms,
+                    slot: Some(slot),
+                    ..t
+                }
+            }
+            None => self.start_segment(
+                name,
+                &dir,
+                live.as_ref(),
+                expired.as_ref().map(|(_, segments)| segments.as_slice()),
+                (next, follows),
+                (&frames, last, last_rel, last_crc, expires_ms),
+                known_reserved,
+            )?,
+        };
+        // The mark covers every number before any is acknowledged.
+        if last > tail.reserved {
+            let on_disk =
+                mark::read(&self.store.mark_dir, &hashed, name)?.map_or(0, |m| m.reserved);
+            tail.reserved = if last > on_disk {
+                let reserved = last.saturating_add(self.reserve_block()).min(u64::MAX - 1);
+                mark::write(&self.store.mark_dir, &hashed, name, reserved)?;
+                debug!(log = name, reserved, "raised a log's numbering mark");
+                reserved
+            } else {
+                on_disk
+            };
+        }
+        self.tails().insert(hashed.clone(), tail);
+        drop(guard);
+        // Synced outside the log's lock, so appends to other logs of the same
+        // lock stripe (and the next append to this one) go on meanwhile, and
+        // appends to many logs share syncs (group commit). Nothing is lost by
+        // the wait: the frames are in the file, readers may see them (as of
+        // any write), and the caller hears of them only after this.
+        if let (true, Some((file, path))) = (sync, to_sync) {
+            match &self.group {
+                Some(group) => group.sync(&file),
+                None => file.sync_data(),
+            }
+            .map_err(io("fsync", &path))?;
+            // The next append's slot says so.
+            if let Some(t) = self.tails().get_mut(&hashed)
+                && t.seg_first == tail.seg_first
+                && t.ino == tail.ino
+            {
+                t.synced = t.synced.max(last);
+            }
+        }
+        Ok(seqs)
+    }
+
+    /// Starts a segment at `first` (following `follows`) with the encoded
+    /// frames of an append: after the last segment `live` when it is full,
+    /// of the old format or followed by skipped numbers (sealing it), or in
+    /// place of the `expired` segments of a log, or as a log's first.
+    #[allow(clippy::too_many_arguments)]
+    fn start_segment(
+        &self,
+        name: &str,
+        dir: &Path,
+        live: Option<&Tail>,
+        expired: Option<&[u64]>,
+        (first, follows): (u64, u64),
+        (frames, last, last_rel, last_crc, expires_ms): (&[u8], u64, u64, u32, u64),
+        reserved: u64,
+    ) -> Result<Tail, Error> {
+        if expired.is_some() {
+            // Drop the expired records first: until their segments are
+            // gone, a crash must not bring them back.
+            let mut trim = read_trim(dir, name)?;
+            trim.trim_before = trim.trim_before.max(first);
+            write_trim(dir, &trim)?;
+        }
+        if let Some(t) = live {
+            // The full segment may end in frames another append wrote
+            // and has not synced yet (or never will, unsynced): they
+            // reach the disk before the segment after them exists, so
+            // a power cut can never leave a torn frame anywhere but
+            // in the last segment.
+            let path = dir.join(segment_name(t.seg_first));
+            File::open(&path)
+                .and_then(|file| file.sync_data())
+                .map_err(io("fsync", &path))?;
+        }
+        let slot = Slot {
+            issued: last,
+            synced: last,
+            next: 0,
+        };
+        let header = encode_segment_header(first, follows, name, slot);
+        let seg = segment_name(first);
+        write_atomic(dir, &seg, &[&header, frames])?;
+        let path = dir.join(&seg);
+        let ino = fs::metadata(&path).map_err(io("inspect", &path))?.ino();
+        debug!(log = name, first, "started a log segment");
+        if let Some(t) = live.filter(|t| t.format >= 2) {
+            // Sealed once the next one exists: should that one go missing,
+            // this one says so.
+            let path = dir.join(segment_name(t.seg_first));
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io("open for appending", &path))?;
+            let old = t.slot.unwrap_or_default();
+            let sealed = Slot {
+                issued: old.issued.max(t.last_seq),
+                synced: old.synced.min(t.last_seq),
+                next: first,
+            };
+            write_slot(&file, &path, sealed)?;
+            file.sync_data().map_err(io("fsync", &path))?;
+        }
+        if let Some(segments) = expired {
+            for old in segments {
+                let path = dir.join(segment_name(*old));
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error("remove", &path, e)),
+                }
+            }
+            sync_dir(dir)?;
+            debug!(log = name, "discarded an expired log before appending");
+        }
+        Ok(Tail {
+            seg_first: first,
+            ino,
+            last_off: header.len() as u64 + last_rel,
+            last_seq: last,
+            last_crc,
+            end: (header.len() + frames.len()) as u64,
+            expires_ms,
+            format: LOG_FORMAT,
+            slot: Some(slot),
+            synced: last,
+            reserved,
+        })
+    }
+}
