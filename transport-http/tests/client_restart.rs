@@ -59,9 +59,9 @@ mod readme {
                         Ok(other) => println!("task: {other:?}"),
                         Err(error) => println!("task not now: {error}"),
                     },
-                    // The server may or may not have run it: the application decides.
-                    Recovery::Lost { request } => {
-                        println!("lost: {} {:?}", request.method, request.params);
+                    // No cursor, or its session is gone: the application decides.
+                    Recovery::Lost { request, reason, .. } => {
+                        println!("lost ({reason}): {} {:?}", request.method, request.params);
                         handle.dismiss(&request);
                     }
                     _ => {}
@@ -73,7 +73,6 @@ mod readme {
         for task in recovering {
             task.await?;
         }
-        handle.flush().await; // collected answers leave the store before the process does
         client.cancel().await?; // keeps the session; `handle.end_session()` ends it
         Ok(())
     }
@@ -125,6 +124,11 @@ fn main() {
         eprintln!("user story on the {backend} store ...");
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
+    }
+    for backend in ["sqlite", "file"] {
+        eprintln!("answered calls after a return from main, {backend} store ...");
+        runtime.block_on(answered_story(backend));
+        eprintln!("answered calls after a return from main, {backend} store: ok");
     }
     eprintln!("overlapping calls across a SIGKILL ...");
     runtime.block_on(overlap_story());
@@ -349,6 +353,17 @@ async fn child(role: &str) {
             }));
             client.cancel().await.expect("close");
         }
+        "answer" => {
+            // What an application following the README does: one call,
+            // its answer, and a return from `main`: no flush, no close.
+            say(json!({"interrupted": handle.interrupted().len()}));
+            let client = ().serve(transport).await.expect("serve");
+            let slow = client
+                .call_tool(CallToolRequestParams::new("slow"))
+                .await
+                .expect("slow");
+            say(json!({"answered": slow.is_error == Some(false)}));
+        }
         "readme" => {
             drop((transport, handle));
             readme::example(&url, &stores)
@@ -560,6 +575,32 @@ async fn readme_story() {
     assert!(new_call.is_some() && new_call < recovered, "{printed:?}");
     assert_eq!(server.stats.runs_of("slow"), 1, "the slow tool ran once");
     assert_eq!(server.stats.runs_of("echo"), 2);
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+}
+
+/// A process that calls a tool slower than the journal's window (so the
+/// call is journaled), gets its answer and returns from `main` without a
+/// flush: the next process finds nothing interrupted, run after run.
+async fn answered_story(backend: &str) {
+    let server = client_support::start_server(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+    for run in 0..4 {
+        let mut child = Child::spawn("answer", &server.url, backend, &dir_s);
+        let start = child.line().await;
+        assert_eq!(
+            start["interrupted"], 0,
+            "run {run}: a call answered in the run before is listed again"
+        );
+        assert_eq!(child.line().await["answered"], true);
+        let status = child.child.wait().await.expect("exits");
+        assert!(status.success(), "run {run}: {status}");
+    }
+    let mut last = Child::spawn("answer", &server.url, backend, &dir_s);
+    assert_eq!(last.line().await["interrupted"], 0);
+    last.child.start_kill().expect("kill");
+    last.child.wait().await.expect("reaped");
+    assert_eq!(server.stats.runs_of("slow"), 4, "each call ran once");
     assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
 }
 

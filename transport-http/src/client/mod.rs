@@ -135,8 +135,8 @@ pub use self::{
     decorator::DurableHttpClient,
     handle::ClientHandle,
     recovery::{
-        RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError, ResumedRequest,
-        TaskOutcome,
+        LostReason, RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError,
+        ResumedRequest, TaskOutcome,
     },
     report::{ClientError, ClientNotice, StartKind},
 };
