@@ -60,7 +60,9 @@ mod readme {
                         Err(error) => println!("task not now: {error}"),
                     },
                     // No cursor, or its session is gone: the application decides.
-                    Recovery::Lost { request, reason, .. } => {
+                    Recovery::Lost {
+                        request, reason, ..
+                    } => {
                         println!("lost ({reason}): {} {:?}", request.method, request.params);
                         handle.dismiss(&request);
                     }

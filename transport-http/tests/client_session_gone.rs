@@ -197,7 +197,11 @@ async fn a_404_erases_no_journaled_request() {
     handle.dismiss(&interrupted);
     drop((_transport, handle));
     let (_transport, handle) = build().await;
-    assert!(handle.interrupted().is_empty(), "{:?}", handle.interrupted());
+    assert!(
+        handle.interrupted().is_empty(),
+        "{:?}",
+        handle.interrupted()
+    );
     let key = ServerKey::new(&server.url, "default").expect("key");
     assert!(
         ClientStateStore::new(store.clone())

@@ -331,7 +331,10 @@ pub async fn inflight_journal_roundtrip(f: &dyn KvFixture) {
     let store = ClientStateStore::new(f.open_kv().await);
     let all = store.journal(&key).await.expect("journal");
     assert_eq!(all.len(), 4, "{all:?}");
-    assert!(all.iter().filter(|(s, _)| *s == sid).count() == 3, "{all:?}");
+    assert!(
+        all.iter().filter(|(s, _)| *s == sid).count() == 3,
+        "{all:?}"
+    );
     assert!(
         all.iter()
             .any(|(s, r)| *s == odd && r.id == RequestId::Number(7)),

@@ -118,8 +118,13 @@ impl DurableClientBuilder {
         self
     }
 
-    /// How long journal writes wait to be coalesced (10 ms by default). A
-    /// request answered within it is never written; zero writes at once.
+    /// How long each change waits before the store gets it (10 ms by
+    /// default): a request answered within it is never written, and an
+    /// answer's mark is committed this long after the answer arrived. It is
+    /// also what a crash can cut (see the [module docs](super)): a request
+    /// sent less than this before a SIGKILL is not listed, and an answer
+    /// received less than this (plus one store write) before may be
+    /// collected again. Zero writes at once.
     pub fn journal_delay(mut self, delay: Duration) -> Self {
         self.journal_delay = delay;
         self

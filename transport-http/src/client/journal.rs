@@ -1,5 +1,5 @@
-//! The background writer: every store write of the client goes through it,
-//! coalesced, so that persistence never stalls a request.
+//! The journal writer: every store write of the client goes through it,
+//! delayed and coalesced, so that persistence never stalls a request.
 //!
 //! # When what is committed
 //!
@@ -132,7 +132,7 @@ impl JournalTx {
     }
 
     /// Waits until everything sent before is in the store (or dropped,
-    /// when the store has failed), cutting the coalescing window short.
+    /// when the store has failed), cutting the window short.
     pub(crate) async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
         if self.tx.send((Instant::now(), Op::Flush(tx))).is_ok() {
