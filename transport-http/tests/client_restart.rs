@@ -3,7 +3,8 @@
 //! store continues the session without `initialize`, collects the answer
 //! and the progress it missed, and never reuses a request id.
 //!
-//! Runs on the SQLite and the file store. The test binary is its own child:
+//! Runs on the SQLite and the file store (and Redis, for answered calls after
+//! a return from `main`). The test binary is its own child:
 //! started with `MCP_PERSIST_CLIENT_CHILD` set, it plays a client process.
 
 mod client_support;
@@ -60,10 +61,8 @@ mod readme {
                         Err(error) => println!("task not now: {error}"),
                     },
                     // No cursor, or its session is gone: the application decides.
-                    Recovery::Lost {
-                        request, reason, ..
-                    } => {
-                        println!("lost ({reason}): {} {:?}", request.method, request.params);
+                    Recovery::Lost { request, .. } => {
+                        println!("lost: {} {:?}", request.method, request.params);
                         handle.dismiss(&request);
                     }
                     _ => {}
@@ -127,7 +126,18 @@ fn main() {
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
     }
-    for backend in ["sqlite", "file"] {
+    for backend in ["sqlite", "file", "redis"] {
+        if backend == "redis" && std::env::var("MCP_PERSIST_REDIS_URL").is_err() {
+            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+            assert!(
+                !ci,
+                "MCP_PERSIST_REDIS_URL is not set: run the tests through `cargo xtask test`"
+            );
+            eprintln!(
+                "skipped on Redis: MCP_PERSIST_REDIS_URL is not set (`cargo xtask test` starts Redis)"
+            );
+            continue;
+        }
         eprintln!("answered calls after a return from main, {backend} store ...");
         runtime.block_on(answered_story(backend));
         eprintln!("answered calls after a return from main, {backend} store: ok");
@@ -155,6 +165,19 @@ async fn open_store(backend: &str, dir: &str) -> Stores {
             let store = mcp_persist_store_file::FileStore::open(path.join("files"))
                 .await
                 .expect("open file store");
+            let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::new(store);
+            Stores::from_parts(kv, None)
+        }
+        // A store driven by the application's runtime: its last writes
+        // must be taken before that runtime stops.
+        "redis" => {
+            let url = std::env::var("MCP_PERSIST_REDIS_URL").expect("MCP_PERSIST_REDIS_URL");
+            let folder = path.file_name().and_then(|n| n.to_str()).expect("folder");
+            let store = mcp_persist_store_redis::RedisStore::standalone(url)
+                .key_prefix(format!("client-restart-{folder}:"))
+                .connect()
+                .await
+                .expect("open redis store");
             let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::new(store);
             Stores::from_parts(kv, None)
         }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::{
     decorator::DurableHttpClient,
-    handle::ClientHandle,
+    handle::{ClientHandle, LastHandle},
     health::Health,
     journal::{self, STANDALONE_STREAM},
     recovery::RecoveryConfig,
@@ -218,6 +218,7 @@ impl DurableClientBuilder {
             start,
             interrupted: Arc::new(std::sync::Mutex::new(listed)),
             recovery: self.recovery,
+            _last: Arc::new(LastHandle(shared.journal().clone())),
         };
         let transport = StreamableHttpClientTransport::with_client(
             DurableHttpClient {

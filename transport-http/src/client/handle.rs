@@ -12,6 +12,7 @@ use tracing::info;
 use super::{
     headers::version_headers,
     health::lock,
+    journal::JournalTx,
     recovery::{Recoverer, Recovery, RecoveryConfig},
     report::{ClientError, ClientNotice, StartKind},
     state::Shared,
@@ -33,6 +34,22 @@ pub struct ClientHandle {
     /// without sessions).
     pub(crate) interrupted: Listed,
     pub(crate) recovery: RecoveryConfig,
+    /// Commits what the journal holds when the last clone is dropped.
+    pub(crate) _last: Arc<LastHandle>,
+}
+
+/// Dropped with the last clone of a [`ClientHandle`]: commits everything
+/// pending and waits for it. A `main` that returns drops its handle while
+/// the runtime still runs, so even a store driven by that runtime takes
+/// the writes; what the transport does afterwards is committed when it is
+/// dropped in turn.
+#[derive(Debug)]
+pub(crate) struct LastHandle(pub(crate) JournalTx);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.0.flush_blocking();
+    }
 }
 
 impl std::fmt::Debug for ClientHandle {
@@ -119,9 +136,9 @@ impl ClientHandle {
     /// answered marks, stream cursors) is in the store, cutting the
     /// journal's window short. The client commits everything by itself,
     /// within [`journal_delay`](super::DurableClientBuilder::journal_delay)
-    /// and when it is dropped; this is for a process that wants a known
-    /// point, such as before it reports work as started, or before a
-    /// `std::process::exit`.
+    /// and when the last handle (then the transport) is dropped; this is for
+    /// a process that wants a known point, such as before it reports work
+    /// as started, or before a `std::process::exit`.
     pub async fn flush(&self) {
         self.shared.journal().flush().await;
     }

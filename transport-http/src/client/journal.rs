@@ -21,11 +21,14 @@
 //! as a task of the application's runtime: a runtime that shuts down (a
 //! `main` that returns) drops its tasks wherever they stand, and with them
 //! the writes still waiting in the window, such as the delete of an entry
-//! whose answer the application already has. When the last handle and
-//! transport of the client are dropped, the writer commits everything
-//! still pending at once, and the drop waits for it (at most
-//! [`EXIT_WAIT`]). A process that ends without dropping (SIGKILL,
-//! `std::process::exit`) loses what the window held.
+//! whose answer the application already has. Dropping the last
+//! [`ClientHandle`](super::ClientHandle) commits everything pending and
+//! waits for it (at most [`EXIT_WAIT`]): in a `main` that returns, that is
+//! while the runtime still runs, so a store driven by it (Redis) takes the
+//! writes too. Dropping the last transport (rmcp's worker, when the runtime
+//! shuts down) does the same for what came after. A process that ends
+//! without dropping (SIGKILL, `std::process::exit`) loses what the window
+//! held.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -87,7 +90,29 @@ enum Op {
     /// The stored verdict proved wrong: the era is to be probed again.
     ForgetProfile,
     /// Answer once everything queued before is in the store.
-    Flush(oneshot::Sender<()>),
+    Flush(Done),
+}
+
+/// Who waits for a flush.
+#[derive(Debug)]
+enum Done {
+    /// An async caller.
+    Async(oneshot::Sender<()>),
+    /// A thread that blocks (a drop).
+    Blocking(std::sync::mpsc::Sender<()>),
+}
+
+impl Done {
+    fn send(self) {
+        match self {
+            Done::Async(tx) => {
+                let _ = tx.send(());
+            }
+            Done::Blocking(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
 }
 
 /// The sending half: what the client tells the store, in order, each
@@ -135,9 +160,37 @@ impl JournalTx {
     /// when the store has failed), cutting the window short.
     pub(crate) async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send((Instant::now(), Op::Flush(tx))).is_ok() {
+        if self
+            .tx
+            .send((Instant::now(), Op::Flush(Done::Async(tx))))
+            .is_ok()
+        {
             self.wake.notify_one();
             let _ = rx.await;
+        }
+    }
+
+    /// [`flush`](Self::flush) for a drop: blocks the thread until the store
+    /// has everything sent before, at most [`EXIT_WAIT`]. On a runtime
+    /// that runs on this thread alone it only starts the flush: a store
+    /// driven by that runtime (Redis) could not make progress while the
+    /// thread waits.
+    pub(crate) fn flush_blocking(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self
+            .tx
+            .send((Instant::now(), Op::Flush(Done::Blocking(tx))))
+            .is_err()
+        {
+            return;
+        }
+        self.wake.notify_one();
+        let alone = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !alone
+            && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(EXIT_WAIT)
+        {
+            warn!(after = ?EXIT_WAIT, "the client's store did not take its writes in time");
         }
     }
 
@@ -299,7 +352,7 @@ struct Writer {
     deletes: Vec<(SessionId, RequestId, Instant)>,
     /// The newest standalone cursor per session, and since when it waits.
     standalone: BTreeMap<SessionId, (String, Instant)>,
-    flushes: Vec<oneshot::Sender<()>>,
+    flushes: Vec<Done>,
 }
 
 impl Writer {
@@ -313,7 +366,7 @@ impl Writer {
                 self.clear();
             }
             for done in self.flushes.drain(..) {
-                let _ = done.send(());
+                done.send();
             }
             if closed {
                 debug!(server = %self.key, "client journal closed; everything committed");

@@ -64,9 +64,11 @@
 //!   [`journal_delay`](DurableClientBuilder::journal_delay) (10 ms by
 //!   default) after it was made: a request answered within that window is
 //!   never written, nor its answer deleted, so short calls cost no store
-//!   write at all. Dropping the last handle and transport commits whatever
-//!   is pending at once and waits for it (at most 5 seconds), so a runtime
-//!   that shuts down cuts nothing. What a crash (SIGKILL, a power cut,
+//!   write at all. Dropping the last [`ClientHandle`] commits whatever is
+//!   pending at once and waits for it (at most 5 seconds); dropping the
+//!   transport does the same for what came after. A `main` that returns
+//!   drops its handle while the runtime still runs, so a runtime that shuts
+//!   down cuts nothing. What a crash (SIGKILL, a power cut,
 //!   `std::process::exit`) can cut is that window, exactly:
 //!   - a request sent less than `journal_delay` before is not listed after
 //!     the restart (the server may have run it);
@@ -77,8 +79,11 @@
 //!     way. `cargo xtask bench client` measures the window on SQLite.
 //!
 //!   A store whose connection is driven by the application's runtime
-//!   (Redis) cannot take writes once that runtime has stopped: with it,
-//!   call [`ClientHandle::flush`] before returning from `main`.
+//!   (Redis) cannot take writes once that runtime has stopped, nor while a
+//!   current-thread runtime's one thread waits: with such a store on a
+//!   current-thread runtime, or when the handle is dropped before the
+//!   transport's last answer, call [`ClientHandle::flush`] before
+//!   returning from `main`.
 //! * **The session outlives the process.** Dropping or closing the rmcp
 //!   client sends no `DELETE`; [`ClientHandle::end_session`] does.
 //! * **A lost session is said so.** On a 404 for the stored session the
