@@ -17,7 +17,9 @@ use mcp_persist_core::{
     Backend, ClientStateStore, Error, InFlightRequest, KvEntry, KvStore, MemoryStore, PutMode,
     PutOptions, RequestId, Result as StoreResult, ServerKey, Version,
 };
-use mcp_persist_transport_http::client::{ClientNotice, DurableClientBuilder, Recovery, StartKind};
+use mcp_persist_transport_http::client::{
+    ClientNotice, DurableClientBuilder, LostReason, Recovery, StartKind,
+};
 use rmcp::{ServiceExt, model::CallToolRequestParams};
 use serde_json::json;
 
@@ -445,7 +447,10 @@ async fn interrupted_requests_without_cursor_or_with_task_are_reported_not_resen
     let mut kinds = Vec::new();
     for r in &recoveries {
         match r {
-            Recovery::Lost { request } => {
+            Recovery::Lost {
+                request, reason, ..
+            } => {
+                assert_eq!(*reason, LostReason::NoCursor);
                 assert_eq!(request.method, "tools/call");
                 assert_eq!(
                     request.params.as_ref().expect("params")["arguments"]["n"],

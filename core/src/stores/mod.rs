@@ -76,6 +76,28 @@ pub(crate) fn component(s: &str) -> String {
     out
 }
 
+/// The text a [`component`] was made from.
+pub(crate) fn uncomponent(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(after) = tail.strip_prefix("%2F") {
+            out.push('/');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("%25") {
+            out.push('%');
+            rest = after;
+        } else {
+            out.push('%');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 pub(crate) async fn read<T: Record>(kv: &dyn KvStore, key: &str) -> Result<Option<Stored<T>>> {
     match kv.get(key).await? {
         None => Ok(None),
