@@ -175,9 +175,10 @@ impl ServerSessionStore {
     }
 
     /// Deletes session `id` (the client sent DELETE, or the server ended it).
-    pub async fn delete(&self, id: &SessionId) -> Result<()> {
+    /// Returns whether a live session was there to end: `false` for an
+    /// unknown id, one that expired, or one another request ended first.
+    pub async fn delete(&self, id: &SessionId) -> Result<bool> {
         self.forget_touch(id);
-        self.kv.delete(&Self::key(id), None).await?;
-        Ok(())
+        self.kv.delete(&Self::key(id), None).await
     }
 }
