@@ -241,7 +241,10 @@ async fn a_live_instance_whose_writes_stall_a_second_keeps_its_work() -> anyhow:
     ))
     .await?;
     let (url_a, url_b) = (format!("http://{a}/mcp"), format!("http://{b}/mcp"));
-    let http = reqwest::Client::new();
+    // A server that panics while answering never answers: fail, not hang.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
 
     // A task on A, polled on B...
     let created = rpc(

@@ -82,7 +82,10 @@ async fn generation_at_the_limit(stores: Stores, server_args: &[&str]) -> anyhow
     let id = record.task_id.clone();
     tasks.create(&record).await?;
     let server = Instance::process(server_args).await?;
-    let http = reqwest::Client::new();
+    // A server that panics while answering never answers: fail, not hang.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
     // The instance decides its owner is gone once it has heartbeats a grace
     // period old; until then the task reads as running.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
