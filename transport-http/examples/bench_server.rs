@@ -663,9 +663,12 @@ async fn stalled(
         flags.extend(["--liveness-grace-ms".to_owned(), ms.to_string()]);
     }
     let opts = demo::Options::parse(flags)?;
-    let (url_a, task_a) =
-        serve(demo::durable_router(Stores::from_parts(kv, Some(log)), &opts, Arc::default())?)
-            .await?;
+    let (url_a, task_a) = serve(demo::durable_router(
+        Stores::from_parts(kv, Some(log)),
+        &opts,
+        Arc::default(),
+    )?)
+    .await?;
     let (url_b, task_b) = serve(demo::durable_router(
         Stores::new(mcp_persist_store_sqlite::SqliteStore::open(db).await?),
         &opts,
@@ -1126,8 +1129,8 @@ async fn failovers(dir: &tempfile::TempDir) -> anyhow::Result<()> {
         ("default liveness grace", None),
         ("grace 750 ms (below the stall)", Some(750)),
     ]
-        .into_iter()
-        .enumerate()
+    .into_iter()
+    .enumerate()
     {
         let (kept, took) = stalled(
             &dir.path().join(format!("stall-{n}.db")),

@@ -67,7 +67,9 @@ async fn a_killed_instances_call_ends_while_its_client_still_waits() -> anyhow::
     let outcome = tokio::time::timeout(CLIENT_BUDGET, call)
         .await
         .map_err(|_| {
-            anyhow::anyhow!("the killed instance's call was still open {CLIENT_BUDGET:?} after the kill")
+            anyhow::anyhow!(
+                "the killed instance's call was still open {CLIENT_BUDGET:?} after the kill"
+            )
         })??;
     let error = outcome.expect_err("a call whose instance died cannot succeed");
     let text = error.to_string();
@@ -172,7 +174,9 @@ impl<S: KvStore + LogStore> LogStore for Stalling<S> {
 
 /// Serves the demo server with its task runtime over `stores`, default
 /// liveness settings.
-async fn serve(stores: Stores) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+async fn serve(
+    stores: Stores,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
     let options = demo::Options::parse(Vec::new())?;
     let router = demo::durable_router_with_tasks(stores, &options, Arc::default()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -184,7 +188,12 @@ async fn serve(stores: Stores) -> anyhow::Result<(std::net::SocketAddr, tokio::t
 }
 
 /// A 2026-07-28 request as `alice`; the JSON-RPC response.
-async fn rpc(http: &reqwest::Client, url: &str, method: &str, mut params: Value) -> anyhow::Result<Value> {
+async fn rpc(
+    http: &reqwest::Client,
+    url: &str,
+    method: &str,
+    mut params: Value,
+) -> anyhow::Result<Value> {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": { "name": "stall-test", "version": "1" },
@@ -297,12 +306,18 @@ async fn a_live_instance_whose_writes_stall_a_second_keeps_its_work() -> anyhow:
         .iter()
         .filter_map(|c| c.as_text().map(|t| t.text.clone()))
         .collect();
-    assert!(text.contains("stalled"), "the call ended with its own result: {text}");
+    assert!(
+        text.contains("stalled"),
+        "the call ended with its own result: {text}"
+    );
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let done = loop {
         let answer = rpc(&http, &url_b, "tasks/get", json!({ "taskId": task })).await?;
-        let status = answer["result"]["status"].as_str().unwrap_or_default().to_owned();
+        let status = answer["result"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         if matches!(status.as_str(), "completed" | "failed" | "cancelled") {
             break answer["result"].clone();
         }
@@ -310,7 +325,12 @@ async fn a_live_instance_whose_writes_stall_a_second_keeps_its_work() -> anyhow:
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(done["status"], "completed", "{done}");
-    let text = done["result"]["content"][0]["text"].as_str().unwrap_or_default();
-    assert!(text.contains("(run 1)"), "the task was not taken over: {text}");
+    let text = done["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        text.contains("(run 1)"),
+        "the task was not taken over: {text}"
+    );
     Ok(())
 }

@@ -122,7 +122,10 @@ async fn gone_everywhere(
 ) -> anyhow::Result<()> {
     for (name, url) in [("B", fleet.b.url()), ("A", fleet.a.url())] {
         let (status, body) = raw_post(http, &url, "alice", session, list()).await?;
-        assert_eq!(status, 404, "{what}: {name} still serves the session: {body}");
+        assert_eq!(
+            status, 404,
+            "{what}: {name} still serves the session: {body}"
+        );
     }
     Ok(())
 }

@@ -21,7 +21,12 @@ fn demo_server_process() {
 }
 
 /// A 2026-07-28 request as `alice`; the JSON-RPC response.
-async fn rpc(http: &reqwest::Client, url: &str, method: &str, mut params: Value) -> anyhow::Result<Value> {
+async fn rpc(
+    http: &reqwest::Client,
+    url: &str,
+    method: &str,
+    mut params: Value,
+) -> anyhow::Result<Value> {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": { "name": "numbers-test", "version": "1" },
@@ -90,7 +95,13 @@ async fn generation_at_the_limit(stores: Stores, server_args: &[&str]) -> anyhow
     // period old; until then the task reads as running.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let error = loop {
-        let answer = rpc(&http, &server.url(), "tasks/get", json!({ "taskId": id.as_str() })).await?;
+        let answer = rpc(
+            &http,
+            &server.url(),
+            "tasks/get",
+            json!({ "taskId": id.as_str() }),
+        )
+        .await?;
         if let Some(error) = answer.get("error") {
             break error.clone();
         }
@@ -110,7 +121,13 @@ async fn generation_at_the_limit(stores: Stores, server_args: &[&str]) -> anyhow
     assert_eq!(stored.runs, 1);
     assert_eq!(stored.status, TaskStatus::Working);
     // The same answer again, and the server still serves other tasks.
-    let again = rpc(&http, &server.url(), "tasks/get", json!({ "taskId": id.as_str() })).await?;
+    let again = rpc(
+        &http,
+        &server.url(),
+        "tasks/get",
+        json!({ "taskId": id.as_str() }),
+    )
+    .await?;
     assert_eq!(again["error"], error);
     let created = rpc(
         &http,
@@ -154,7 +171,14 @@ async fn redis_task_generation_at_the_limit_is_corrupt() -> anyhow::Result<()> {
         .await?;
     generation_at_the_limit(
         Stores::new(store),
-        &["--backend", "redis", "--store", &url, "--redis-prefix", &prefix],
+        &[
+            "--backend",
+            "redis",
+            "--store",
+            &url,
+            "--redis-prefix",
+            &prefix,
+        ],
     )
     .await
 }

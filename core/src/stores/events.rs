@@ -448,7 +448,10 @@ impl EventLog {
             // A stored number at the end of the range is damage (a crafted
             // or corrupted log), never a reason to wrap or panic.
             let next_seq = last.checked_add(1).ok_or_else(|| {
-                warn!(stream, "the stored event log ends at the largest sequence number");
+                warn!(
+                    stream,
+                    "the stored event log ends at the largest sequence number"
+                );
                 Error::corrupt(
                     log_name(stream),
                     format!("the last stored sequence number {last} has no successor"),

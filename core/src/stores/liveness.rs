@@ -329,7 +329,10 @@ impl InstanceLeases {
             .await?;
         let completed = Instant::now();
         let seq = *seqs.first().ok_or_else(|| {
-            Error::backend(beats.log.backend_name(), "append returned no sequence number")
+            Error::backend(
+                beats.log.backend_name(),
+                "append returned no sequence number",
+            )
         })?;
         let trim_before = {
             let mut view = beats.view.lock().unwrap_or_else(|p| p.into_inner());
@@ -337,7 +340,10 @@ impl InstanceLeases {
                 // The log was deleted and started over (it expired while no
                 // instance appended, or an operator removed it): what was
                 // read of the old one means nothing for the new one.
-                warn!(seq, "the heartbeat log started over; forgetting what was read of it");
+                warn!(
+                    seq,
+                    "the heartbeat log started over; forgetting what was read of it"
+                );
                 *view = BeatView::default();
             }
             view.own.push_back(OwnBeat {
@@ -623,23 +629,39 @@ mod tests {
         let me = watcher.register().await.expect("register");
         let it = worker.register().await.expect("register");
         beat_for(&[(&watcher, &me), (&worker, &it)], GRACE * 2).await;
-        assert_eq!(watcher.observe(it.id()).await.expect("observe"), Liveness::Alive);
+        assert_eq!(
+            watcher.observe(it.id()).await.expect("observe"),
+            Liveness::Alive
+        );
 
         // The worker stops; a fresh observer (heartbeating all along but
         // never looking before) needs no grace period of its own watching.
         let fresh = process(&store);
         let mine = fresh.register().await.expect("register");
         beat_for(&[(&watcher, &me), (&fresh, &mine)], GRACE * 2).await;
-        assert_eq!(fresh.observe(it.id()).await.expect("observe"), Liveness::Dead);
-        assert_eq!(watcher.observe(it.id()).await.expect("observe"), Liveness::Dead);
+        assert_eq!(
+            fresh.observe(it.id()).await.expect("observe"),
+            Liveness::Dead
+        );
+        assert_eq!(
+            watcher.observe(it.id()).await.expect("observe"),
+            Liveness::Dead
+        );
         assert!(
-            store.get(&InstanceLeases::key(it.id())).await.expect("get").is_none(),
+            store
+                .get(&InstanceLeases::key(it.id()))
+                .await
+                .expect("get")
+                .is_none(),
             "a dead instance's lease record is removed"
         );
         // It was only paused: its next heartbeat makes it alive again.
         worker.heartbeat(&it).await.expect("heartbeat");
         tokio::time::sleep(GRACE / BEATS_PER_GRACE).await;
-        assert_eq!(fresh.observe(it.id()).await.expect("observe"), Liveness::Alive);
+        assert_eq!(
+            fresh.observe(it.id()).await.expect("observe"),
+            Liveness::Alive
+        );
     }
 
     #[tokio::test]
@@ -655,10 +677,16 @@ mod tests {
             let stall_end = Instant::now() + GRACE / 2;
             while Instant::now() < stall_end {
                 beat_for(&[(&watcher, &me)], GRACE / BEATS_PER_GRACE).await;
-                assert_eq!(watcher.observe(it.id()).await.expect("observe"), Liveness::Alive);
+                assert_eq!(
+                    watcher.observe(it.id()).await.expect("observe"),
+                    Liveness::Alive
+                );
             }
             beat_for(&[(&watcher, &me), (&worker, &it)], GRACE / 4).await;
-            assert_eq!(watcher.observe(it.id()).await.expect("observe"), Liveness::Alive);
+            assert_eq!(
+                watcher.observe(it.id()).await.expect("observe"),
+                Liveness::Alive
+            );
         }
     }
 
@@ -670,12 +698,24 @@ mod tests {
         let it = worker.register().await.expect("register");
         // The watcher has no heartbeat a grace period old: it cannot tell a
         // silent instance from a live one yet.
-        assert_eq!(watcher.observe("never-registered").await.expect("observe"), Liveness::Alive);
+        assert_eq!(
+            watcher.observe("never-registered").await.expect("observe"),
+            Liveness::Alive
+        );
         beat_for(&[(&watcher, &me), (&worker, &it)], GRACE * 2).await;
-        assert_eq!(watcher.observe("never-registered").await.expect("observe"), Liveness::Dead);
-        assert_eq!(watcher.observe(it.id()).await.expect("observe"), Liveness::Alive);
+        assert_eq!(
+            watcher.observe("never-registered").await.expect("observe"),
+            Liveness::Dead
+        );
+        assert_eq!(
+            watcher.observe(it.id()).await.expect("observe"),
+            Liveness::Alive
+        );
         worker.release(&it).await.expect("release");
         tokio::time::sleep(GRACE / BEATS_PER_GRACE).await;
-        assert_eq!(watcher.observe(it.id()).await.expect("observe"), Liveness::Dead);
+        assert_eq!(
+            watcher.observe(it.id()).await.expect("observe"),
+            Liveness::Dead
+        );
     }
 }

@@ -348,8 +348,7 @@ impl Shared {
 /// The answer to a `Last-Event-ID` whose stream this request may not resume:
 /// expired, never existed, forged, or another session's (the last one is not
 /// told apart from the others, so an id cannot be probed for existence).
-const UNKNOWN_STREAM: &str =
-    "Gone: the event stream of this Last-Event-ID has expired or never existed; it cannot be resumed";
+const UNKNOWN_STREAM: &str = "Gone: the event stream of this Last-Event-ID has expired or never existed; it cannot be resumed";
 
 async fn check_last_event_id(
     events: &mcp_persist_core::EventLog,
@@ -367,7 +366,9 @@ async fn check_last_event_id(
         Err(Error::InvalidInput { .. }) => {
             // Answered exactly as a stream nobody has: telling the two apart
             // would confirm that the id names a live stream of someone else.
-            warn!("refused a Last-Event-ID naming a stream of another session (answered as unknown)");
+            warn!(
+                "refused a Last-Event-ID naming a stream of another session (answered as unknown)"
+            );
             Err(Refusal::Gone(UNKNOWN_STREAM.into()))
         }
         Err(Error::NotFound {
