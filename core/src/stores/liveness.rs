@@ -1,37 +1,5 @@
-//! Instance liveness: which server instances of a fleet are running.
-//!
-//! Every instance that runs work on behalf of others (durable tasks, SSE
-//! streams other instances replay) keeps a lease record under
-//! `server/instance/<id>`: written when it registers, renewed every
-//! [`renew_every`](OwnLease::renew_every), deleted when it shuts down cleanly
-//! (then it is dead for every observer at once).
-//!
-//! **Heartbeats** (when the stores route a log, as a server's do): each
-//! instance also appends a small record to the shared log `server/heartbeats`
-//! every [`heartbeat_every`](InstanceLeases::heartbeat_every) (a twelfth of
-//! the grace period). The log orders every heartbeat of the fleet, and an
-//! observer uses its *own* heartbeats as its clock: it takes its latest
-//! heartbeat that completed at least `grace` ago on its own monotonic clock,
-//! and an instance that appended nothing after that one has been silent for
-//! at least `grace`: dead. No stored time is read and no two clocks are
-//! compared, so a wall-clock step on any machine (forward or backward) can
-//! neither revive a dead instance nor kill a live one; and an observer that
-//! never looked at an instance before decides at once, without watching it
-//! for a grace period first. So a killed instance is dead for everyone about
-//! `grace` plus one heartbeat after its last heartbeat, while a live one whose
-//! store writes stall for up to `grace` minus one heartbeat (and some
-//! scheduling slack) stays alive. An observer that has no heartbeat of its
-//! own old enough (it started less than `grace` ago, or its own appends are
-//! stalled) calls every registered instance alive.
-//!
-//! **Without a log** (key-value stores only), an observer calls an instance
-//! dead when the version of its lease record has not changed for `grace`,
-//! measured on the observer's own monotonic clock from its first look.
-//!
-//! A lease is not an exclusive right by itself: work handed over after an
-//! instance was declared dead is fenced by a generation number in the work's
-//! own record (see [`TaskStore`](crate::stores::TaskStore)), so an instance
-//! that was only paused and comes back cannot overwrite its successor.
+//! Instance liveness: which server instances of a fleet are running. The
+//! rules are documented on [`InstanceLeases`].
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -99,6 +67,39 @@ pub enum Liveness {
 }
 
 /// The liveness leases of a fleet, and this process's view of them.
+///
+/// Every instance that runs work on behalf of others (durable tasks, SSE
+/// streams other instances replay) keeps a lease record under
+/// `server/instance/<id>`: written when it registers, renewed every
+/// [`renew_every`](OwnLease::renew_every), deleted when it shuts down cleanly
+/// (then it is dead for every observer at once).
+///
+/// **Heartbeats** (when the stores route a log, as a server's do): each
+/// instance also appends a small record to the shared log `server/heartbeats`
+/// every [`heartbeat_every`](InstanceLeases::heartbeat_every) (a twelfth of
+/// the grace period). The log orders every heartbeat of the fleet, and an
+/// observer uses its *own* heartbeats as its clock: it takes its latest
+/// heartbeat that completed at least `grace` ago on its own monotonic clock,
+/// and an instance that appended nothing after that one has been silent for
+/// at least `grace`: dead. No stored time is read and no two clocks are
+/// compared, so a wall-clock step on any machine (forward or backward) can
+/// neither revive a dead instance nor kill a live one; and an observer that
+/// never looked at an instance before decides at once, without watching it
+/// for a grace period first. So a killed instance is dead for everyone about
+/// `grace` plus one heartbeat after its last heartbeat, while a live one whose
+/// store writes stall for up to `grace` minus one heartbeat (and some
+/// scheduling slack) stays alive. An observer that has no heartbeat of its
+/// own old enough (it started less than `grace` ago, or its own appends are
+/// stalled) calls every registered instance alive.
+///
+/// **Without a log** (key-value stores only), an observer calls an instance
+/// dead when the version of its lease record has not changed for `grace`,
+/// measured on the observer's own monotonic clock from its first look.
+///
+/// A lease is not an exclusive right by itself: work handed over after an
+/// instance was declared dead is fenced by a generation number in the work's
+/// own record (see [`TaskStore`](crate::stores::TaskStore)), so an instance
+/// that was only paused and comes back cannot overwrite its successor.
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -241,7 +242,7 @@ impl InstanceLeases {
     }
 
     /// The same leases, deciding liveness by heartbeats in `log` (see the
-    /// [module docs](self)): instances append one every
+    /// [type docs](InstanceLeases)): instances append one every
     /// [`heartbeat_every`](Self::heartbeat_every) with
     /// [`heartbeat`](Self::heartbeat), and an observer must itself be a
     /// registered instance that does so.
@@ -428,7 +429,7 @@ impl InstanceLeases {
     }
 
     /// Whether instance `id` is alive, as far as this observer can tell
-    /// (see the [module docs](self) for the rule). An instance found dead
+    /// (see the [type docs](InstanceLeases) for the rule). An instance found dead
     /// has its lease record removed (only if still at the version seen).
     pub async fn observe(&self, id: &str) -> Result<Liveness> {
         match &self.heartbeats {
