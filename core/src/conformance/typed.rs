@@ -608,10 +608,20 @@ pub async fn server_session_roundtrip(f: &dyn KvFixture) {
             .await
             .expect("touch")
     );
-    other_instance
-        .delete(&session.session_id)
-        .await
-        .expect("delete");
+    assert!(
+        other_instance
+            .delete(&session.session_id)
+            .await
+            .expect("delete"),
+        "a live session was ended"
+    );
+    assert!(
+        !store
+            .delete(&session.session_id)
+            .await
+            .expect("delete again"),
+        "nothing left to end"
+    );
     assert!(
         store
             .load(&session.session_id)

@@ -150,7 +150,10 @@ impl NotificationBus {
         let seq = seqs.last().copied().unwrap_or_default();
         let published = self.published.fetch_add(1, Ordering::Relaxed) + 1;
         if published.is_multiple_of(TRIM_EVERY) && seq > self.retention.max_len {
-            let dropped = self.log.trim(LOG, seq - self.retention.max_len + 1).await?;
+            let dropped = self
+                .log
+                .trim(LOG, (seq - self.retention.max_len).saturating_add(1))
+                .await?;
             debug!(dropped, "fleet bus trimmed to its length limit");
         }
         debug!(seq, notice = ?message.notice, "fleet notice published");

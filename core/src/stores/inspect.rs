@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::{
-    BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
+    BusMessage, Heartbeat, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
     credentials::ResourceIssuer, tasks::InboxRecord,
 };
 use crate::{
@@ -104,6 +104,7 @@ pub fn inspect(key: &str, bytes: &[u8]) -> Result<Inspected> {
         TaskRecord::KIND => typed::<TaskRecord>(key, bytes, &[]),
         InboxRecord::KIND => typed::<InboxRecord>(key, bytes, &[]),
         InstanceLease::KIND => typed::<InstanceLease>(key, bytes, &[]),
+        Heartbeat::KIND => typed::<Heartbeat>(key, bytes, &[]),
         BusMessage::KIND => typed::<BusMessage>(key, bytes, &[]),
         LeaseRecord::KIND => typed::<LeaseRecord>(key, bytes, &[]),
         ResourceIssuer::KIND => typed::<ResourceIssuer>(key, bytes, &[]),

@@ -22,6 +22,7 @@
 //! | | `server/task-inbox/<task id>` (log) | wake-ups for the instance running it |
 //! | [`NotificationBus`] | `server/bus` (log) | one [`BusMessage`] per published notice |
 //! | [`InstanceLeases`] | `server/instance/<instance id>` | [`InstanceLease`] |
+//! | | `server/heartbeats` (log) | one [`Heartbeat`] per instance and heartbeat |
 
 mod bundle;
 mod bus;
@@ -40,7 +41,7 @@ pub use client::{ClientStateStore, MAX_REQUEST_ID};
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
 pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
-pub use liveness::{InstanceLease, InstanceLeases, Liveness, OwnLease};
+pub use liveness::{HEARTBEAT_LOG, Heartbeat, InstanceLease, InstanceLeases, Liveness, OwnLease};
 pub use session::ServerSessionStore;
 pub use tasks::{
     MAX_TASK_ID_BYTES, ResumableOperation, TaskId, TaskOwner, TaskRecord, TaskStatus, TaskStore,
