@@ -670,7 +670,7 @@ Serving:
   --pipelined-events            send events at once, commit them within 10 ms
   --written-events              commit each event before sending it, without a disk sync
   --liveness-grace-ms N         how long an instance may miss its lease before its tasks
-                                and streams are ended or taken over (default 3000)
+                                and streams are ended or taken over (default 1500)
   --runs-file PATH              append `start|done <task> <generation>` lines for task runs
   --rmcp-defaults               rmcp's in-memory session manager, no store (the baseline)
 
