@@ -26,6 +26,7 @@
 //! | `task_inbox` (log) | `server/task-inbox/…` | task id |
 //! | `fleet_notice` (log) | `server/bus` | none |
 //! | `instance_lease` | `server/instance/…` | instance id |
+//! | `instance_heartbeat` (log) | `server/heartbeats` | none |
 //! | `tool_lock` | `tool/lock/…` | lock name |
 //!
 //! Components are escaped (`%` as `%25`, `/` as `%2F`), so `/` always
@@ -350,7 +351,8 @@ use crate::records::{
 };
 use crate::stores::{
     BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
-    credentials::ResourceIssuer, tasks::InboxRecord, tool_lock::ToolLockRecord,
+    credentials::ResourceIssuer, liveness::Heartbeat, tasks::InboxRecord,
+    tool_lock::ToolLockRecord,
 };
 
 declare!(
@@ -507,6 +509,16 @@ declare!(
 );
 
 declare!(
+    /// One heartbeat of a server instance (a log record).
+    HEARTBEAT: Heartbeat {
+        kind: "instance_heartbeat", schema: 1, family: Instances, space: Log, role: Sessions,
+        prefix: "server/heartbeats", components: [],
+        secrets: [], written: [], created: [],
+        lifetime: Transient, owns_log: None,
+        summary: "the fleet's heartbeats: which instances are alive",
+    }
+);
+declare!(
     /// A lock an operator tool holds while it works on a store.
     TOOL_LOCK: ToolLockRecord {
         kind: "tool_lock", schema: 1, family: Tools, space: Kv, role: Sessions,
@@ -534,6 +546,7 @@ pub const ALL: &[&Declaration] = &[
     &TASK_INBOX,
     &FLEET_NOTICE,
     &INSTANCE_LEASE,
+    &HEARTBEAT,
     &TOOL_LOCK,
 ];
 

@@ -142,3 +142,15 @@ impl PartialEq<String> for Key {
         &*self.0 == other.as_str()
     }
 }
+
+impl PartialEq<Key> for String {
+    fn eq(&self, other: &Key) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl PartialEq<Key> for &str {
+    fn eq(&self, other: &Key) -> bool {
+        *self == other.as_str()
+    }
+}

@@ -1,16 +1,18 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// The README's examples use the client, the server and SQLite: with those
-// features on (as on docs.rs) it is the crate's documentation and its
-// examples are compiled as doctests.
+// The README's examples use the client, the server with rmcp's macros, and
+// SQLite: with those features on (as on docs.rs) it is the crate's
+// documentation and its examples are compiled as doctests. The
+// `mcp-persist-readme` crate of the workspace builds them as programs and
+// runs them.
 #![cfg_attr(
-    all(feature = "sqlite", feature = "client", feature = "server"),
+    all(feature = "sqlite", feature = "client", feature = "macros"),
     doc = include_str!("../README.md")
 )]
 #![cfg_attr(
-    not(all(feature = "sqlite", feature = "client", feature = "server")),
+    not(all(feature = "sqlite", feature = "client", feature = "macros")),
     doc = "Durable state for MCP clients and servers built on rmcp, on the storage \
            backend the application picks. The README (shown here when the `sqlite`, \
-           `client` and `server` features are on) has the examples."
+           `client` and `macros` features are on) has the examples."
 )]
 //!
 //! # Crate features
@@ -23,6 +25,7 @@
 //! | `vault` | no | [`vault`]: AWS Secrets Manager, for credentials |
 //! | `client` | no | [`client`]: the durable rmcp Streamable HTTP client, and [`rmcp`] |
 //! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
+//! | `macros` | no | rmcp's `#[tool]`, `#[tool_router]`, `#[tool_handler]` at [`rmcp`], with the `serde`, `serde_json` and `schemars` they use (turns `server` on) |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts (turns `client` on) |
 //! | `rustls` | yes | HTTPS for the client through rustls |
 //! | `native-tls` | no | HTTPS for the client through the platform's TLS library |
@@ -92,6 +95,49 @@ pub async fn open(url: &str) -> Result<Stores> {
 
 /// The rmcp the transports are built on: use it for handlers, models and
 /// `serve`, so its version always matches.
+#[cfg_attr(
+    feature = "macros",
+    doc = r#"
+With the `macros` feature it has rmcp's tool and prompt macros, and
+`rmcp::serde`, `rmcp::serde_json` and `rmcp::schemars`. The macros expand to
+paths starting with `rmcp::`: bring the name into scope (`use
+mcp_persist::rmcp::{self, ..}`) and a tool needs no dependency of its own. A
+parameter struct derives through the same re-exports, told where they are:
+
+```
+use mcp_persist::rmcp::{
+    self, ServerHandler, handler::server::wrapper::Parameters, schemars, serde, tool,
+    tool_handler, tool_router,
+};
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(crate = "rmcp::serde")]
+#[schemars(crate = "rmcp::schemars")]
+struct Sum {
+    a: i64,
+    b: i64,
+}
+
+#[derive(Clone)]
+struct Calculator;
+
+#[tool_router]
+impl Calculator {
+    /// Adds two integers.
+    #[tool]
+    fn sum(&self, Parameters(Sum { a, b }): Parameters<Sum>) -> String {
+        (a + b).to_string()
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for Calculator {}
+
+let tools = Calculator.get_info();
+assert!(tools.capabilities.tools.is_some());
+```
+"#
+)]
 #[cfg(any(feature = "client", feature = "server"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "client", feature = "server"))))]
 pub use rmcp;

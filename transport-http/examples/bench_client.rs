@@ -5,7 +5,15 @@
 //!   tool result, stock rmcp (new `initialize`) against the durable client
 //!   resuming the session stored in a SQLite file (no `initialize`), with
 //!   HTTP requests counted per start;
-//! * steady state: sequential tool calls per second.
+//! * start and close: the same, up to the client closed and dropped (the
+//!   durable client's last writes committed), the work a process does
+//!   before it exits;
+//! * steady state: sequential tool calls per second;
+//! * answered-mark window: for a call in flight longer than the journal's
+//!   window (so journaled), how long after the answer reached the
+//!   application its entry leaves the store. A SIGKILL within that window
+//!   lists the call again after the restart (answers are delivered at least
+//!   once); a normal exit commits the mark at once.
 //!
 //! Each is measured on plain loopback and through a local TCP proxy that
 //! delays every chunk by 25 ms each way (50 ms per round trip), where saved
@@ -23,7 +31,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use mcp_persist_core::ClientStateStore;
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::client::DurableClientBuilder;
 use rmcp::{
@@ -55,9 +64,12 @@ impl ServerHandler for Echo {
     }
     async fn call_tool(
         &self,
-        _request: CallToolRequestParams,
+        request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if request.name == "slow" {
+            tokio::time::sleep(SLOW_CALL).await;
+        }
         Ok(CallToolResult::success(vec![ContentBlock::text("ok")]).into())
     }
 }
@@ -66,10 +78,15 @@ const RESTARTS: usize = 30;
 const RESTARTS_DELAYED: usize = 8;
 const STEADY: Duration = Duration::from_secs(2);
 const ONE_WAY_DELAY: Duration = Duration::from_millis(25);
+/// Longer than the journal's window (10 ms): the call is journaled.
+const SLOW_CALL: Duration = Duration::from_millis(30);
+const WINDOW_SAMPLES: usize = 20;
 
 struct Figures {
     stock_start: Duration,
     durable_start: Duration,
+    stock_start_close: Duration,
+    durable_start_close: Duration,
     stock_requests: f64,
     durable_requests: f64,
     stock_rate: f64,
@@ -119,6 +136,12 @@ async fn main() -> Result<()> {
     )
     .await?;
 
+    let window = answered_window(
+        &format!("http://{server}/mcp"),
+        &folder.path().join("window.db"),
+    )
+    .await?;
+
     println!("| measure | path | stock rmcp | durable client | ratio |");
     println!("|---|---|---|---|---|");
     for (path, f) in [("loopback", &direct), ("+50 ms RTT", &delayed)] {
@@ -127,6 +150,12 @@ async fn main() -> Result<()> {
             ms(f.stock_start),
             ms(f.durable_start),
             f.durable_start.as_secs_f64() / f.stock_start.as_secs_f64()
+        );
+        println!(
+            "| start to first tool result, then close (median; the exit path) | {path} | {:.1} ms | {:.1} ms | {:.2} |",
+            ms(f.stock_start_close),
+            ms(f.durable_start_close),
+            f.durable_start_close.as_secs_f64() / f.stock_start_close.as_secs_f64()
         );
         println!(
             "| HTTP requests per start (incl. GET stream, DELETE) | {path} | {:.1} | {:.1} | |",
@@ -139,6 +168,10 @@ async fn main() -> Result<()> {
             f.durable_rate / f.stock_rate
         );
     }
+    println!(
+        "| answered mark in the store after the answer (median; the SIGKILL window, calls over 10 ms) | loopback | | {:.1} ms | |",
+        ms(window)
+    );
     Ok(())
 }
 
@@ -160,6 +193,7 @@ async fn measure(
 
     // Restart: stock rmcp starts from nothing every time.
     let mut stock = Vec::new();
+    let mut stock_close = Vec::new();
     let before = requests.load(Ordering::Relaxed);
     for _ in 0..restarts {
         let start = Instant::now();
@@ -167,6 +201,7 @@ async fn measure(
         client.call_tool(call()).await?;
         stock.push(start.elapsed());
         client.cancel().await?;
+        stock_close.push(start.elapsed());
     }
     let stock_requests = (requests.load(Ordering::Relaxed) - before) as f64 / restarts as f64;
 
@@ -180,6 +215,7 @@ async fn measure(
         drop(client);
     }
     let mut durable = Vec::new();
+    let mut durable_close = Vec::new();
     let before = requests.load(Ordering::Relaxed);
     for _ in 0..restarts {
         let start = Instant::now();
@@ -188,8 +224,11 @@ async fn measure(
         let client = ().serve(transport).await?;
         client.call_tool(call()).await?;
         durable.push(start.elapsed());
-        handle.flush().await;
-        drop(client);
+        // What a process returning from `main` does: no flush; the last
+        // drop commits what is pending and waits for it.
+        client.cancel().await?;
+        drop(handle);
+        durable_close.push(start.elapsed());
     }
     let durable_requests = (requests.load(Ordering::Relaxed) - before) as f64 / restarts as f64;
 
@@ -207,11 +246,46 @@ async fn measure(
     Ok(Figures {
         stock_start: median(stock),
         durable_start: median(durable),
+        stock_start_close: median(stock_close),
+        durable_start_close: median(durable_close),
         stock_requests,
         durable_requests,
         stock_rate,
         durable_rate,
     })
+}
+
+/// For a call in flight longer than the journal's window: the median time
+/// from its answer reaching the application to its journal entry leaving
+/// the store (polled every 0.2 ms; the timer's resolution is a millisecond).
+async fn answered_window(url: &str, db: &std::path::Path) -> Result<Duration> {
+    let store = Arc::new(SqliteStore::open(db).await?);
+    let state = ClientStateStore::new(store.clone());
+    let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
+    let client = ().serve(transport).await?;
+    client.call_tool(CallToolRequestParams::new("echo")).await?;
+    let key = handle.server_key().clone();
+    let session = handle.session_id().context("a session")?;
+    let mut samples = Vec::new();
+    for _ in 0..WINDOW_SAMPLES {
+        let peer = client.peer().clone();
+        let call =
+            tokio::spawn(async move { peer.call_tool(CallToolRequestParams::new("slow")).await });
+        // Journaled while in flight...
+        while state.inflight(&key, &session).await?.is_empty() {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        call.await??;
+        // ...and gone from the store this long after the answer.
+        let answered = Instant::now();
+        while !state.inflight(&key, &session).await?.is_empty() {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        samples.push(answered.elapsed());
+    }
+    client.cancel().await?;
+    samples.sort();
+    Ok(samples[samples.len() / 2])
 }
 
 /// A TCP proxy to `upstream` that holds every chunk `delay` before passing

@@ -17,7 +17,17 @@
 //!   server's default SSE retry interval (3 s) and with 200 ms. rmcp's
 //!   client reconnects at once after a broken connection; it waits the
 //!   advertised interval only when a server ends a stream cleanly.
-//!   `-- failover` runs this measurement alone.
+//! * **A killed instance's calls**: instance A (a child process) is killed
+//!   with SIGKILL mid-call; the time until the client, moved to B, gets the
+//!   "re-issue" error, with the default liveness grace and with the former
+//!   default of 3 s as the baseline. And a live instance whose store writes
+//!   stall for 1 s: whether its call is kept (the client gets its result) or
+//!   ended as if it were dead, with the default grace and with 1 s.
+//!   `-- failover` runs these measurements alone.
+//! * **Per-request session check**: the warm request latency with the
+//!   default strict sessions (an ended session is gone on every instance at
+//!   once, one store read per request) against coalesced sessions (the
+//!   opt-out), per backend. `-- sessions` runs this measurement alone.
 #![allow(deprecated)] // The demo server's sampling tool; see server.rs.
 
 #[path = "server.rs"]
@@ -30,7 +40,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use mcp_persist_core::{MemoryStore, Stores};
+use mcp_persist_core::{KvStore, LogStore, MemoryStore, Stores};
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
     model::{ClientCapabilities, ClientInfo, Implementation, ProgressNotificationParam},
@@ -309,8 +319,13 @@ impl Proxy {
         })
     }
 
-    fn move_to(&self, target: std::net::SocketAddr) {
+    /// Sends new connections to `target`; open ones stay.
+    fn point_to(&self, target: std::net::SocketAddr) {
         *self.target.lock().unwrap_or_else(|p| p.into_inner()) = target;
+    }
+
+    fn move_to(&self, target: std::net::SocketAddr) {
+        self.point_to(target);
         for task in self
             .open
             .lock()
@@ -399,10 +414,338 @@ async fn failover(db: &std::path::Path, retry_ms: Option<u64>) -> anyhow::Result
     Ok(median(samples))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// The environment variable that makes this binary a demo server process
+/// (the instance the failover measurement kills).
+const SERVER_ARGS_VAR: &str = "MCP_PERSIST_BENCH_SERVER_ARGS";
+
+/// A demo server in a child process (this binary, re-executed).
+struct Child {
+    addr: std::net::SocketAddr,
+    process: tokio::process::Child,
+}
+
+impl Child {
+    async fn start(args: &[String]) -> anyhow::Result<Child> {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut process = tokio::process::Command::new(std::env::current_exe()?)
+            .env(SERVER_ARGS_VAR, args.join("\u{1f}"))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = process.stdout.take().context("child stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(addr) = line.strip_prefix("LISTENING ") {
+                    return Ok::<_, anyhow::Error>(addr.trim().parse()?);
+                }
+            }
+            anyhow::bail!("the server process exited before listening")
+        })
+        .await
+        .context("the server process did not start")??;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Child { addr, process })
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    async fn kill(&mut self) -> anyhow::Result<()> {
+        self.process.start_kill()?;
+        self.process.wait().await?;
+        Ok(())
+    }
+}
+
+/// Starts an rmcp client on `url` calling `slow_progress` (`count` events
+/// 50 ms apart) and waits for `events` of them.
+async fn long_call(
+    url: String,
+    count: usize,
+    events: usize,
+) -> anyhow::Result<(
+    rmcp::service::RunningService<RoleClient, Counter>,
+    tokio::task::JoinHandle<Result<rmcp::model::CallToolResult, rmcp::ServiceError>>,
+)> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let client = Counter(tx)
+        .serve(StreamableHttpClientTransport::from_uri(url))
+        .await?;
+    let args = serde_json::json!({"count": count, "delay_ms": 50, "tag": "failover"});
+    let serde_json::Value::Object(args) = args else {
+        unreachable!("an object literal")
+    };
+    let call = {
+        let peer = client.peer().clone();
+        tokio::spawn(async move {
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("slow_progress").with_arguments(args),
+            )
+            .await
+        })
+    };
+    for _ in 0..events {
+        tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .context("progress did not arrive")?
+            .context("client closed")?;
+    }
+    Ok((client, call))
+}
+
+/// Times (sorted) from a SIGKILL of the instance running a call until its
+/// client, moved to the other instance, gets the "re-issue" error; `grace`
+/// is passed to both instances (`None`: the default).
+async fn killed(dir: &std::path::Path, grace_ms: Option<u64>) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::new();
+    for round in 0..3 {
+        let db = dir.join(format!("killed-{}-{round}.db", grace_ms.unwrap_or(0)));
+        let mut args = vec![
+            "--backend".to_owned(),
+            "sqlite".to_owned(),
+            "--store".to_owned(),
+            db.display().to_string(),
+        ];
+        if let Some(ms) = grace_ms {
+            args.extend(["--liveness-grace-ms".to_owned(), ms.to_string()]);
+        }
+        let mut a = Child::start(&args).await?;
+        let mut b = Child::start(&args).await?;
+        let proxy = Proxy::new(a.addr).await?;
+        // 4 s of progress: both instances have heartbeats older than any
+        // grace measured here.
+        let (client, call) = long_call(format!("http://{}/mcp", proxy.addr), 1000, 80).await?;
+        // The balancer already sends new connections to B, so the client's
+        // reconnect (at once, when its stream breaks with A's death) is not
+        // refused and backed off: what is measured is the server's doing.
+        proxy.point_to(b.addr);
+        a.kill().await?;
+        let killed = Instant::now();
+        let outcome = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .context("the killed instance's call never ended")??;
+        let took = killed.elapsed();
+        match outcome {
+            Err(e) if e.to_string().contains("re-issue") => samples.push(took),
+            other => anyhow::bail!("expected the re-issue error, got {other:?}"),
+        }
+        let _ = client.cancel().await;
+        b.kill().await?;
+    }
+    samples.sort();
+    Ok(samples)
+}
+
+/// A backend whose writes wait while a stall is on; reads go through.
+struct Stalling<S> {
+    inner: Arc<S>,
+    until: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl<S> Stalling<S> {
+    fn stall(&self, how_long: Duration) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::time::Instant::now() + how_long);
+    }
+
+    async fn wait(&self) {
+        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: mcp_persist_core::Backend> mcp_persist_core::Backend for Stalling<S> {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: KvStore + LogStore> KvStore for Stalling<S> {
+    async fn get(
+        &self,
+        key: &mcp_persist_core::Key,
+    ) -> mcp_persist_core::Result<Option<mcp_persist_core::KvEntry>> {
+        KvStore::get(&*self.inner, key).await
+    }
+
+    async fn put(
+        &self,
+        key: &mcp_persist_core::Key,
+        value: Vec<u8>,
+        options: mcp_persist_core::PutOptions,
+    ) -> mcp_persist_core::Result<mcp_persist_core::Version> {
+        self.wait().await;
+        self.inner.put(key, value, options).await
+    }
+
+    async fn delete(
+        &self,
+        key: &mcp_persist_core::Key,
+        if_version: Option<mcp_persist_core::Version>,
+    ) -> mcp_persist_core::Result<bool> {
+        self.wait().await;
+        self.inner.delete(key, if_version).await
+    }
+
+    async fn list(&self, prefix: &str) -> mcp_persist_core::Result<Vec<mcp_persist_core::Key>> {
+        self.inner.list(prefix).await
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: KvStore + LogStore> LogStore for Stalling<S> {
+    async fn append(
+        &self,
+        log: &mcp_persist_core::Key,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> mcp_persist_core::Result<Vec<u64>> {
+        self.wait().await;
+        self.inner.append(log, records, ttl).await
+    }
+
+    async fn append_unsynced(
+        &self,
+        log: &mcp_persist_core::Key,
+        records: Vec<Vec<u8>>,
+        ttl: Option<Duration>,
+    ) -> mcp_persist_core::Result<Vec<u64>> {
+        self.wait().await;
+        self.inner.append_unsynced(log, records, ttl).await
+    }
+
+    async fn read_after(
+        &self,
+        log: &mcp_persist_core::Key,
+        after: u64,
+        limit: usize,
+    ) -> mcp_persist_core::Result<Vec<mcp_persist_core::LogRecord>> {
+        self.inner.read_after(log, after, limit).await
+    }
+
+    async fn wait_after(
+        &self,
+        log: &mcp_persist_core::Key,
+        after: u64,
+        limit: usize,
+        timeout: Duration,
+    ) -> mcp_persist_core::Result<Vec<mcp_persist_core::LogRecord>> {
+        self.inner.wait_after(log, after, limit, timeout).await
+    }
+
+    async fn trim(
+        &self,
+        log: &mcp_persist_core::Key,
+        before: u64,
+    ) -> mcp_persist_core::Result<u64> {
+        self.wait().await;
+        self.inner.trim(log, before).await
+    }
+
+    async fn delete_log(&self, log: &mcp_persist_core::Key) -> mcp_persist_core::Result<()> {
+        self.wait().await;
+        self.inner.delete_log(log).await
+    }
+}
+
+/// A call on instance A whose client replays it from B; A's store writes
+/// then stall for `stall`. Whether the call ended with its own result
+/// (`true`) or as if A were dead, and when, after the stall began.
+async fn stalled(
+    db: &std::path::Path,
+    stall: Duration,
+    grace_ms: Option<u64>,
+) -> anyhow::Result<(bool, Duration)> {
+    let stalling = Arc::new(Stalling {
+        inner: Arc::new(mcp_persist_store_sqlite::SqliteStore::open(db).await?),
+        until: std::sync::Mutex::new(None),
+    });
+    let kv: Arc<dyn KvStore> = stalling.clone();
+    let log: Arc<dyn LogStore> = stalling.clone();
+    let mut flags = Vec::new();
+    if let Some(ms) = grace_ms {
+        flags.extend(["--liveness-grace-ms".to_owned(), ms.to_string()]);
+    }
+    let opts = demo::Options::parse(flags)?;
+    let (url_a, task_a) = serve(demo::durable_router(
+        Stores::from_parts(kv, Some(log)),
+        &opts,
+        Arc::default(),
+    )?)
+    .await?;
+    let (url_b, task_b) = serve(demo::durable_router(
+        Stores::new(mcp_persist_store_sqlite::SqliteStore::open(db).await?),
+        &opts,
+        Arc::default(),
+    )?)
+    .await?;
+    let proxy = Proxy::new(addr_of(&url_a)?).await?;
+    // 4 s of progress before the stall, 2 s after it.
+    let (client, call) = long_call(format!("http://{}/mcp", proxy.addr), 120, 80).await?;
+    proxy.move_to(addr_of(&url_b)?);
+    // The client replays A's stream from B; then A stalls.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stalling.stall(stall);
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(120), call)
+        .await
+        .context("the stalled instance's call never ended")??;
+    let took = started.elapsed();
+    let _ = client.cancel().await;
+    task_a.abort();
+    task_b.abort();
+    match outcome {
+        Ok(_) => Ok((true, took)),
+        Err(e) if e.to_string().contains("re-issue") => Ok((false, took)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn addr_of(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    Ok(url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()?)
+}
+
+/// Serves the demo server in this process when started as a child by
+/// [`Child::start`].
+fn run_server_if_asked() -> anyhow::Result<bool> {
+    let Ok(args) = std::env::var(SERVER_ARGS_VAR) else {
+        return Ok(false);
+    };
+    let args: Vec<String> = args
+        .split('\u{1f}')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(demo::run(demo::Options::parse(args)?))?;
+    Ok(true)
+}
+
+fn main() -> anyhow::Result<()> {
+    if run_server_if_asked()? {
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench())
+}
+
+async fn bench() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "failover") {
         return failovers(&tempfile::tempdir()?).await;
+    }
+    if std::env::args().any(|a| a == "sessions") {
+        let url = std::env::var("MCP_PERSIST_REDIS_URL").ok();
+        return session_checks(&tempfile::tempdir()?, &url).await;
     }
     let dir = tempfile::tempdir()?;
     let opts = options()?;
@@ -659,7 +1002,80 @@ async fn main() -> anyhow::Result<()> {
             restore.saturating_sub(warm).as_secs_f64() * 1e3
         );
     }
+
+    session_checks(&dir, &redis_url).await?;
     failovers(&dir).await
+}
+
+/// A durable server without an event store (so that event commits do not
+/// hide the cost measured), with strict or coalesced sessions.
+fn check_router(stores: Stores, strict: bool) -> anyhow::Result<axum::Router> {
+    let server = mcp_persist_transport_http::server::DurableServer::builder(stores)
+        .without_events()
+        .strict_sessions(strict)
+        .build()?;
+    let service = server.service(|| Ok(demo::DemoHandler::new(Arc::default())));
+    Ok(axum::Router::new().nest_service("/mcp", service))
+}
+
+/// Alternating rounds of the session check measurement.
+const CHECK_ROUNDS: usize = 5;
+
+/// Warm request latency with strict sessions (the default) against
+/// coalesced ones (the opt-out), per backend (medians of alternating rounds).
+async fn session_checks(dir: &tempfile::TempDir, redis_url: &Option<String>) -> anyhow::Result<()> {
+    let sqlite = |name: &'static str| {
+        let path = dir.path().join(name);
+        async move {
+            anyhow::Ok(Stores::new(
+                mcp_persist_store_sqlite::SqliteStore::open(path).await?,
+            ))
+        }
+    };
+    let redis = || async {
+        let Some(url) = redis_url.clone() else {
+            return anyhow::Ok(None);
+        };
+        let store = mcp_persist_store_redis::RedisStore::standalone(url)
+            .key_prefix(format!("bench-server-check:{}:", std::process::id()))
+            .connect()
+            .await?;
+        anyhow::Ok(Some(Stores::new(store)))
+    };
+    println!();
+    println!(
+        "per-request session check: warm tools/list, strict sessions (the default: an ended session is gone everywhere at once) against coalesced (the opt-out), no event store, medians of {CHECK_ROUNDS} alternating rounds"
+    );
+    println!(
+        "{:<12} {:>14} {:>14} {:>14} {:>14}",
+        "backend", "strict p50", "coalesced p50", "added p50", "added p99"
+    );
+    for (name, stores) in [
+        ("memory", Some(Stores::new(MemoryStore::new()))),
+        ("sqlite", Some(sqlite("check.db").await?)),
+        ("redis", redis().await?),
+    ] {
+        let Some(stores) = stores else { continue };
+        // Alternating rounds, medians: a loaded machine drifts between them.
+        let (mut strict, mut lax) = (Vec::new(), Vec::new());
+        for _ in 0..CHECK_ROUNDS {
+            strict.push(warm_latency(check_router(stores.clone(), true)?).await?);
+            lax.push(warm_latency(check_router(stores.clone(), false)?).await?);
+        }
+        let strict_p50 = median(strict.iter().map(|l| l.0).collect());
+        let strict_p99 = median(strict.iter().map(|l| l.1).collect());
+        let lax_p50 = median(lax.iter().map(|l| l.0).collect());
+        let lax_p99 = median(lax.iter().map(|l| l.1).collect());
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "{name:<12} {:>11.3} ms {:>11.3} ms {:>11.3} ms {:>11.3} ms",
+            ms(strict_p50),
+            ms(lax_p50),
+            ms(strict_p50) - ms(lax_p50),
+            ms(strict_p99) - ms(lax_p99)
+        );
+    }
+    Ok(())
 }
 
 async fn failovers(dir: &tempfile::TempDir) -> anyhow::Result<()> {
@@ -674,5 +1090,77 @@ async fn failovers(dir: &tempfile::TempDir) -> anyhow::Result<()> {
         let took = failover(&dir.path().join(format!("failover-{n}.db")), retry).await?;
         println!("{name:<24} {:>9.0} ms", took.as_secs_f64() * 1e3);
     }
+
+    println!();
+    println!(
+        "killed instance: SIGKILL of A mid-call, until its client (moved to B) gets the re-issue error (median of 3, SQLite)"
+    );
+    let default_samples = killed(dir.path(), None).await?;
+    let baseline_samples = killed(dir.path(), Some(3000)).await?;
+    let default_kill = median(default_samples.clone());
+    let baseline_kill = median(baseline_samples.clone());
+    let all = |samples: &[Duration]| {
+        samples
+            .iter()
+            .map(|d| format!("{:.0}", d.as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "{:<32} {:>9.0} ms (samples {} ms)",
+        "default liveness grace",
+        default_kill.as_secs_f64() * 1e3,
+        all(&default_samples)
+    );
+    println!(
+        "{:<32} {:>9.0} ms (samples {} ms; {:.2} times the default's)",
+        "grace 3 s (the former default)",
+        baseline_kill.as_secs_f64() * 1e3,
+        all(&baseline_samples),
+        baseline_kill.as_secs_f64() / default_kill.as_secs_f64()
+    );
+    println!(
+        "aim: a killed instance's calls end within 2 s of the kill: {:.0} ms ({})",
+        default_kill.as_secs_f64() * 1e3,
+        if default_kill < Duration::from_secs(2) {
+            "met"
+        } else {
+            "not met"
+        }
+    );
+
+    println!();
+    println!("live instance whose store writes stall 1 s mid-call (client replaying from B)");
+    let mut kept_by_default = false;
+    for (n, (name, grace)) in [
+        ("default liveness grace", None),
+        ("grace 750 ms (below the stall)", Some(750)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (kept, took) = stalled(
+            &dir.path().join(format!("stall-{n}.db")),
+            Duration::from_secs(1),
+            grace,
+        )
+        .await?;
+        if grace.is_none() {
+            kept_by_default = kept;
+        }
+        println!(
+            "{name:<32} {:<26} {:>7.0} ms after the stall began",
+            if kept {
+                "kept (its own result)"
+            } else {
+                "ended as if dead"
+            },
+            took.as_secs_f64() * 1e3
+        );
+    }
+    println!(
+        "aim: a live instance under a 1 s stall is never taken over: {}",
+        if kept_by_default { "met" } else { "not met" }
+    );
     Ok(())
 }

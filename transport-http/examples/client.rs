@@ -251,9 +251,11 @@ async fn main() -> Result<()> {
                             other => println!("request {id}: task ended: {other:?}"),
                         }
                     }
-                    Recovery::Lost { request } => {
+                    Recovery::Lost {
+                        request, reason, ..
+                    } => {
                         println!(
-                            "request {}: lost {} {}; not sent again",
+                            "request {}: lost ({reason}) {} {}; not sent again",
                             request.id,
                             request.method,
                             request.params.clone().unwrap_or_default()

@@ -630,11 +630,12 @@ pub struct Options {
     pub event_retention: Duration,
     /// Events kept per stream.
     pub event_max: u64,
-    /// Check the session in the store on every request.
-    pub strict_sessions: bool,
-    /// How long an instance may miss its lease renewals before its tasks
-    /// are ended or taken over.
-    pub liveness_grace: Duration,
+    /// Check the session in the store on every request (`None`: the
+    /// library's default, which does).
+    pub strict_sessions: Option<bool>,
+    /// How long an instance may go without a heartbeat before its streams
+    /// and tasks are ended or taken over (`None`: the library's default).
+    pub liveness_grace: Option<Duration>,
     /// Where task operations note their starts and ends.
     pub runs_file: Option<std::path::PathBuf>,
     /// Send events at once and commit them within 10 ms
@@ -660,7 +661,8 @@ Store:
 Serving:
   --port N                      port on 127.0.0.1 (default 0: any free one)
   --idle-ttl-ms N               how long an unused session lives (default 1800000)
-  --strict-sessions             read the session from the store on every request
+  --strict-sessions             read the session from the store on every request (the default)
+  --coalesced-sessions          check the session in the store only every tenth of its idle TTL
   --sse-retry-ms N              SSE reconnection hint sent to clients (default 200)
   --tail-idle-ms N              how long a resumed stream waits for a new event (default 60000)
   --event-retention-ms N        how long events are kept for resumption (default 3600000)
@@ -668,7 +670,7 @@ Serving:
   --pipelined-events            send events at once, commit them within 10 ms
   --written-events              commit each event before sending it, without a disk sync
   --liveness-grace-ms N         how long an instance may miss its lease before its tasks
-                                and streams are ended or taken over (default 3000)
+                                and streams are ended or taken over (default 1500)
   --runs-file PATH              append `start|done <task> <generation>` lines for task runs
   --rmcp-defaults               rmcp's in-memory session manager, no store (the baseline)
 
@@ -720,8 +722,8 @@ impl Options {
             rmcp_defaults: false,
             event_retention: Duration::from_secs(60 * 60),
             event_max: 10_000,
-            strict_sessions: false,
-            liveness_grace: Duration::from_secs(3),
+            strict_sessions: None,
+            liveness_grace: None,
             runs_file: None,
             pipelined_events: false,
             written_events: false,
@@ -730,7 +732,8 @@ impl Options {
         while let Some(flag) = args.next() {
             match flag.as_str() {
                 "--rmcp-defaults" => o.rmcp_defaults = true,
-                "--strict-sessions" => o.strict_sessions = true,
+                "--strict-sessions" => o.strict_sessions = Some(true),
+                "--coalesced-sessions" => o.strict_sessions = Some(false),
                 "--pipelined-events" => o.pipelined_events = true,
                 "--written-events" => o.written_events = true,
                 "--port"
@@ -765,7 +768,7 @@ impl Options {
                         "--tail-idle-ms" => o.tail_idle = ms(&value)?,
                         "--event-retention-ms" => o.event_retention = ms(&value)?,
                         "--event-max" => o.event_max = number(&value)?,
-                        "--liveness-grace-ms" => o.liveness_grace = ms(&value)?,
+                        "--liveness-grace-ms" => o.liveness_grace = Some(ms(&value)?),
                         _ => o.runs_file = Some(value.into()),
                     }
                 }
@@ -813,10 +816,15 @@ pub async fn open_stores(options: &Options) -> anyhow::Result<Stores> {
 /// The durable server over `stores` the options describe.
 pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<DurableServer> {
     let http = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
-    let server = DurableServer::builder(stores)
+    let mut builder = DurableServer::builder(stores);
+    if let Some(grace) = options.liveness_grace {
+        builder = builder.liveness_grace(grace);
+    }
+    if let Some(strict) = options.strict_sessions {
+        builder = builder.strict_sessions(strict);
+    }
+    let server = builder
         .idle_ttl(options.idle_ttl)
-        .liveness_grace(options.liveness_grace)
-        .strict_sessions(options.strict_sessions)
         .tail_idle(options.tail_idle)
         .event_retention(EventLogConfig::new(
             options.event_retention,

@@ -10,8 +10,8 @@
 //!   are stored; a request reaching an instance that does not hold the
 //!   session replays them into a fresh handler (rmcp's restore hook), so the
 //!   handler sees the client's capabilities without a new `initialize`.
-//!   Sessions expire after an idle TTL, on every instance (404, and rmcp
-//!   clients re-initialize).
+//!   A session that expires (idle TTL) or is ended with a DELETE is gone on
+//!   every instance at once (404, and rmcp clients re-initialize).
 //! * **Streams resume on any instance.** Every SSE event is committed to a
 //!   shared log before it is sent. Event ids carry the stream, a sequence and
 //!   128 unguessable bits; a `Last-Event-ID` replays exactly the later events
@@ -20,8 +20,12 @@
 //! * **Sessions are bound to principals.** A session id presented under
 //!   another principal gets 404 on every instance, exactly as an unknown one.
 //! * **Bad resumption input gets a clear answer**: `400` for a malformed
-//!   `Last-Event-ID` or one of another session's stream, `410` for an expired
-//!   stream or expired events, never an empty `200` stream.
+//!   `Last-Event-ID`, `410` for an expired stream or expired events, never an
+//!   empty `200` stream; another session's stream gets exactly the `410` of
+//!   a stream that never existed.
+//! * **A killed instance's calls end**: instances heartbeat through the
+//!   store, and a stream whose writer went silent for the liveness grace
+//!   (1.5 s by default) ends with an error telling the client to re-issue.
 //!
 //! See [`server`] for an example.
 //!

@@ -7,8 +7,10 @@
 //! For every request that is not the owner's own, nothing of the owner's is
 //! read (her progress, her result, her client name, her session id) or
 //! changed (her client identity as both instances and the store hold it, her
-//! session's existence); and another principal's session id is answered
-//! byte for byte as an unknown one.
+//! session's existence); another principal's session id is answered byte for
+//! byte as an unknown one; and a `Last-Event-ID` of her stream is answered
+//! byte for byte as one naming a stream that never existed, so neither can
+//! be probed for existence.
 
 mod support;
 
@@ -30,7 +32,7 @@ const ALICE_CLIENT: &str = "alice-client";
 const INTRUDER: &str = "BOB-WAS-HERE";
 const UNKNOWN: &str = "5f0c8a61-1d3e-4b0e-9a51-3c8f0b2d7e44";
 /// Every version header tried: each supported revision, an unsupported one,
-/// and none at all.
+/// garbage that sorts before and after every revision, and none at all.
 const VERSIONS: &[Option<&str>] = &[
     Some("2024-11-05"),
     Some("2025-03-26"),
@@ -38,6 +40,8 @@ const VERSIONS: &[Option<&str>] = &[
     Some("2025-11-25"),
     Some("2026-07-28"),
     Some("2099-01-01"),
+    Some("0-garbage"),
+    Some("garbage"),
     None,
 ];
 
@@ -72,6 +76,8 @@ enum Method {
     ToolCall,
     Get,
     GetAfterAlicesEvent,
+    /// Her event id with its stream part replaced: a stream nobody has.
+    GetAfterNoSuchStream,
     Delete,
 }
 
@@ -89,6 +95,7 @@ struct World {
     alice_session: String,
     bob_session: String,
     alice_event: String,
+    no_such_stream_event: String,
 }
 
 impl World {
@@ -157,7 +164,7 @@ async fn send(
             .post(url)
             .header("accept", "application/json, text/event-stream")
             .header("content-type", "application/json"),
-        Method::Get | Method::GetAfterAlicesEvent => {
+        Method::Get | Method::GetAfterAlicesEvent | Method::GetAfterNoSuchStream => {
             world.http.get(url).header("accept", "text/event-stream")
         }
         Method::Delete => world.http.delete(url),
@@ -192,6 +199,9 @@ async fn send(
             )
         }
         Method::GetAfterAlicesEvent => request.header("last-event-id", &world.alice_event),
+        Method::GetAfterNoSuchStream => {
+            request.header("last-event-id", &world.no_such_stream_event)
+        }
         Method::Get | Method::Delete => request,
     };
     read_for(request.send().await?, Duration::from_millis(400)).await
@@ -208,18 +218,21 @@ fn owns(who: Who, sid: Sid) -> bool {
 /// Runs every combination on `url`; returns how many of the owner's own
 /// reads saw her data (to show the check can see a leak).
 async fn matrix(world: &World, url: &str, phase: &str) -> anyhow::Result<usize> {
+    const METHODS: [Method; 6] = [
+        Method::Initialize,
+        Method::ToolCall,
+        Method::Get,
+        Method::GetAfterAlicesEvent,
+        Method::GetAfterNoSuchStream,
+        Method::Delete,
+    ];
+    const SIDS: [Sid; 4] = [Sid::Alices, Sid::NoSession, Sid::Bobs, Sid::Unknown];
     let mut owner_reads = 0;
     for who in [Who::Alice, Who::Bob, Who::Nobody] {
         for &version in VERSIONS {
-            for method in [
-                Method::Initialize,
-                Method::ToolCall,
-                Method::Get,
-                Method::GetAfterAlicesEvent,
-                Method::Delete,
-            ] {
-                let mut answers = BTreeMap::new();
-                for sid in [Sid::Alices, Sid::NoSession, Sid::Bobs, Sid::Unknown] {
+            let mut answers = BTreeMap::new();
+            for method in METHODS {
+                for sid in SIDS {
                     // A principal ending or re-initializing its own session
                     // is its right; the matrix keeps both sessions alive.
                     if owns(who, sid) && matches!(method, Method::Initialize | Method::Delete) {
@@ -241,21 +254,46 @@ async fn matrix(world: &World, url: &str, phase: &str) -> anyhow::Result<usize> 
                             "{phase}: {who:?} with {sid:?}, version {version:?}, {method:?} read alice's data: {answer:?}"
                         );
                     }
-                    answers.insert(format!("{sid:?}"), answer);
+                    answers.insert((method as u8, sid as u8), answer);
                 }
-                // Another principal's id answers exactly as an unknown id.
-                let foreign: &[Sid] = match who {
-                    Who::Alice => &[Sid::Bobs],
-                    Who::Bob => &[Sid::Alices],
-                    Who::Nobody => &[Sid::Alices, Sid::Bobs],
-                };
-                for sid in foreign {
+            }
+            let answer = |method: Method, sid: Sid| &answers[&(method as u8, sid as u8)];
+            // Another principal's id answers exactly as an unknown id.
+            let foreign: &[Sid] = match who {
+                Who::Alice => &[Sid::Bobs],
+                Who::Bob => &[Sid::Alices],
+                Who::Nobody => &[Sid::Alices, Sid::Bobs],
+            };
+            for method in METHODS {
+                for &sid in foreign {
                     assert_eq!(
-                        answers[&format!("{sid:?}")],
-                        answers["Unknown"],
+                        answer(method, sid),
+                        answer(method, Sid::Unknown),
                         "{phase}: {who:?} with {sid:?} (another principal's), version {version:?}, {method:?}: differs from an unknown id"
                     );
                 }
+            }
+            // Her stream's event id answers exactly as a stream nobody has,
+            // in every session and in none, but her own.
+            for sid in SIDS {
+                if who == Who::Alice && sid == Sid::Alices {
+                    continue;
+                }
+                assert_eq!(
+                    answer(Method::GetAfterAlicesEvent, sid),
+                    answer(Method::GetAfterNoSuchStream, sid),
+                    "{phase}: {who:?} with {sid:?}, version {version:?}: alice's Last-Event-ID differs from a stream that never existed"
+                );
+            }
+            if version == Some("2025-11-25") {
+                // The answers compared are the refusals, not an accident.
+                let gone = answer(Method::GetAfterNoSuchStream, Sid::NoSession);
+                assert_eq!(gone.status, 410, "{phase}: {who:?}: {gone:?}");
+                let unknown_delete = answer(Method::Delete, Sid::Unknown);
+                assert_eq!(
+                    unknown_delete.status, 404,
+                    "{phase}: {who:?}: DELETE of an unknown session: {unknown_delete:?}"
+                );
             }
         }
     }
@@ -354,11 +392,27 @@ async fn no_request_but_the_owners_reaches_her_session_whatever_it_claims() -> a
         .find(|id| id.as_str() != "0")
         .context("an event id")?
         .clone();
+    // The same id naming a stream nobody has: the stream part replaced by a
+    // random UUID.
+    let (token, rest) = alice_event.split_once('-').context("token")?;
+    let (seq, _stream) = rest.split_once('-').context("sequence")?;
+    let mut random = [0u8; 16];
+    getrandom::fill(&mut random).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let no_such_stream_event = format!(
+        "{token}-{seq}-{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
     let world = World {
         http,
         alice_session,
         bob_session,
         alice_event,
+        no_such_stream_event,
     };
 
     // Live, on both instances (B restores sessions from the store).

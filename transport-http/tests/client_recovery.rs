@@ -17,7 +17,9 @@ use mcp_persist_core::{
     Backend, ClientStateStore, Error, InFlightRequest, KvEntry, KvStore, MemoryStore, PutMode,
     PutOptions, RequestId, Result as StoreResult, ServerKey, Version,
 };
-use mcp_persist_transport_http::client::{ClientNotice, DurableClientBuilder, Recovery, StartKind};
+use mcp_persist_transport_http::client::{
+    ClientNotice, DurableClientBuilder, LostReason, Recovery, StartKind,
+};
 use rmcp::{ServiceExt, model::CallToolRequestParams};
 use serde_json::json;
 
@@ -330,19 +332,28 @@ impl Backend for FailingStore {
 
 #[async_trait]
 impl KvStore for FailingStore {
-    async fn get(&self, key: &str) -> StoreResult<Option<KvEntry>> {
+    async fn get(&self, key: &mcp_persist_core::Key) -> StoreResult<Option<KvEntry>> {
         self.check()?;
         self.inner.get(key).await
     }
-    async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> StoreResult<Version> {
+    async fn put(
+        &self,
+        key: &mcp_persist_core::Key,
+        value: Vec<u8>,
+        options: PutOptions,
+    ) -> StoreResult<Version> {
         self.check()?;
         self.inner.put(key, value, options).await
     }
-    async fn delete(&self, key: &str, if_version: Option<Version>) -> StoreResult<bool> {
+    async fn delete(
+        &self,
+        key: &mcp_persist_core::Key,
+        if_version: Option<Version>,
+    ) -> StoreResult<bool> {
         self.check()?;
         self.inner.delete(key, if_version).await
     }
-    async fn list(&self, prefix: &str) -> StoreResult<Vec<String>> {
+    async fn list(&self, prefix: &str) -> StoreResult<Vec<mcp_persist_core::Key>> {
         self.check()?;
         self.inner.list(prefix).await
     }
@@ -445,7 +456,10 @@ async fn interrupted_requests_without_cursor_or_with_task_are_reported_not_resen
     let mut kinds = Vec::new();
     for r in &recoveries {
         match r {
-            Recovery::Lost { request } => {
+            Recovery::Lost {
+                request, reason, ..
+            } => {
+                assert_eq!(*reason, LostReason::NoCursor);
                 assert_eq!(request.method, "tools/call");
                 assert_eq!(
                     request.params.as_ref().expect("params")["arguments"]["n"],

@@ -3,7 +3,8 @@
 //! store continues the session without `initialize`, collects the answer
 //! and the progress it missed, and never reuses a request id.
 //!
-//! Runs on the SQLite and the file store. The test binary is its own child:
+//! Runs on the SQLite and the file store (and Redis, for answered calls after
+//! a return from `main`). The test binary is its own child:
 //! started with `MCP_PERSIST_CLIENT_CHILD` set, it plays a client process.
 
 mod client_support;
@@ -59,8 +60,8 @@ mod readme {
                         Ok(other) => println!("task: {other:?}"),
                         Err(error) => println!("task not now: {error}"),
                     },
-                    // The server may or may not have run it: the application decides.
-                    Recovery::Lost { request } => {
+                    // No cursor, or its session is gone: the application decides.
+                    Recovery::Lost { request, .. } => {
                         println!("lost: {} {:?}", request.method, request.params);
                         handle.dismiss(&request);
                     }
@@ -73,7 +74,6 @@ mod readme {
         for task in recovering {
             task.await?;
         }
-        handle.flush().await; // collected answers leave the store before the process does
         client.cancel().await?; // keeps the session; `handle.end_session()` ends it
         Ok(())
     }
@@ -126,6 +126,22 @@ fn main() {
         runtime.block_on(user_story(backend));
         eprintln!("user story on the {backend} store: ok");
     }
+    for backend in ["sqlite", "file", "redis"] {
+        if backend == "redis" && std::env::var("MCP_PERSIST_REDIS_URL").is_err() {
+            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+            assert!(
+                !ci,
+                "MCP_PERSIST_REDIS_URL is not set: run the tests through `cargo xtask test`"
+            );
+            eprintln!(
+                "skipped on Redis: MCP_PERSIST_REDIS_URL is not set (`cargo xtask test` starts Redis)"
+            );
+            continue;
+        }
+        eprintln!("answered calls after a return from main, {backend} store ...");
+        runtime.block_on(answered_story(backend));
+        eprintln!("answered calls after a return from main, {backend} store: ok");
+    }
     eprintln!("overlapping calls across a SIGKILL ...");
     runtime.block_on(overlap_story());
     eprintln!("overlapping calls across a SIGKILL: ok");
@@ -149,6 +165,19 @@ async fn open_store(backend: &str, dir: &str) -> Stores {
             let store = mcp_persist_store_file::FileStore::open(path.join("files"))
                 .await
                 .expect("open file store");
+            let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::new(store);
+            Stores::from_parts(kv, None)
+        }
+        // A store driven by the application's runtime: its last writes
+        // must be taken before that runtime stops.
+        "redis" => {
+            let url = std::env::var("MCP_PERSIST_REDIS_URL").expect("MCP_PERSIST_REDIS_URL");
+            let folder = path.file_name().and_then(|n| n.to_str()).expect("folder");
+            let store = mcp_persist_store_redis::RedisStore::standalone(url)
+                .key_prefix(format!("client-restart-{folder}:"))
+                .connect()
+                .await
+                .expect("open redis store");
             let kv: std::sync::Arc<dyn KvStore> = std::sync::Arc::new(store);
             Stores::from_parts(kv, None)
         }
@@ -348,6 +377,17 @@ async fn child(role: &str) {
                 "recovered_answer": answered,
             }));
             client.cancel().await.expect("close");
+        }
+        "answer" => {
+            // What an application following the README does: one call,
+            // its answer, and a return from `main`: no flush, no close.
+            say(json!({"interrupted": handle.interrupted().len()}));
+            let client = ().serve(transport).await.expect("serve");
+            let slow = client
+                .call_tool(CallToolRequestParams::new("slow"))
+                .await
+                .expect("slow");
+            say(json!({"answered": slow.is_error == Some(false)}));
         }
         "readme" => {
             drop((transport, handle));
@@ -560,6 +600,32 @@ async fn readme_story() {
     assert!(new_call.is_some() && new_call < recovered, "{printed:?}");
     assert_eq!(server.stats.runs_of("slow"), 1, "the slow tool ran once");
     assert_eq!(server.stats.runs_of("echo"), 2);
+    assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
+}
+
+/// A process that calls a tool slower than the journal's window (so the
+/// call is journaled), gets its answer and returns from `main` without a
+/// flush: the next process finds nothing interrupted, run after run.
+async fn answered_story(backend: &str) {
+    let server = client_support::start_server(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir_s = dir.path().to_str().expect("utf-8 path").to_owned();
+    for run in 0..4 {
+        let mut child = Child::spawn("answer", &server.url, backend, &dir_s);
+        let start = child.line().await;
+        assert_eq!(
+            start["interrupted"], 0,
+            "run {run}: a call answered in the run before is listed again"
+        );
+        assert_eq!(child.line().await["answered"], true);
+        let status = child.child.wait().await.expect("exits");
+        assert!(status.success(), "run {run}: {status}");
+    }
+    let mut last = Child::spawn("answer", &server.url, backend, &dir_s);
+    assert_eq!(last.line().await["interrupted"], 0);
+    last.child.start_kill().expect("kill");
+    last.child.wait().await.expect("reaped");
+    assert_eq!(server.stats.runs_of("slow"), 4, "each call ran once");
     assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 1);
 }
 

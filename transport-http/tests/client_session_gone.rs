@@ -16,7 +16,7 @@ use std::{
 use client_support::{Fixture, TestServer};
 use mcp_persist_core::{ClientStateStore, InFlightRequest, MemoryStore, RequestId, ServerKey};
 use mcp_persist_transport_http::client::{
-    DurableClientBuilder, Recovery, RecoveryError, StartKind,
+    ClientHandle, DurableClientBuilder, LostReason, Recovery, RecoveryError, StartKind,
 };
 use rmcp::{ServiceExt, model::CallToolRequestParams};
 use serde_json::json;
@@ -83,20 +83,20 @@ async fn forgotten_session_case(fixture: Fixture) {
     assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
 
     // Collecting: the server's 404 on the resuming GET is `SessionGone`.
-    for _attempt in 0..2 {
-        let recoveries = handle.recover();
-        assert_eq!(recoveries.len(), 1, "{recoveries:?}");
-        let Some(Recovery::Resumable(resumed)) = recoveries.into_iter().next() else {
-            panic!("the journaled request had a cursor");
-        };
-        let error = resumed.collect().await.expect_err("the session is gone");
-        assert!(
-            matches!(error, RecoveryError::SessionGone),
-            "expected SessionGone, got {error:?}"
-        );
-        // Still listed: nothing is lost because one collection failed.
-        assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
-    }
+    let recoveries = handle.recover();
+    assert_eq!(recoveries.len(), 1, "{recoveries:?}");
+    let Some(Recovery::Resumable(resumed)) = recoveries.into_iter().next() else {
+        panic!("the journaled request had a cursor");
+    };
+    let error = resumed.collect().await.expect_err("the session is gone");
+    assert!(
+        matches!(error, RecoveryError::SessionGone),
+        "expected SessionGone, got {error:?}"
+    );
+    // Still listed: nothing is lost because one collection failed. Asked
+    // again, it is lost, and says why.
+    assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
+    assert_lost_with_session_gone(&handle, &interrupted);
 
     // The stored session is known to be gone: no longer offered.
     assert_eq!(handle.session_id(), None);
@@ -131,6 +131,10 @@ async fn forgotten_session_case(fixture: Fixture) {
         .expect("build");
     assert_eq!(gone.start(), StartKind::Fresh);
     gone.end_session().await.expect("nothing to end");
+    // The request of the forgotten session is still listed, lost: neither
+    // the 404 nor the ended sessions erased it.
+    assert_lost_with_session_gone(&gone, &interrupted);
+    drop(gone);
 
     // The next process starts fresh, with one real initialize.
     let (transport, handle) = DurableClientBuilder::new(&server.url, store.clone())
@@ -141,7 +145,71 @@ async fn forgotten_session_case(fixture: Fixture) {
     let client = ().serve(transport).await.expect("serve");
     client.call_tool(echo(2)).await.expect("echo");
     assert_eq!(server.stats.initializes.load(Ordering::SeqCst), 2);
+    assert_lost_with_session_gone(&handle, &interrupted);
     client.cancel().await.expect("close");
+}
+
+/// `handle` lists `request` as lost because its session is gone.
+fn assert_lost_with_session_gone(handle: &ClientHandle, request: &InFlightRequest) {
+    let recoveries = handle.recover();
+    assert!(
+        matches!(
+            &recoveries[..],
+            [Recovery::Lost { request: lost, reason: LostReason::SessionGone, .. }] if lost == request
+        ),
+        "{recoveries:?}"
+    );
+}
+
+/// A process meets the 404 of a server that forgot the session and exits
+/// without calling `recover()`: the requests journaled in that session stay
+/// listed in every later process, lost with the reason, until dismissed.
+#[tokio::test]
+async fn a_404_erases_no_journaled_request() {
+    let server = client_support::start_server(1).await;
+    let store = Arc::new(MemoryStore::new());
+    let interrupted = session_with_interrupted_call(&server.url, &store).await;
+    let server = restart(server, Fixture::Rmcp).await;
+    let build = || async {
+        DurableClientBuilder::new(&server.url, store.clone())
+            .build()
+            .await
+            .expect("build")
+    };
+
+    let (transport, handle) = build().await;
+    let stale = handle.session_id().expect("stored session");
+    let client = ().serve(transport).await.expect("serve");
+    client.call_tool(echo(2)).await.expect("echo after the 404");
+    assert!(handle.session_id().is_some_and(|s| s != stale));
+    // Exits without looking at what was interrupted, and without a flush.
+    client.cancel().await.expect("close");
+    drop(handle);
+
+    for _restart in 0..2 {
+        let (_transport, handle) = build().await;
+        assert!(handle.resumed(), "the new session is stored");
+        assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
+        assert_lost_with_session_gone(&handle, &interrupted);
+    }
+    // Dismissed, it is gone for good (no flush: dropping commits it).
+    let (_transport, handle) = build().await;
+    handle.dismiss(&interrupted);
+    drop((_transport, handle));
+    let (_transport, handle) = build().await;
+    assert!(
+        handle.interrupted().is_empty(),
+        "{:?}",
+        handle.interrupted()
+    );
+    let key = ServerKey::new(&server.url, "default").expect("key");
+    assert!(
+        ClientStateStore::new(store.clone())
+            .journal(&key)
+            .await
+            .expect("journal")
+            .is_empty()
+    );
 }
 
 #[tokio::test]

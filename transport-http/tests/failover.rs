@@ -1,6 +1,7 @@
 //! What a client sees when it moves between instances: the SSE retry
-//! interval the server was configured with on every stream, and a session
-//! DELETE answered with a status every official SDK accepts.
+//! interval the server was configured with on every stream, a session DELETE
+//! answered with a status every official SDK accepts (and 404 when there is
+//! no session to end), and calls of a killed instance ended with an error.
 
 mod support;
 
@@ -83,33 +84,58 @@ async fn configured_retry_on_every_stream() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// DELETE of a session answers 204: the Python SDK accepts only 200 and
-/// 204; an unknown id gets the same answer, so nothing tells them apart.
+/// DELETE of a live session answers 204 (the Python SDK accepts only 200
+/// and 204); a DELETE with no live session to end answers 404, as the spec
+/// says, and another principal's session gets exactly the same 404 and
+/// stays alive. On either instance of a fleet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delete_answers_a_status_every_sdk_accepts() -> anyhow::Result<()> {
-    let instance = Instance::in_process(Stores::new(MemoryStore::new()), &[]).await?;
+async fn delete_answers_204_for_a_session_and_404_otherwise() -> anyhow::Result<()> {
+    let stores = Stores::new(MemoryStore::new());
+    let a = Instance::in_process(stores.clone(), &[]).await?;
+    let b = Instance::in_process(stores, &[]).await?;
     let http = reqwest::Client::new();
-    let url = instance.url();
-    let session = raw_initialize(&http, &url, "alice").await?;
-    let delete = |id: String| {
-        let (http, url) = (http.clone(), url.clone());
+    let delete = |url: String, user: &'static str, id: String| {
+        let http = http.clone();
         async move {
             let r = http
                 .delete(&url)
-                .header("x-demo-user", "alice")
+                .header("x-demo-user", user)
                 .header("mcp-session-id", id)
                 .header("mcp-protocol-version", "2025-11-25")
                 .send()
                 .await?;
-            anyhow::Ok((r.status().as_u16(), r.text().await?))
+            let status = r.status().as_u16();
+            let mut headers: Vec<(String, String)> = r
+                .headers()
+                .iter()
+                .filter(|(k, _)| k.as_str() != "date")
+                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                .collect();
+            headers.sort();
+            anyhow::Ok((status, headers, r.text().await?))
         }
     };
-    let own = delete(session.clone()).await?;
+    let alices = raw_initialize(&http, &a.url(), "alice").await?;
+    let bobs = raw_initialize(&http, &a.url(), "bob").await?;
+    for url in [a.url(), b.url()] {
+        let unknown = delete(url.clone(), "alice", "0123456789abcdef".into()).await?;
+        assert_eq!(unknown.0, 404, "{unknown:?}");
+        let foreign = delete(url.clone(), "alice", bobs.clone()).await?;
+        assert_eq!(foreign, unknown, "another principal's session");
+    }
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, _) = support::raw_post(&http, &b.url(), "bob", &bobs, list.clone()).await?;
+    assert_eq!(status, 200, "bob's session survived alice's DELETE");
+
+    let own = delete(b.url(), "alice", alices.clone()).await?;
     assert_eq!(own.0, 204, "{own:?}");
-    let again = delete(session).await?;
-    let unknown = delete("0123456789abcdef".into()).await?;
-    assert_eq!(again, unknown);
-    assert!(matches!(unknown.0, 200 | 204 | 404), "{unknown:?}");
+    let unknown = delete(b.url(), "alice", "0123456789abcdef".into()).await?;
+    for url in [a.url(), b.url()] {
+        let again = delete(url, "alice", alices.clone()).await?;
+        assert_eq!(again, unknown, "an ended session is an unknown one");
+    }
+    let (status, _) = support::raw_post(&http, &a.url(), "alice", &alices, list).await?;
+    assert_eq!(status, 404);
     Ok(())
 }
 

@@ -479,7 +479,7 @@ async fn newer_schema_task_is_refused_and_kept() -> anyhow::Result<()> {
     let bytes = br#"{"kind":"task","schema":7,"record":{"future":true}}"#.to_vec();
     store
         .put(
-            "server/task/from-the-future",
+            &mcp_persist_core::declare::TASK.key(&["from-the-future"]),
             bytes.clone(),
             PutOptions::new(PutMode::Create),
         )
@@ -496,7 +496,7 @@ async fn newer_schema_task_is_refused_and_kept() -> anyhow::Result<()> {
     }
     assert_eq!(
         store
-            .get("server/task/from-the-future")
+            .get(&mcp_persist_core::declare::TASK.key(&["from-the-future"]))
             .await?
             .context("kept")?
             .value,

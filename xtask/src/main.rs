@@ -240,6 +240,8 @@ fn test(_args: &[String]) -> Result<()> {
         "xtask",
         "--exclude",
         "mcp-persist-conformance",
+        "--exclude",
+        "mcp-persist-readme",
         "--no-verify",
         "--allow-dirty",
         "--quiet",
@@ -316,6 +318,8 @@ const FEATURE_SETS: &[(&str, &str)] = &[
     ("mcp-persist", "server"),
     ("mcp-persist", "client"),
     ("mcp-persist", "auth"),
+    // The README's programs, with exactly the dependencies it lists.
+    ("mcp-persist-readme", ""),
 ];
 
 /// The crates whose docs change with their features, documented one by one

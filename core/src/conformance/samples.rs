@@ -165,6 +165,7 @@ pub fn all() -> Vec<Sample> {
                 json!({"instance_id": "i-1", "started_at": now, "renewed_at": now,
                        "renew_every_ms": 1000, "beats": 3}),
             ),
+            "instance_heartbeat" => sample(d, &[], json!({"instance_id": "i-1"})),
             "tool_lock" => sample(
                 d,
                 &["copy"],

@@ -165,6 +165,17 @@ pub async fn client_state_is_per_server_key(f: &dyn KvFixture) {
             .is_empty()
     );
     assert_eq!(store.inflight(&a, &sid).await.expect("inflight").len(), 1);
+    assert!(store.journal(&a_sub).await.expect("journal").is_empty());
+    assert!(
+        store
+            .journal(&a_other_profile)
+            .await
+            .expect("journal")
+            .is_empty()
+    );
+    let all = store.journal(&a).await.expect("journal");
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].0, sid);
 }
 
 fn inflight(id: i64, method: &str) -> InFlightRequest {
@@ -307,15 +318,36 @@ pub async fn inflight_journal_roundtrip(f: &dyn KvFixture) {
         .expect("2");
     assert_eq!(two.last_event_id.as_deref(), Some("cursor-2"));
     assert_eq!(two.params, with_cursor.params);
-    // Forgetting the session clears its journal.
+    // Forgetting the session keeps its journal: an entry leaves only when
+    // completed, and the whole journal of the server lists it with the
+    // session it was sent in, however that session is spelled.
     store.forget_session(&key).await.expect("forget");
+    assert!(store.session(&key).await.expect("session").is_none());
+    assert_eq!(store.inflight(&key, &sid).await.expect("inflight").len(), 3);
+    let odd = SessionId::new("sess%2F/odd").expect("id");
+    store
+        .record_inflight(&key, &odd, &inflight(7, "tools/call"))
+        .await
+        .expect("journal");
+    let store = ClientStateStore::new(f.open_kv().await);
+    let all = store.journal(&key).await.expect("journal");
+    assert_eq!(all.len(), 4, "{all:?}");
     assert!(
-        store
-            .inflight(&key, &sid)
-            .await
-            .expect("inflight")
-            .is_empty()
+        all.iter().filter(|(s, _)| *s == sid).count() == 3,
+        "{all:?}"
     );
+    assert!(
+        all.iter()
+            .any(|(s, r)| *s == odd && r.id == RequestId::Number(7)),
+        "{all:?}"
+    );
+    for (session, request) in &all {
+        store
+            .complete_inflight(&key, session, &request.id)
+            .await
+            .expect("complete");
+    }
+    assert!(store.journal(&key).await.expect("journal").is_empty());
 }
 
 /// Credentials round-trip with their secrets, and one issuer never sees
@@ -581,10 +613,20 @@ pub async fn server_session_roundtrip(f: &dyn KvFixture) {
             .await
             .expect("touch")
     );
-    other_instance
-        .delete(&session.session_id)
-        .await
-        .expect("delete");
+    assert!(
+        other_instance
+            .delete(&session.session_id)
+            .await
+            .expect("delete"),
+        "a live session was ended"
+    );
+    assert!(
+        !store
+            .delete(&session.session_id)
+            .await
+            .expect("delete again"),
+        "nothing left to end"
+    );
     assert!(
         store
             .load(&session.session_id)

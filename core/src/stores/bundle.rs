@@ -120,10 +120,16 @@ impl Stores {
         }
     }
 
-    /// The fleet's instance liveness leases, kept with the sessions; an
-    /// instance is dead once its lease has not changed for `grace`.
+    /// The fleet's instance liveness leases, kept with the sessions, with
+    /// heartbeats in the event log's log store when one is routed (see
+    /// [`InstanceLeases`] for both rules); an instance is dead once it has
+    /// been silent for `grace`.
     pub fn instance_leases(&self, grace: Duration) -> InstanceLeases {
-        InstanceLeases::new(self.sessions.clone(), grace)
+        let leases = InstanceLeases::new(self.sessions.clone(), grace);
+        match &self.events {
+            Some((_, log)) => leases.with_heartbeats(log.clone()),
+            None => leases,
+        }
     }
 
     /// The event store, or [`Error::Unsupported`] when no log store is routed.

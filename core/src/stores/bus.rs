@@ -155,7 +155,7 @@ impl NotificationBus {
         if published.is_multiple_of(TRIM_EVERY) && seq > self.retention.max_len {
             let dropped = self
                 .log
-                .trim(&log(), seq - self.retention.max_len + 1)
+                .trim(&log(), (seq - self.retention.max_len).saturating_add(1))
                 .await?;
             debug!(dropped, "fleet bus trimmed to its length limit");
         }

@@ -180,17 +180,17 @@ impl ClientStateStore {
         }
     }
 
-    /// Forgets the session with `server` and its in-flight journal (after a
-    /// 404, or when the application ends the session).
+    /// Forgets the session with `server` (after a 404, or when the
+    /// application ends the session).
+    ///
+    /// Its in-flight journal stays: each entry is listed by
+    /// [`journal`](Self::journal) until it is
+    /// [completed](Self::complete_inflight), so that a request whose answer
+    /// the application never saw is not erased with the session that carried
+    /// it.
     pub async fn forget_session(&self, server: &ServerKey) -> Result<()> {
-        if let Some(stored) = self.session(server).await.ok().flatten() {
-            let prefix = Self::inflight_prefix(server, &stored.record.session_id);
-            for key in self.kv.list(&prefix).await? {
-                self.kv.delete(&key, None).await?;
-            }
-        }
         self.kv.delete(&Self::session_key(server)?, None).await?;
-        debug!(server = %server, "forgot client session");
+        debug!(server = %server, "forgot client session (its journal stays)");
         Ok(())
     }
 
@@ -217,6 +217,39 @@ impl ClientStateStore {
             .delete(&Self::inflight_key(server, session, id)?, None)
             .await?;
         Ok(())
+    }
+
+    /// Every journaled request of `server`, whatever session it was sent
+    /// in (the stored one, sessions forgotten since, pseudo sessions such as
+    /// the journal of a server without sessions), each with that session,
+    /// oldest first.
+    pub async fn journal(&self, server: &ServerKey) -> Result<Vec<(SessionId, InFlightRequest)>> {
+        let prefix = declare::IN_FLIGHT_REQUEST.prefix_of(&[server.profile(), server.endpoint()]);
+        let mut out = Vec::new();
+        for key in self.kv.list(&prefix).await? {
+            // The entry's components: profile, endpoint, session, request.
+            let Some([_, _, session, _]) = declare::IN_FLIGHT_REQUEST
+                .parse(&key)
+                .and_then(|parts| <[String; 4]>::try_from(parts).ok())
+            else {
+                continue;
+            };
+            let session = SessionId::new(session).map_err(|e| Error::Corrupt {
+                key: key.to_string(),
+                reason: format!("the journal key names no valid session id: {e}"),
+                source: None,
+            })?;
+            if let Some(stored) = read::<InFlightRequest>(&*self.kv, &key).await? {
+                out.push((session, stored.record));
+            }
+        }
+        out.sort_by(|(sa, a), (sb, b)| {
+            a.sent_at
+                .cmp(&b.sent_at)
+                .then_with(|| sa.as_str().cmp(sb.as_str()))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        Ok(out)
     }
 
     /// The journaled requests of `session`, oldest first.

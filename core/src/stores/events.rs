@@ -443,12 +443,24 @@ impl EventLog {
                 Some(_) => 0,
                 None => self.last_stored_seq(stream).await?,
             };
+            // A stored number at the end of the range is damage (a crafted
+            // or corrupted log), never a reason to wrap or panic.
+            let next_seq = last.checked_add(1).ok_or_else(|| {
+                warn!(
+                    stream,
+                    "the stored event log ends at the largest sequence number"
+                );
+                Error::corrupt(
+                    log_name(stream).map_or_else(|_| stream.to_owned(), String::from),
+                    format!("the last stored sequence number {last} has no successor"),
+                )
+            })?;
             self.pipes
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .entry(stream.to_owned())
                 .or_insert_with(|| Pipe {
-                    next_seq: last + 1,
+                    next_seq,
                     pending: Vec::new(),
                     committed_through: last,
                     flushing: false,
@@ -577,7 +589,7 @@ impl EventLog {
                 let Some(pipe) = pipes.get(stream) else {
                     return;
                 };
-                if pipe.committed_through + 1 >= pipe.next_seq {
+                if pipe.committed_through >= pipe.next_seq.saturating_sub(1) {
                     return;
                 }
                 pipe.committed.clone()
@@ -588,7 +600,7 @@ impl EventLog {
                 let pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
                 if pipes
                     .get(stream)
-                    .is_none_or(|p| p.committed_through + 1 >= p.next_seq)
+                    .is_none_or(|p| p.committed_through >= p.next_seq.saturating_sub(1))
                 {
                     return;
                 }

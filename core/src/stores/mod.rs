@@ -14,6 +14,7 @@
 //! | [`TaskStore`] | [`TASK`](crate::declare::TASK), [`TASK_INBOX`](crate::declare::TASK_INBOX) |
 //! | [`NotificationBus`] | [`FLEET_NOTICE`](crate::declare::FLEET_NOTICE) |
 //! | [`InstanceLeases`] | [`INSTANCE_LEASE`](crate::declare::INSTANCE_LEASE) |
+//! | | [`HEARTBEAT`](crate::declare::HEARTBEAT) |
 //! | [`ToolLock`] | [`TOOL_LOCK`](crate::declare::TOOL_LOCK) |
 
 mod bundle;
@@ -23,7 +24,7 @@ pub(crate) mod credentials;
 mod events;
 pub mod inspect;
 mod keys;
-mod liveness;
+pub(crate) mod liveness;
 mod session;
 pub(crate) mod tasks;
 pub(crate) mod tool_lock;
@@ -34,7 +35,7 @@ pub use client::{ClientStateStore, MAX_REQUEST_ID};
 pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
 pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
-pub use liveness::{InstanceLease, InstanceLeases, Liveness, OwnLease};
+pub use liveness::{Heartbeat, InstanceLease, InstanceLeases, Liveness, OwnLease};
 pub use session::ServerSessionStore;
 pub use tasks::{
     MAX_TASK_ID_BYTES, ResumableOperation, TaskId, TaskOwner, TaskRecord, TaskStatus, TaskStore,

@@ -22,7 +22,10 @@ const TOUCH_CACHE_LIMIT: usize = 10_000;
 ///
 /// Every write refreshes the TTL. [`touch`](ServerSessionStore::touch) is
 /// coalesced: it writes at most once per `touch_interval` per session and
-/// instance, so a busy session costs no write per request.
+/// instance, so a busy session costs no write per request. By default it
+/// still reads the session every time, so a session ended anywhere (a
+/// `DELETE` on another instance, or the idle TTL) is gone everywhere at once;
+/// see [`with_strict_liveness`](ServerSessionStore::with_strict_liveness).
 #[derive(Clone)]
 pub struct ServerSessionStore {
     kv: Arc<dyn KvStore>,
@@ -44,23 +47,25 @@ impl std::fmt::Debug for ServerSessionStore {
 
 impl ServerSessionStore {
     /// A store over `kv` whose sessions expire after `idle_ttl` without use.
-    /// Touches are coalesced to one write per tenth of the TTL.
+    /// Touches are coalesced to one write per tenth of the TTL; each still
+    /// reads the session (strict liveness, the default).
     pub fn new(kv: Arc<dyn KvStore>, idle_ttl: Duration) -> Self {
         ServerSessionStore {
             kv,
             idle_ttl,
             touch_interval: idle_ttl / 10,
-            strict: false,
+            strict: true,
             last_touch: Arc::default(),
         }
     }
 
-    /// With `strict`, every [`touch`](ServerSessionStore::touch) reads the session
-    /// (one store read per use), so a session deleted by another instance is
-    /// gone here at once; the write that extends the TTL stays coalesced.
-    /// Without it (the default), an instance that holds a session notices a
-    /// delete elsewhere at its next coalesced write, up to a tenth of the
-    /// idle TTL later.
+    /// With `strict` (the default), every [`touch`](ServerSessionStore::touch)
+    /// reads the session (one store read per use), so a session deleted by
+    /// another instance is gone here at once; the write that extends the TTL
+    /// stays coalesced. With `false`, a touch within the coalescing interval
+    /// reads nothing: an instance that holds a session notices a delete
+    /// elsewhere only at its next coalesced write, up to a tenth of the idle
+    /// TTL later.
     pub fn with_strict_liveness(mut self, strict: bool) -> Self {
         self.strict = strict;
         self
@@ -172,9 +177,10 @@ impl ServerSessionStore {
     }
 
     /// Deletes session `id` (the client sent DELETE, or the server ended it).
-    pub async fn delete(&self, id: &SessionId) -> Result<()> {
+    /// Returns whether a live session was there to end: `false` for an
+    /// unknown id, one that expired, or one another request ended first.
+    pub async fn delete(&self, id: &SessionId) -> Result<bool> {
         self.forget_touch(id);
-        self.kv.delete(&Self::key(id)?, None).await?;
-        Ok(())
+        self.kv.delete(&Self::key(id)?, None).await
     }
 }

@@ -281,6 +281,31 @@ impl TaskRecord {
         self.last_updated_at = Timestamp::now();
     }
 
+    /// Hands the task to `instance` as the next generation (a takeover after
+    /// its owner stopped) and counts the run; returns the new generation. A
+    /// stored generation that cannot be incremented is damage:
+    /// [`Error::Corrupt`] naming the task's key, and the record is left as
+    /// it was.
+    pub fn take_over(
+        &mut self,
+        instance: impl Into<String>,
+        lease_expires_at: Timestamp,
+    ) -> Result<u64> {
+        let generation = self.owner.generation.checked_add(1).ok_or_else(|| {
+            Error::corrupt(
+                TaskStore::key(&self.task_id)
+                    .map_or_else(|_| self.task_id.as_str().to_owned(), String::from),
+                format!(
+                    "the owner generation {} has no successor",
+                    self.owner.generation
+                ),
+            )
+        })?;
+        self.owner = TaskOwner::new(instance, generation, lease_expires_at);
+        self.runs = self.runs.saturating_add(1);
+        Ok(generation)
+    }
+
     /// `working` or `input_required`, from the outstanding requests
     /// (terminal statuses are left alone).
     pub fn refresh_status(&mut self) {
@@ -529,5 +554,31 @@ impl TaskStore {
             }
         }
         Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_takeover_past_the_last_generation_is_corrupt_and_changes_nothing() {
+        let id = TaskId::new("at/the-limit").expect("id");
+        let owner = TaskOwner::new("gone", u64::MAX, Timestamp::now());
+        let mut record = TaskRecord::new(id, None, owner);
+        let before = record.clone();
+        match record.take_over("me", Timestamp::now()) {
+            Err(Error::Corrupt { key, .. }) => assert_eq!(key, "server/task/at%2Fthe-limit"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert_eq!(record, before);
+
+        let mut record = TaskRecord::new(
+            TaskId::new("ordinary").expect("id"),
+            None,
+            TaskOwner::new("gone", 7, Timestamp::now()),
+        );
+        assert_eq!(record.take_over("me", Timestamp::now()).expect("next"), 8);
+        assert_eq!((record.owner.instance.as_str(), record.runs), ("me", 2));
     }
 }

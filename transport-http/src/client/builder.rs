@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::{
     decorator::DurableHttpClient,
-    handle::ClientHandle,
+    handle::{ClientHandle, LastHandle},
     health::Health,
     journal::{self, STANDALONE_STREAM},
     recovery::RecoveryConfig,
@@ -118,8 +118,13 @@ impl DurableClientBuilder {
         self
     }
 
-    /// How long journal writes wait to be coalesced (10 ms by default). A
-    /// request answered within it is never written; zero writes at once.
+    /// How long each change waits before the store gets it (10 ms by
+    /// default): a request answered within it is never written, and an
+    /// answer's mark is committed this long after the answer arrived. It is
+    /// also what a crash can cut (see the [module docs](super)): a request
+    /// sent less than this before a SIGKILL is not listed, and an answer
+    /// received less than this (plus one store write) before may be
+    /// collected again. Zero writes at once.
     pub fn journal_delay(mut self, delay: Duration) -> Self {
         self.journal_delay = delay;
         self
@@ -182,17 +187,12 @@ impl DurableClientBuilder {
             self.id_block,
         ));
 
-        let (start, interrupted, interrupted_session) = load(&shared, &self.store).await;
-        let mut listed: Vec<_> = match interrupted_session {
-            Some(session) => interrupted
-                .into_iter()
-                .map(|r| (session.clone(), r))
-                .collect(),
-            None => Vec::new(),
+        let start = load(&shared, &self.store).await;
+        let listed = if matches!(start, StartKind::InMemory { .. }) {
+            Vec::new()
+        } else {
+            read_journal(&self.store, &key, &health).await
         };
-        if !matches!(start, StartKind::InMemory { .. }) {
-            listed.extend(sessionless_journal(&self.store, &key).await);
-        }
         match &start {
             StartKind::FreshAfterBadState { reason } => {
                 health.notify(ClientNotice::BadStoredState {
@@ -218,6 +218,7 @@ impl DurableClientBuilder {
             start,
             interrupted: Arc::new(std::sync::Mutex::new(listed)),
             recovery: self.recovery,
+            _last: Arc::new(LastHandle(shared.journal().clone())),
         };
         let transport = StreamableHttpClientTransport::with_client(
             DurableHttpClient {
@@ -231,14 +232,7 @@ impl DurableClientBuilder {
 }
 
 /// Reads what is stored for the server and installs it.
-async fn load(
-    shared: &Arc<Shared>,
-    store: &ClientStateStore,
-) -> (
-    StartKind,
-    Vec<InFlightRequest>,
-    Option<mcp_persist_core::SessionId>,
-) {
+async fn load(shared: &Arc<Shared>, store: &ClientStateStore) -> StartKind {
     let key = shared.key();
     match store.profile(key).await {
         Ok(Some(profile)) => shared.verdict().install(profile),
@@ -251,45 +245,33 @@ async fn load(
         Ok(Some(stored)) => stored.record,
         Ok(None) => {
             info!(server = %key, "no stored session; starting fresh");
-            return (StartKind::Fresh, Vec::new(), None);
+            return StartKind::Fresh;
         }
         Err(e @ (StoreError::Corrupt { .. } | StoreError::InvalidInput { .. })) => {
             warn!(server = %key, error = %e, "stored session is unreadable; starting a fresh session");
-            return (
-                StartKind::FreshAfterBadState {
-                    reason: e.to_string(),
-                },
-                Vec::new(),
-                None,
-            );
+            return StartKind::FreshAfterBadState {
+                reason: e.to_string(),
+            };
         }
         Err(e @ StoreError::NewerSchema { .. }) => {
             // Written by a newer version: neither used nor overwritten.
             warn!(server = %key, error = %e, "stored session has a newer schema; running in memory without touching it");
-            return (
-                StartKind::InMemory {
-                    reason: e.to_string(),
-                },
-                Vec::new(),
-                None,
-            );
+            return StartKind::InMemory {
+                reason: e.to_string(),
+            };
         }
         Err(e) => {
             warn!(server = %key, error = %e, "client state store cannot be read; running in memory");
-            return (
-                StartKind::InMemory {
-                    reason: format!("the store cannot be read: {e}"),
-                },
-                Vec::new(),
-                None,
-            );
+            return StartKind::InMemory {
+                reason: format!("the store cannot be read: {e}"),
+            };
         }
     };
     let seed = match validate(&stored) {
         Ok(seed) => seed,
         Err(reason) => {
             warn!(server = %key, %reason, "stored session is unusable; starting a fresh session");
-            return (StartKind::FreshAfterBadState { reason }, Vec::new(), None);
+            return StartKind::FreshAfterBadState { reason };
         }
     };
     let ids = match store.reserve_request_ids(key, shared.ids().block()).await {
@@ -298,7 +280,7 @@ async fn load(
             // The session has no ids left to continue with without repeating one.
             let reason = e.to_string();
             warn!(server = %key, %reason, "stored session is unusable; starting a fresh session");
-            return (StartKind::FreshAfterBadState { reason }, Vec::new(), None);
+            return StartKind::FreshAfterBadState { reason };
         }
         Err(e) => {
             warn!(server = %key, error = %e, "cannot reserve request ids; running in memory");
@@ -308,18 +290,7 @@ async fn load(
             memory_ids(&stored, shared.ids().block())
         }
     };
-    let interrupted = match store.inflight(key, &stored.session_id).await {
-        Ok(list) => list,
-        Err(e) => {
-            warn!(server = %key, error = %e, "the journal of interrupted requests cannot be read");
-            shared.health().notify(ClientNotice::BadStoredState {
-                reason: format!("the journal of interrupted requests cannot be read: {e}"),
-            });
-            Vec::new()
-        }
-    };
-    info!(server = %key, session = %stored.session_id, next_id = ids.start,
-        interrupted = interrupted.len(), "resuming stored session");
+    info!(server = %key, session = %stored.session_id, next_id = ids.start, "resuming stored session");
     let session_id = seed.session_id.clone();
     shared.install_seed(seed, ids);
     if let Some(event) = stored.last_event_ids.get(STANDALONE_STREAM) {
@@ -327,31 +298,30 @@ async fn load(
             .session()
             .install_standalone_cursor(session_id.clone(), event.clone());
     }
-    (
-        StartKind::Resumed {
-            session_id: session_id.clone(),
-        },
-        interrupted,
-        Some(session_id),
-    )
+    StartKind::Resumed { session_id }
 }
 
-/// The requests to a server without sessions that a previous process saw
-/// answered with a task and never saw end.
-async fn sessionless_journal(
+/// Every request an earlier process journaled and nobody collected or
+/// dismissed: those of the stored session, of sessions forgotten since (a
+/// 404, an ended session: reported lost), and the tasks of a server without
+/// sessions.
+async fn read_journal(
     store: &ClientStateStore,
     key: &ServerKey,
+    health: &Health,
 ) -> Vec<(mcp_persist_core::SessionId, InFlightRequest)> {
-    let session = journal::sessionless();
-    match store.inflight(key, &session).await {
+    match store.journal(key).await {
         Ok(list) => {
             if !list.is_empty() {
-                info!(server = %key, tasks = list.len(), "tasks of a server without sessions to collect");
+                info!(server = %key, interrupted = list.len(), "requests of earlier processes to collect");
             }
-            list.into_iter().map(|r| (session.clone(), r)).collect()
+            list
         }
         Err(e) => {
-            warn!(server = %key, error = %e, "the journal of tasks cannot be read");
+            warn!(server = %key, error = %e, "the journal of interrupted requests cannot be read");
+            health.notify(ClientNotice::BadStoredState {
+                reason: format!("the journal of interrupted requests cannot be read: {e}"),
+            });
             Vec::new()
         }
     }

@@ -12,6 +12,7 @@ use tracing::info;
 use super::{
     headers::version_headers,
     health::lock,
+    journal::JournalTx,
     recovery::{Recoverer, Recovery, RecoveryConfig},
     report::{ClientError, ClientNotice, StartKind},
     state::Shared,
@@ -33,6 +34,22 @@ pub struct ClientHandle {
     /// without sessions).
     pub(crate) interrupted: Listed,
     pub(crate) recovery: RecoveryConfig,
+    /// Commits what the journal holds when the last clone is dropped.
+    pub(crate) _last: Arc<LastHandle>,
+}
+
+/// Dropped with the last clone of a [`ClientHandle`]: commits everything
+/// pending and waits for it. A `main` that returns drops its handle while
+/// the runtime still runs, so even a store driven by that runtime takes
+/// the writes; what the transport does afterwards is committed when it is
+/// dropped in turn.
+#[derive(Debug)]
+pub(crate) struct LastHandle(pub(crate) JournalTx);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.0.flush_blocking();
+    }
 }
 
 impl std::fmt::Debug for ClientHandle {
@@ -102,10 +119,12 @@ impl ClientHandle {
         self.shared.health().subscribe()
     }
 
-    /// The requests a previous process sent in the resumed session and never
-    /// saw answered, oldest first. Collect them with [`recover`](Self::recover).
-    /// A request stays listed (and journaled) until its answer is collected
-    /// or the application [dismisses](Self::dismiss) it.
+    /// The requests earlier processes sent and never saw answered, oldest
+    /// first: in the resumed session, in sessions that are gone since (the
+    /// server forgot them, or they were ended), and tasks of a server
+    /// without sessions. Collect them with [`recover`](Self::recover). A
+    /// request stays listed (and journaled), across restarts, until its
+    /// answer is collected or the application [dismisses](Self::dismiss) it.
     pub fn interrupted(&self) -> Vec<InFlightRequest> {
         lock(&self.interrupted)
             .iter()
@@ -114,9 +133,12 @@ impl ClientHandle {
     }
 
     /// Waits until every change made so far (new session, journal entries,
-    /// stream cursors) is in the store. The client writes in the background
-    /// anyway; this is for a process that wants a known point, such as
-    /// before it reports work as started.
+    /// answered marks, stream cursors) is in the store, cutting the
+    /// journal's window short. The client commits everything by itself,
+    /// within [`journal_delay`](super::DurableClientBuilder::journal_delay)
+    /// and when the last handle (then the transport) is dropped; this is for
+    /// a process that wants a known point, such as before it reports work
+    /// as started, or before a `std::process::exit`.
     pub async fn flush(&self) {
         self.shared.journal().flush().await;
     }
@@ -165,10 +187,12 @@ impl ClientHandle {
     }
 
     /// Ends the session: sends `DELETE` to the server and forgets the stored
-    /// session and its journal. A session the server no longer knows (a 404
-    /// to the `DELETE`, or earlier) counts as ended: that is no error. Call it after closing the rmcp client; while
-    /// the rmcp client runs, dropping or closing it keeps the session for the
-    /// next process.
+    /// session. Requests journaled in it stay listed, as
+    /// [`Recovery::Lost`] with [`LostReason::SessionGone`](super::LostReason::SessionGone),
+    /// until dismissed. A session the server no longer knows (a 404 to the
+    /// `DELETE`, or earlier) counts as ended: that is no error. Call it
+    /// after closing the rmcp client; while the rmcp client runs, dropping
+    /// or closing it keeps the session for the next process.
     pub async fn end_session(&self) -> Result<(), ClientError> {
         let Some((session, result)) = self.shared.session().current() else {
             // Already gone (the server answered 404): only make sure the

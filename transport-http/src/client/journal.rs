@@ -1,24 +1,58 @@
-//! The background writer: every store write of the client goes through it,
-//! coalesced, so that persistence never stalls a request.
+//! The journal writer: every store write of the client goes through it,
+//! delayed and coalesced, so that persistence never stalls a request.
+//!
+//! # When what is committed
+//!
+//! Every change carries the time it was made, and is committed
+//! `delay` after it (the builder's `journal_delay`), or at once when the
+//! application flushes:
+//!
+//! * a request is written once it has been in flight for `delay`: a request
+//!   answered sooner never costs a write (nor its answer a delete);
+//! * an answer to a written request deletes its entry `delay` after the
+//!   answer reached the client, never before: the mark that the
+//!   application has the answer is committed after rmcp has handed it over;
+//! * cursors, task ids, the session and the era verdict follow the same
+//!   window.
+//!
+//! # Why a thread
+//!
+//! The writer runs on a thread of its own, with its own small runtime, not
+//! as a task of the application's runtime: a runtime that shuts down (a
+//! `main` that returns) drops its tasks wherever they stand, and with them
+//! the writes still waiting in the window, such as the delete of an entry
+//! whose answer the application already has. Dropping the last
+//! [`ClientHandle`](super::ClientHandle) commits everything pending and
+//! waits for it (at most [`EXIT_WAIT`]): in a `main` that returns, that is
+//! while the runtime still runs, so a store driven by it (Redis) takes the
+//! writes too. Dropping the last transport (rmcp's worker, when the runtime
+//! shuts down) does the same for what came after. A process that ends
+//! without dropping (SIGKILL, `std::process::exit`) loses what the window
+//! held.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
-    time::Duration,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use mcp_persist_core::{
-    ClientStateStore, InFlightRequest, LegacySession, PutMode, RequestId, ServerKey, ServerProfile,
-    SessionId,
+    ClientStateStore, InFlightRequest, PutMode, RequestId, ServerKey, ServerProfile, SessionId,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{debug, warn};
 
-use super::health::Health;
+use super::health::{Health, lock};
 
 /// The key under which a session's standalone GET stream cursor is stored
 /// (request streams are keyed by their request id).
 pub(crate) const STANDALONE_STREAM: &str = "standalone";
+
+/// How long dropping the last handle and transport of a client waits for
+/// the writer to commit what is still pending. A store that cannot take
+/// writes any more (a Redis connection driven by the application's runtime,
+/// which stopped) is given up on after this.
+pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// The journal of requests to a server without sessions (2026-07-28):
 /// kept under this pseudo session, which no server can name (server
@@ -32,9 +66,10 @@ pub(crate) fn sessionless() -> SessionId {
 #[derive(Debug)]
 enum Op {
     /// A new session: stored with `Overwrite` (a stale or corrupt record is
-    /// replaced), its journal starting empty.
-    SaveSession(Box<LegacySession>),
-    /// The session is gone (404, or ended by the application).
+    /// replaced).
+    SaveSession(Box<mcp_persist_core::LegacySession>),
+    /// The session is gone (404, or ended): the record goes, its journal
+    /// entries stay until each is collected or dismissed.
     ForgetSession(SessionId),
     /// A request was sent.
     Record(SessionId, Box<InFlightRequest>),
@@ -42,7 +77,8 @@ enum Op {
     Cursor(SessionId, RequestId, String),
     /// A task-augmented request was answered with its task id.
     Task(SessionId, RequestId, String),
-    /// A request was answered (or failed to send).
+    /// A request was answered (or failed to send, or its answer was
+    /// collected, or the application dismissed it).
     Complete(SessionId, RequestId),
     /// `tasks/get` reported this task ended: the request answered with it
     /// is done.
@@ -54,51 +90,116 @@ enum Op {
     /// The stored verdict proved wrong: the era is to be probed again.
     ForgetProfile,
     /// Answer once everything queued before is in the store.
-    Flush(oneshot::Sender<()>),
+    Flush(Done),
 }
 
-/// Where a journal entry stands between the client and the store.
+/// Who waits for a flush.
 #[derive(Debug)]
-struct Entry {
-    record: InFlightRequest,
-    /// Whether the store holds some version of it.
-    written: bool,
-    /// Whether the in-memory record is newer than the stored one.
-    dirty: bool,
-    completed: bool,
+enum Done {
+    /// An async caller.
+    Async(oneshot::Sender<()>),
+    /// A thread that blocks (a drop).
+    Blocking(std::sync::mpsc::Sender<()>),
 }
 
-/// The sending half: what the client tells the store, in order. Every
-/// write is dropped once the store has failed ([`Health::degrade`]).
+impl Done {
+    fn send(self) {
+        match self {
+            Done::Async(tx) => {
+                let _ = tx.send(());
+            }
+            Done::Blocking(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// The sending half: what the client tells the store, in order, each
+/// change with the time it was made. Every write is dropped once the store
+/// has failed ([`Health::degrade`]).
 #[derive(Debug, Clone)]
 pub(crate) struct JournalTx {
-    tx: mpsc::UnboundedSender<Op>,
+    // Dropped before `_closer` (fields drop in order): when the last clone
+    // goes, the channel is closed by the time the closer waits.
+    tx: mpsc::UnboundedSender<(Instant, Op)>,
+    wake: Arc<Notify>,
     health: Arc<Health>,
+    _closer: Arc<Closer>,
+}
+
+/// Waits, when the last sender is dropped, for the writer to commit what it
+/// still holds.
+#[derive(Debug)]
+struct Closer {
+    wake: Arc<Notify>,
+    done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        // The channel is closed: the writer commits everything and stops.
+        self.wake.notify_one();
+        if let Some(done) = lock(&self.done).take()
+            && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(EXIT_WAIT)
+        {
+            warn!(after = ?EXIT_WAIT, "the client's store did not take its last writes in time; giving up on them");
+        }
+    }
 }
 
 impl JournalTx {
     fn send(&self, op: Op) {
         if self.health.persisting() {
             // The writer only stops when every sender is gone.
-            let _ = self.tx.send(op);
+            let _ = self.tx.send((Instant::now(), op));
         }
     }
 
     /// Waits until everything sent before is in the store (or dropped,
-    /// when the store has failed).
+    /// when the store has failed), cutting the window short.
     pub(crate) async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Op::Flush(tx)).is_ok() {
+        if self
+            .tx
+            .send((Instant::now(), Op::Flush(Done::Async(tx))))
+            .is_ok()
+        {
+            self.wake.notify_one();
             let _ = rx.await;
         }
     }
 
+    /// [`flush`](Self::flush) for a drop: blocks the thread until the store
+    /// has everything sent before, at most [`EXIT_WAIT`]. On a runtime
+    /// that runs on this thread alone it only starts the flush: a store
+    /// driven by that runtime (Redis) could not make progress while the
+    /// thread waits.
+    pub(crate) fn flush_blocking(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self
+            .tx
+            .send((Instant::now(), Op::Flush(Done::Blocking(tx))))
+            .is_err()
+        {
+            return;
+        }
+        self.wake.notify_one();
+        let alone = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !alone
+            && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(EXIT_WAIT)
+        {
+            warn!(after = ?EXIT_WAIT, "the client's store did not take its writes in time");
+        }
+    }
+
     /// Stores a new session, replacing whatever was stored.
-    pub(crate) fn save_session(&self, session: LegacySession) {
+    pub(crate) fn save_session(&self, session: mcp_persist_core::LegacySession) {
         self.send(Op::SaveSession(Box::new(session)));
     }
 
-    /// Forgets the stored session and its journal.
+    /// Forgets the stored session; its journal entries stay listed.
     pub(crate) fn forget_session(&self, session: &SessionId) {
         self.send(Op::ForgetSession(session.clone()));
     }
@@ -146,7 +247,7 @@ impl JournalTx {
     }
 }
 
-/// Starts the writer task.
+/// Starts the writer on its own thread.
 pub(crate) fn spawn(
     store: ClientStateStore,
     key: ServerKey,
@@ -154,19 +255,84 @@ pub(crate) fn spawn(
     delay: Duration,
 ) -> JournalTx {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(
-        Writer {
-            store,
-            key,
-            health: health.clone(),
-            delay,
-            entries: HashMap::new(),
-            deletes: Vec::new(),
-            standalone: BTreeMap::new(),
+    let wake = Arc::new(Notify::new());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = Writer {
+        store,
+        key,
+        health: health.clone(),
+        delay,
+        rx,
+        wake: wake.clone(),
+        entries: HashMap::new(),
+        saves: Vec::new(),
+        profile: None,
+        deletes: Vec::new(),
+        standalone: BTreeMap::new(),
+        flushes: Vec::new(),
+    };
+    // The application's log subscriber, for the writer's warnings too.
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    let spawned = std::thread::Builder::new()
+        .name("mcp-persist-journal".to_owned())
+        .spawn(move || {
+            let _logs = tracing::dispatcher::set_default(&dispatch);
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(writer.run()),
+                Err(e) => {
+                    warn!(error = %e, "cannot start the client's journal writer; continuing with in-memory state only");
+                    writer
+                        .health
+                        .degrade(format!("the journal writer could not start: {e}"));
+                }
+            }
+            let _ = done_tx.send(());
+        });
+    let done = match spawned {
+        Ok(_) => Some(done_rx),
+        Err(e) => {
+            warn!(error = %e, "cannot start the client's journal thread; continuing with in-memory state only");
+            health.degrade(format!("the journal thread could not start: {e}"));
+            None
         }
-        .run(rx),
-    );
-    JournalTx { tx, health }
+    };
+    JournalTx {
+        tx,
+        wake: wake.clone(),
+        health,
+        _closer: Arc::new(Closer {
+            wake,
+            done: Mutex::new(done),
+        }),
+    }
+}
+
+/// Where a journal entry stands between the client and the store.
+#[derive(Debug)]
+struct Entry {
+    record: InFlightRequest,
+    /// Whether the store holds some version of it.
+    written: bool,
+    /// Since when the in-memory record is newer than the stored one (for
+    /// an entry never written: when the request was sent).
+    dirty_since: Option<Instant>,
+    /// When its answer reached the client.
+    answered_at: Option<Instant>,
+}
+
+impl Entry {
+    /// When the store is due to learn of this entry: its delete once
+    /// answered, its (re)write while dirty.
+    fn due(&self, delay: Duration) -> Option<Instant> {
+        match (self.answered_at, self.dirty_since) {
+            (Some(at), _) => Some(at + delay),
+            (None, Some(since)) => Some(since + delay),
+            (None, None) => None,
+        }
+    }
 }
 
 struct Writer {
@@ -174,101 +340,168 @@ struct Writer {
     key: ServerKey,
     health: Arc<Health>,
     delay: Duration,
+    rx: mpsc::UnboundedReceiver<(Instant, Op)>,
+    wake: Arc<Notify>,
     entries: HashMap<(SessionId, RequestId), Entry>,
-    deletes: Vec<(SessionId, RequestId)>,
-    standalone: BTreeMap<SessionId, String>,
+    /// Sessions stored (`Ok`) or forgotten (`Err`), in order.
+    saves: Vec<Result<mcp_persist_core::LegacySession, SessionId>>,
+    /// The verdict to store (`Some(Some)`) or forget (`Some(None)`).
+    profile: Option<Option<ServerProfile>>,
+    /// Entries this process never held (journaled by an earlier one) that
+    /// were collected or dismissed, with when.
+    deletes: Vec<(SessionId, RequestId, Instant)>,
+    /// The newest standalone cursor per session, and since when it waits.
+    standalone: BTreeMap<SessionId, (String, Instant)>,
+    flushes: Vec<Done>,
 }
 
 impl Writer {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Op>) {
-        while let Some(first) = rx.recv().await {
-            let flush_now = matches!(first, Op::Flush(_));
-            let mut batch = vec![first];
-            // Coalescing window: a request answered within it costs no write.
-            if !flush_now && !self.delay.is_zero() {
-                tokio::time::sleep(self.delay).await;
-            }
-            while let Ok(op) = rx.try_recv() {
-                batch.push(op);
-            }
-            let mut flushes = Vec::new();
-            let mut profile = None;
-            let mut saves = Vec::new();
-            for op in batch {
-                match op {
-                    Op::Flush(done) => flushes.push(done),
-                    Op::SaveProfile(p) => profile = Some(Some(*p)),
-                    Op::ForgetProfile => profile = Some(None),
-                    Op::SaveSession(s) => saves.push(Ok(*s)),
-                    Op::ForgetSession(sid) => {
-                        self.entries.retain(|(s, _), _| *s != sid);
-                        self.standalone.remove(&sid);
-                        saves.push(Err(sid));
-                    }
-                    Op::Record(sid, record) => {
-                        self.entries.insert(
-                            (sid, record.id.clone()),
-                            Entry {
-                                record: *record,
-                                written: false,
-                                dirty: true,
-                                completed: false,
-                            },
-                        );
-                    }
-                    Op::Cursor(sid, id, event) => {
-                        if let Some(e) = self.entries.get_mut(&(sid, id)) {
-                            e.record.last_event_id = Some(event);
-                            e.dirty = true;
-                        }
-                    }
-                    Op::Task(sid, id, task) => {
-                        if let Some(e) = self.entries.get_mut(&(sid, id)) {
-                            e.record.task_id = Some(task);
-                            e.dirty = true;
-                        }
-                    }
-                    Op::Complete(sid, id) => match self.entries.get_mut(&(sid.clone(), id.clone()))
-                    {
-                        Some(e) => e.completed = true,
-                        // Journaled by an earlier process: delete it from the store.
-                        None => self.deletes.push((sid, id)),
-                    },
-                    Op::TaskDone(sid, task) => {
-                        for ((s, _), e) in self.entries.iter_mut() {
-                            if *s == sid && e.record.task_id.as_deref() == Some(task.as_str()) {
-                                e.completed = true;
-                            }
-                        }
-                    }
-                    Op::Standalone(sid, event) => {
-                        self.standalone.insert(sid, event);
-                    }
-                }
-            }
+    async fn run(mut self) {
+        loop {
+            let closed = self.drain();
+            let force = closed || !self.flushes.is_empty();
             if self.health.persisting() {
-                let result = match &profile {
-                    Some(Some(p)) => self.store.save_profile(&self.key, p).await,
-                    Some(None) => self.store.forget_profile(&self.key).await,
-                    None => Ok(()),
-                };
-                if let Err(e) = result {
-                    self.degrade(&e);
-                }
-                self.apply(saves).await;
+                self.apply(force, Instant::now()).await;
             } else {
-                self.entries.clear();
-                self.deletes.clear();
-                self.standalone.clear();
+                self.clear();
             }
-            for done in flushes {
-                let _ = done.send(());
+            for done in self.flushes.drain(..) {
+                done.send();
+            }
+            if closed {
+                debug!(server = %self.key, "client journal closed; everything committed");
+                return;
+            }
+            match self.next_due() {
+                // Nothing pending: wait for the next change.
+                None => match self.rx.recv().await {
+                    Some((at, op)) => self.absorb(at, op),
+                    None => continue,
+                },
+                // Changes made meanwhile are due later than this one: the
+                // writer sleeps through them, unless a flush or the close
+                // cuts the window short.
+                Some(due) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(tokio::time::Instant::from_std(due)) => {}
+                        _ = self.wake.notified() => {}
+                    }
+                }
             }
         }
     }
 
-    async fn apply(&mut self, saves: Vec<Result<LegacySession, SessionId>>) {
-        for save in saves {
+    /// Takes every queued change into memory; true once every sender is
+    /// gone.
+    fn drain(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok((at, op)) => self.absorb(at, op),
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+            }
+        }
+    }
+
+    fn absorb(&mut self, at: Instant, op: Op) {
+        match op {
+            Op::Flush(done) => self.flushes.push(done),
+            Op::SaveProfile(p) => self.profile = Some(Some(*p)),
+            Op::ForgetProfile => self.profile = Some(None),
+            Op::SaveSession(s) => self.saves.push(Ok(*s)),
+            Op::ForgetSession(sid) => {
+                // The entries stay: listed until collected or dismissed.
+                self.standalone.remove(&sid);
+                self.saves.push(Err(sid));
+            }
+            Op::Record(sid, record) => {
+                self.entries.insert(
+                    (sid, record.id.clone()),
+                    Entry {
+                        record: *record,
+                        written: false,
+                        dirty_since: Some(at),
+                        answered_at: None,
+                    },
+                );
+            }
+            Op::Cursor(sid, id, event) => {
+                if let Some(e) = self.entries.get_mut(&(sid, id)) {
+                    e.record.last_event_id = Some(event);
+                    e.dirty_since.get_or_insert(at);
+                }
+            }
+            Op::Task(sid, id, task) => {
+                if let Some(e) = self.entries.get_mut(&(sid, id)) {
+                    e.record.task_id = Some(task);
+                    e.dirty_since.get_or_insert(at);
+                }
+            }
+            Op::Complete(sid, id) => {
+                let key = (sid, id);
+                match self.entries.get_mut(&key) {
+                    // Answered before it was ever written: nothing to undo.
+                    Some(e) if !e.written => {
+                        self.entries.remove(&key);
+                    }
+                    Some(e) => {
+                        e.answered_at.get_or_insert(at);
+                    }
+                    // Journaled by an earlier process: delete it from the store.
+                    None => self.deletes.push((key.0, key.1, at)),
+                }
+            }
+            Op::TaskDone(sid, task) => {
+                self.entries.retain(|(s, _), e| {
+                    if *s != sid || e.record.task_id.as_deref() != Some(task.as_str()) {
+                        return true;
+                    }
+                    e.answered_at.get_or_insert(at);
+                    e.written
+                });
+            }
+            Op::Standalone(sid, event) => {
+                let since = self.standalone.get(&sid).map_or(at, |(_, since)| *since);
+                self.standalone.insert(sid, (event, since));
+            }
+        }
+    }
+
+    /// The earliest time some pending change is due.
+    fn next_due(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut due = (!self.saves.is_empty() || self.profile.is_some()).then_some(now);
+        let mut earliest = |at: Instant| {
+            due = Some(due.map_or(at, |d: Instant| d.min(at)));
+        };
+        for entry in self.entries.values() {
+            if let Some(at) = entry.due(self.delay) {
+                earliest(at);
+            }
+        }
+        for (_, _, at) in &self.deletes {
+            earliest(*at + self.delay);
+        }
+        for (_, since) in self.standalone.values() {
+            earliest(*since + self.delay);
+        }
+        due
+    }
+
+    /// Commits what is due at `now` (everything when `force`). A change
+    /// leaves memory only once the store has it.
+    async fn apply(&mut self, force: bool, now: Instant) {
+        let due = |at: Instant| force || at <= now;
+        if let Some(profile) = self.profile.take() {
+            let result = match &profile {
+                Some(p) => self.store.save_profile(&self.key, p).await,
+                None => self.store.forget_profile(&self.key).await,
+            };
+            if let Err(e) = result {
+                return self.degrade(&e);
+            }
+        }
+        for save in std::mem::take(&mut self.saves) {
             let result = match &save {
                 Ok(session) => self
                     .store
@@ -278,47 +511,56 @@ impl Writer {
                 Err(_) => self.store.forget_session(&self.key).await,
             };
             if let Err(e) = result {
-                self.degrade(&e);
-                return;
+                return self.degrade(&e);
             }
         }
-        // Journal entries: drop the ones answered before ever being written.
-        let keys: Vec<_> = self.entries.keys().cloned().collect();
+        let keys: Vec<_> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.due(self.delay).is_some_and(due))
+            .map(|(k, _)| k.clone())
+            .collect();
         for key in keys {
-            let Some(entry) = self.entries.get_mut(&key) else {
+            let Some(entry) = self.entries.get(&key) else {
                 continue;
             };
-            let result = if entry.completed {
-                let written = entry.written;
-                self.entries.remove(&key);
-                if written {
-                    self.store
-                        .complete_inflight(&self.key, &key.0, &key.1)
-                        .await
-                } else {
-                    Ok(())
-                }
-            } else if entry.dirty {
-                entry.dirty = false;
-                entry.written = true;
-                self.store
-                    .record_inflight(&self.key, &key.0, &entry.record)
+            if entry.answered_at.is_some() {
+                if let Err(e) = self
+                    .store
+                    .complete_inflight(&self.key, &key.0, &key.1)
                     .await
+                {
+                    return self.degrade(&e);
+                }
+                self.entries.remove(&key);
             } else {
-                Ok(())
-            };
-            if let Err(e) = result {
-                self.degrade(&e);
-                return;
+                let record = entry.record.clone();
+                if let Err(e) = self.store.record_inflight(&self.key, &key.0, &record).await {
+                    return self.degrade(&e);
+                }
+                if let Some(entry) = self.entries.get_mut(&key) {
+                    entry.written = true;
+                    entry.dirty_since = None;
+                }
             }
         }
-        for (sid, id) in std::mem::take(&mut self.deletes) {
+        let mut waiting = Vec::new();
+        for (sid, id, at) in std::mem::take(&mut self.deletes) {
+            if !due(at + self.delay) {
+                waiting.push((sid, id, at));
+                continue;
+            }
             if let Err(e) = self.store.complete_inflight(&self.key, &sid, &id).await {
-                self.degrade(&e);
-                return;
+                return self.degrade(&e);
             }
         }
-        let cursors = std::mem::take(&mut self.standalone);
+        self.deletes = waiting;
+        let cursors: Vec<_> = self
+            .standalone
+            .iter()
+            .filter(|(_, (_, since))| due(*since + self.delay))
+            .map(|(sid, (event, _))| (sid.clone(), event.clone()))
+            .collect();
         for (sid, event) in cursors {
             let result = self
                 .store
@@ -330,17 +572,30 @@ impl Writer {
                 })
                 .await;
             if let Err(e) = result {
-                self.degrade(&e);
-                return;
+                return self.degrade(&e);
+            }
+            if self
+                .standalone
+                .get(&sid)
+                .is_some_and(|(newest, _)| *newest == event)
+            {
+                self.standalone.remove(&sid);
             }
         }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.saves.clear();
+        self.profile = None;
+        self.deletes.clear();
+        self.standalone.clear();
     }
 
     fn degrade(&mut self, error: &mcp_persist_core::Error) {
         warn!(server = %self.key, error = %error, "client state store failed; continuing with in-memory state only");
         self.health.degrade(format!("the store failed: {error}"));
-        self.entries.clear();
-        self.standalone.clear();
+        self.clear();
         debug!("journal cleared after store failure");
     }
 }

@@ -33,9 +33,18 @@
 //!   [`RecoveredTask::collect_with`]), or reported as lost with method and
 //!   params. Nothing is sent again without the application deciding so. A
 //!   request stays listed until its answer is collected or it is
-//!   [dismissed](ClientHandle::dismiss); a server that forgot the session
-//!   gives [`RecoveryError::SessionGone`], whatever error shape rmcp's HTTP
-//!   client used for its 404.
+//!   [dismissed](ClientHandle::dismiss), across any number of restarts and
+//!   404s: a server that forgot the session gives
+//!   [`RecoveryError::SessionGone`] when collecting (whatever error shape
+//!   rmcp's HTTP client used for its 404), and from then on, in this
+//!   process and the next ones, the request is [`Recovery::Lost`] with
+//!   [`LostReason::SessionGone`], as are those of a session the application
+//!   ended.
+//! * **An answered call does not come back.** The mark that a request was
+//!   answered is committed after rmcp has handed the answer on (see the
+//!   window below), and at the latest when the client is dropped: a
+//!   process that returns from `main` normally, without calling
+//!   [`ClientHandle::flush`], never sees an answered call listed again.
 //! * **Progress tokens never repeat within a session.** rmcp numbers them
 //!   from 0 in every process too; the decorator sends each request's wire
 //!   id as its token and gives progress back with the application's own
@@ -49,12 +58,32 @@
 //!   sends it as `Last-Event-ID`, so the server replays what it sent while no
 //!   process listened. A server that refuses it (events expired, or none
 //!   kept) gets a fresh GET. Messages that arrived within the journal's
-//!   coalescing window before a crash may arrive again.
-//! * **No stall.** Journal and cursor writes go to a background writer that
-//!   coalesces them: a request answered within the coalescing window
-//!   ([`DurableClientBuilder::journal_delay`], 10 ms by default) is never
-//!   written at all. The price: a crash within that window after a request
-//!   was sent loses its journal entry.
+//!   window before a crash may arrive again.
+//! * **No stall, and a measured window.** Store writes go to a writer on a
+//!   thread of its own, which commits each change
+//!   [`journal_delay`](DurableClientBuilder::journal_delay) (10 ms by
+//!   default) after it was made: a request answered within that window is
+//!   never written, nor its answer deleted, so short calls cost no store
+//!   write at all. Dropping the last [`ClientHandle`] commits whatever is
+//!   pending at once and waits for it (at most 5 seconds); dropping the
+//!   transport does the same for what came after. A `main` that returns
+//!   drops its handle while the runtime still runs, so a runtime that shuts
+//!   down cuts nothing. What a crash (SIGKILL, a power cut,
+//!   `std::process::exit`) can cut is that window, exactly:
+//!   - a request sent less than `journal_delay` before is not listed after
+//!     the restart (the server may have run it);
+//!   - an answer that reached the client less than `journal_delay`, plus
+//!     one store write, before is listed again and can be collected a
+//!     second time: answers are delivered at least once, never lost. Only
+//!     requests in flight longer than `journal_delay` can come back this
+//!     way. `cargo xtask bench client` measures the window on SQLite.
+//!
+//!   A store whose connection is driven by the application's runtime
+//!   (Redis) cannot take writes once that runtime has stopped, nor while a
+//!   current-thread runtime's one thread waits: with such a store on a
+//!   current-thread runtime, or when the handle is dropped before the
+//!   transport's last answer, call [`ClientHandle::flush`] before
+//!   returning from `main`.
 //! * **The session outlives the process.** Dropping or closing the rmcp
 //!   client sends no `DELETE`; [`ClientHandle::end_session`] does.
 //! * **A lost session is said so.** On a 404 for the stored session the
@@ -135,8 +164,8 @@ pub use self::{
     decorator::DurableHttpClient,
     handle::ClientHandle,
     recovery::{
-        RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError, ResumedRequest,
-        TaskOutcome,
+        LostReason, RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError,
+        ResumedRequest, TaskOutcome,
     },
     report::{ClientError, ClientNotice, StartKind},
 };

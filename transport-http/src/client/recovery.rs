@@ -74,17 +74,58 @@ pub enum Recovery {
     /// whose id was journaled: its result is collected by polling
     /// `tasks/get` (see [`RecoveredTask::collect`]).
     Task(RecoveredTask),
-    /// Nothing to resume it from: the server may or may not have run it.
-    /// Its method and params are here for the application to decide
-    /// whether to send it again; then call [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss).
+    /// Its answer cannot be collected; `reason` says why. The server may
+    /// or may not have run it. Its method and params are here for the
+    /// application to decide whether to send it again; it stays listed,
+    /// across restarts, until the application calls
+    /// [`ClientHandle::dismiss`](super::handle::ClientHandle::dismiss).
+    #[non_exhaustive]
     Lost {
         /// The request as journaled.
         request: InFlightRequest,
+        /// Why its answer cannot be had.
+        reason: LostReason,
     },
+}
+
+/// Why the answer to an interrupted request cannot be collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// No stream cursor or task id was journaled for it: the process
+    /// stopped before the server's first event on its stream reached the
+    /// store, so there is nothing to resume from.
+    NoCursor,
+    /// The session it was sent in is gone: the server no longer knows it
+    /// (it answered 404, here or in an earlier process), or the application
+    /// ended it. Whatever the server kept for it is gone with it.
+    SessionGone,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::NoCursor => "nothing to resume it from",
+            LostReason::SessionGone => "the session it was sent in is gone",
+        })
+    }
 }
 
 impl Recovery {
     pub(crate) fn new(context: Recoverer, session: SessionId, request: InFlightRequest) -> Self {
+        // Only the session in use can be resumed in; a server without
+        // sessions keeps its tasks under a pseudo session.
+        let in_use = context
+            .shared
+            .session()
+            .current()
+            .is_some_and(|(current, _)| current == session);
+        if !in_use && session != sessionless() {
+            return Recovery::Lost {
+                request,
+                reason: LostReason::SessionGone,
+            };
+        }
         if let Some(task_id) = request.task_id.clone() {
             return Recovery::Task(RecoveredTask {
                 context,
@@ -104,7 +145,10 @@ impl Recovery {
                 done: false,
                 deliver: false,
             }),
-            None => Recovery::Lost { request },
+            None => Recovery::Lost {
+                request,
+                reason: LostReason::NoCursor,
+            },
         }
     }
 
@@ -113,7 +157,7 @@ impl Recovery {
         match self {
             Recovery::Resumable(r) => &r.request,
             Recovery::Task(t) => &t.request,
-            Recovery::Lost { request } => request,
+            Recovery::Lost { request, .. } => request,
         }
     }
 }

@@ -21,7 +21,7 @@ use rmcp::{
 };
 use tracing::{debug, warn};
 
-use super::session_store::REQUEST_PRINCIPAL;
+use super::session_store::{DELETE_OUTCOME, DeleteOutcome, Deleted, REQUEST_PRINCIPAL};
 
 /// Sessions whose binding is cached per instance before the cache is reset.
 const BINDING_CACHE_LIMIT: usize = 16_384;
@@ -85,12 +85,19 @@ struct Shared {
 ///    answer an unknown id gets, byte for byte, on every instance: a session
 ///    id cannot be probed for existence.
 /// 4. A `GET` carrying `Last-Event-ID` in a session it may use (or in none)
-///    is checked against the event log: a malformed id, or one naming a
-///    stream of another session (or of no session), is answered `400`; one whose stream or events have expired
-///    `410 Gone`, each with a plain-text body saying which. Never an empty
-///    `200` stream that sends the client polling forever. The id `0` that
-///    rmcp primes a standalone stream with names no event: it starts the
+///    is checked against the event log: a malformed id is answered `400`; an
+///    id whose stream this request may not resume (expired, never existed,
+///    forged, or recorded in another session or in none) `410 Gone`, the
+///    same bytes whichever it is, so a stream id cannot be probed for
+///    existence either; one whose events have expired or were lost `410
+///    Gone` saying so. Each has a plain-text body. Never an empty `200`
+///    stream that sends the client polling forever. The id `0` that rmcp
+///    primes a standalone stream with names no event: it starts the
 ///    standalone stream afresh.
+/// 5. A `DELETE` of a session answers `204 No Content` when it ended a live
+///    session, and rmcp's `404 Not Found` (the answer every other method
+///    gets for an unknown id) when there was none to end, another
+///    principal's included.
 ///
 /// Place it directly around rmcp's service (no layer that spawns the request
 /// onto another task in between), so the principal reaches the store.
@@ -204,6 +211,18 @@ impl Refusal {
         );
         response
     }
+}
+
+/// rmcp's answer to a request naming a session it does not hold, byte for
+/// byte (status, no content type, body).
+fn session_not_found<E: 'static>() -> Response<BoxBody<Bytes, E>> {
+    let mut response = Response::new(
+        Full::new(Bytes::from_static(b"Not Found: Session not found"))
+            .map_err(|never: Infallible| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
 }
 
 /// Whether the request claims a revision without sessions, classified as
@@ -326,6 +345,11 @@ impl Shared {
     }
 }
 
+/// The answer to a `Last-Event-ID` whose stream this request may not resume:
+/// expired, never existed, forged, or another session's (the last one is not
+/// told apart from the others, so an id cannot be probed for existence).
+const UNKNOWN_STREAM: &str = "Gone: the event stream of this Last-Event-ID has expired or never existed; it cannot be resumed";
+
 async fn check_last_event_id(
     events: &mcp_persist_core::EventLog,
     last: &str,
@@ -340,10 +364,12 @@ async fn check_last_event_id(
     match events.check(last, session).await {
         Ok(_) => Ok(()),
         Err(Error::InvalidInput { .. }) => {
-            warn!("refused a Last-Event-ID naming a stream of another session");
-            Err(Refusal::BadRequest(
-                "Bad Request: Last-Event-ID names an event stream of another session".into(),
-            ))
+            // Answered exactly as a stream nobody has: telling the two apart
+            // would confirm that the id names a live stream of someone else.
+            warn!(
+                "refused a Last-Event-ID naming a stream of another session (answered as unknown)"
+            );
+            Err(Refusal::Gone(UNKNOWN_STREAM.into()))
         }
         Err(Error::NotFound {
             what: "events",
@@ -359,9 +385,7 @@ async fn check_last_event_id(
         }
         Err(Error::NotFound { .. }) => {
             debug!("refused a Last-Event-ID of an unknown or expired stream");
-            Err(Refusal::Gone(
-                "Gone: the event stream of this Last-Event-ID has expired or never existed; it cannot be resumed".into(),
-            ))
+            Err(Refusal::Gone(UNKNOWN_STREAM.into()))
         }
         Err(e) => {
             warn!(error = %e, "event store failed while checking a Last-Event-ID");
@@ -400,16 +424,32 @@ where
                 return Ok(refusal.into_response());
             }
             let request = Request::from_parts(parts, body);
-            let mut response = REQUEST_PRINCIPAL
-                .scope(principal, inner.call(request))
-                .await?;
-            // rmcp answers a session DELETE with 202 Accepted; some official
-            // SDKs (Python) accept only 200 or 204 and log every other status
-            // as a failed termination. The session is gone when the answer
-            // is written, so 204 No Content says it plainly. Unknown and
-            // foreign ids get the same answer, as before.
-            if delete && response.status() == http::StatusCode::ACCEPTED {
-                *response.status_mut() = http::StatusCode::NO_CONTENT;
+            let call = REQUEST_PRINCIPAL.scope(principal, inner.call(request));
+            if !delete {
+                return Ok(call.await?.map(|body| body.boxed()));
+            }
+            let outcome = Arc::new(DeleteOutcome::default());
+            let mut response = DELETE_OUTCOME.scope(outcome.clone(), call).await?;
+            if response.status() != http::StatusCode::ACCEPTED {
+                return Ok(response.map(|body| body.boxed()));
+            }
+            // rmcp answers every session DELETE with 202 Accepted, whether or
+            // not there was a session to end.
+            match outcome.get() {
+                // Some official SDKs (Python) accept only 200 or 204 and log
+                // every other status as a failed termination. The session is
+                // gone when the answer is written: 204 says it plainly.
+                Some(Deleted::Ended) => *response.status_mut() = http::StatusCode::NO_CONTENT,
+                // The spec's answer for an id with no session. A foreign id
+                // reaches here as a stand-in nobody holds: the same bytes.
+                Some(Deleted::Absent) => {
+                    debug!("DELETE of no live session: 404");
+                    return Ok(session_not_found());
+                }
+                Some(Deleted::Failed) => return Ok(Refusal::Unavailable.into_response()),
+                // rmcp's session store is not ours: what it deleted is
+                // unknown, and the session is gone either way.
+                None => *response.status_mut() = http::StatusCode::NO_CONTENT,
             }
             Ok(response.map(|body| body.boxed()))
         })

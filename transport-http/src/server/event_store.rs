@@ -208,7 +208,7 @@ async fn pump(
         _ => None,
     };
     let slice_limit = match &watch {
-        Some((life, _, _)) => TAIL_SLICE.min(life.grace() / 2),
+        Some((life, _, _)) => TAIL_SLICE.min(life.check_every()),
         None => TAIL_SLICE,
     };
     loop {

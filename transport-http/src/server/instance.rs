@@ -10,10 +10,12 @@ use std::{
 
 use mcp_persist_core::{InstanceLeases, Liveness, OwnLease, Result, Stores};
 use tokio::sync::{OnceCell, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-/// One instance's id and lease. Registered on first use and renewed in the
-/// background while any clone of the server is alive.
+/// One instance's id and lease. Registered on first use (or at build, in a
+/// runtime) and kept alive in the background while any clone of the server
+/// is alive: heartbeats every [`check_every`](Self::check_every), the lease
+/// record every third of the grace period.
 pub(crate) struct InstanceLife {
     id: String,
     leases: InstanceLeases,
@@ -48,16 +50,50 @@ impl InstanceLife {
         self.leases.grace()
     }
 
-    /// Registers the lease and starts renewing it, once.
+    /// How often a watcher of another instance's work should ask whether it
+    /// still runs: every heartbeat, or every half grace period without
+    /// heartbeats.
+    pub(crate) fn check_every(&self) -> Duration {
+        self.leases
+            .heartbeat_every()
+            .unwrap_or(self.leases.grace() / 2)
+    }
+
+    /// Registers the lease and starts keeping it alive, once.
     pub(crate) async fn ensure_started(self: &Arc<Self>) -> Result<()> {
         self.started
             .get_or_try_init(|| async {
                 let lease = self.leases.register_as(self.id.clone()).await?;
+                if let Some(every) = self.leases.heartbeat_every() {
+                    tokio::spawn(beat(
+                        Arc::downgrade(self),
+                        lease.clone(),
+                        every,
+                        self.stop.subscribe(),
+                    ));
+                }
                 tokio::spawn(renew(Arc::downgrade(self), lease, self.stop.subscribe()));
                 Ok::<(), mcp_persist_core::Error>(())
             })
             .await?;
         Ok(())
+    }
+
+    /// [`ensure_started`](Self::ensure_started) in the background, when
+    /// called inside a Tokio runtime (otherwise at first use).
+    pub(crate) fn start_in_background(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let life = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let Some(life) = life.upgrade() else {
+                return;
+            };
+            if let Err(e) = life.ensure_started().await {
+                warn!(instance = %life.id, error = %e, "could not register this instance's liveness lease; retrying at the next request");
+            }
+        });
     }
 
     /// Whether instance `other` is alive, as this instance observes it.
@@ -72,6 +108,44 @@ impl InstanceLife {
     /// stopped at once.
     pub(crate) fn stop(&self) {
         let _ = self.stop.send(true);
+    }
+}
+
+/// Appends a heartbeat every `every`, on a fixed rate: a heartbeat that
+/// took long (a stalled store) is followed at once by the next, so the gap
+/// between two committed heartbeats is the stall, not the stall plus a
+/// period.
+async fn beat(
+    life: Weak<InstanceLife>,
+    lease: OwnLease,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate; registering appended a heartbeat.
+    ticks.tick().await;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let Some(life) = life.upgrade() else {
+            return;
+        };
+        match life.leases.heartbeat(&lease).await {
+            Ok(()) if failing => {
+                failing = false;
+                info!(instance = %life.id, "heartbeats are committed again");
+            }
+            Ok(()) => {}
+            Err(e) if !failing => {
+                failing = true;
+                warn!(instance = %life.id, error = %e, "appending a heartbeat failed; other instances call this one stopped once that lasts the grace period");
+            }
+            Err(e) => debug!(instance = %life.id, error = %e, "appending a heartbeat failed again"),
+        }
     }
 }
 

@@ -15,6 +15,39 @@ tokio::task_local! {
     /// that the session created by an `initialize` is bound to it in the same
     /// write that stores it.
     pub(crate) static REQUEST_PRINCIPAL: Option<String>;
+
+    /// Where the `DELETE` being served records what its store delete found,
+    /// set by [`SessionBinding`](super::SessionBinding) so that it can answer
+    /// an unknown session `404` (rmcp answers every `DELETE` alike).
+    pub(crate) static DELETE_OUTCOME: std::sync::Arc<DeleteOutcome>;
+}
+
+/// What a session `DELETE` found in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deleted {
+    /// A live session was ended.
+    Ended,
+    /// There was no live session under the id (unknown, expired, already
+    /// ended, or not a valid id).
+    Absent,
+    /// The store failed: whether the session ended is unknown.
+    Failed,
+}
+
+/// The outcome slot of one `DELETE` (see [`DELETE_OUTCOME`]).
+#[derive(Debug, Default)]
+pub(crate) struct DeleteOutcome(std::sync::Mutex<Option<Deleted>>);
+
+impl DeleteOutcome {
+    pub(crate) fn get(&self) -> Option<Deleted> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(outcome: Deleted) {
+        let _ = DELETE_OUTCOME.try_with(|slot| {
+            *slot.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        });
+    }
 }
 
 /// Sessions of an rmcp Streamable HTTP server, kept in a backend shared by
@@ -98,10 +131,24 @@ impl RmcpSessionStore for DurableSessionStore {
 
     async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
         let Ok(id) = SessionId::new(session_id) else {
+            DeleteOutcome::record(Deleted::Absent);
             return Ok(());
         };
-        self.sessions.delete(&id).await?;
-        debug!(session = %id, "deleted session");
-        Ok(())
+        match self.sessions.delete(&id).await {
+            Ok(true) => {
+                DeleteOutcome::record(Deleted::Ended);
+                debug!(session = %id, "deleted session");
+                Ok(())
+            }
+            Ok(false) => {
+                DeleteOutcome::record(Deleted::Absent);
+                debug!("no live session to delete under this id");
+                Ok(())
+            }
+            Err(e) => {
+                DeleteOutcome::record(Deleted::Failed);
+                Err(Box::new(e))
+            }
+        }
     }
 }

@@ -674,8 +674,7 @@ impl Runtime {
                     return Ok(false);
                 }
                 if takeover {
-                    task.owner = TaskOwner::new(me.clone(), old.generation + 1, lease_expires_at);
-                    task.runs = task.runs.saturating_add(1);
+                    task.take_over(me.clone(), lease_expires_at)?;
                 } else {
                     task.fail(serde_json::json!({
                         "code": -32603,

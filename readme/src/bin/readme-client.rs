@@ -1,0 +1,4 @@
+//! The client of `mcp-persist`'s README, as a user pastes it: the code below
+//! is the README's, extracted by the build script.
+
+include!(concat!(env!("OUT_DIR"), "/client.rs"));
