@@ -21,6 +21,7 @@
 //! | `file` | no | [`file`]: the crash-safe directory backend, no server needed |
 //! | `redis` | no | [`redis`]: Redis and Redis Cluster, for fleets of instances |
 //! | `vault` | no | [`vault`]: AWS Secrets Manager, for credentials |
+//! | `postgres` | no | [`postgres`]: Postgres, for fleets of instances (TLS through rustls) |
 //! | `client` | no | [`client`]: the durable rmcp Streamable HTTP client, and [`rmcp`] |
 //! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts (turns `client` on) |
@@ -39,6 +40,10 @@
 #![cfg_attr(feature = "file", doc = "\n\n[`file`]: mod@file")]
 #![cfg_attr(not(feature = "redis"), doc = "\n\n[`redis`]: crate#crate-features")]
 #![cfg_attr(not(feature = "vault"), doc = "\n\n[`vault`]: crate#crate-features")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "\n\n[`postgres`]: crate#crate-features"
+)]
 #![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#crate-features")]
 #![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#crate-features")]
 #![cfg_attr(not(feature = "auth"), doc = "\n\n[`auth`]: crate#crate-features")]
@@ -73,6 +78,8 @@ pub fn backends() -> Registry {
     let registry = registry.with(mcp_persist_store_redis::RedisOpener);
     #[cfg(feature = "vault")]
     let registry = registry.with(mcp_persist_store_vault::SecretsManagerOpener);
+    #[cfg(feature = "postgres")]
+    let registry = registry.with(mcp_persist_store_postgres::PostgresOpener);
     registry
 }
 
@@ -126,6 +133,14 @@ pub mod redis {
 pub mod vault {
     #[doc(inline)]
     pub use mcp_persist_store_vault::*;
+}
+
+/// The Postgres backend, with a LISTEN/NOTIFY bus (`mcp-persist-store-postgres`).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    #[doc(inline)]
+    pub use mcp_persist_store_postgres::*;
 }
 
 /// The durable rmcp Streamable HTTP client (`mcp-persist-transport-http`'s
