@@ -14,7 +14,7 @@ use mcp_persist_core::{
     Version,
     backend::DEFAULT_MAX_VALUE_BYTES,
     kit::{self, check_value},
-    registry::{OpenMode, redact},
+    registry::OpenMode,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{Config, config::Host};
@@ -167,11 +167,31 @@ impl fmt::Debug for PostgresStoreBuilder {
     }
 }
 
+/// A URL as shown in messages: rebuilt from its parsed parts with the
+/// password masked, or not at all when it does not parse as a URL with a
+/// host (a password could then sit anywhere in it).
+fn shown(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.has_host() => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("****"));
+            }
+            format!("`{parsed}`")
+        }
+        _ => "the URL (not shown: it is malformed, and may hold a password)".to_owned(),
+    }
+}
+
 /// Splits `?schema=` off a URL, leaving what tokio-postgres understands.
 fn parse_url(url: &str) -> Result<(Config, Option<String>)> {
-    let shown = redact(url);
-    let usage = |why: String| Error::invalid("Postgres URL", format!("`{shown}`: {why}"));
+    let shown = shown(url);
+    let usage = |why: String| Error::invalid("Postgres URL", format!("{shown}: {why}"));
     let mut parsed = url::Url::parse(url).map_err(|e| usage(format!("not a valid URL ({e})")))?;
+    if !parsed.has_host() {
+        return Err(usage(
+            "it names no host; write postgres://USER:PASSWORD@HOST:PORT/DATABASE".into(),
+        ));
+    }
     if !matches!(parsed.scheme(), "postgres" | "postgresql") {
         return Err(usage(
             "write postgres://USER:PASSWORD@HOST:PORT/DATABASE".into(),
