@@ -19,6 +19,9 @@ use std::{
 use mcp_persist_core::{Error, Key, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_postgres::PostgresStore;
 
+/// Per log: the acknowledged (sequence number, record) pairs.
+type Acked = BTreeMap<u64, Vec<(u64, Vec<u8>)>>;
+
 const APPENDERS: u64 = 64;
 const LOGS: u64 = 8;
 
@@ -56,7 +59,7 @@ async fn immediate_stop_loses_no_acknowledged_write() {
         .await
         .expect("wait");
 
-    let acked: Arc<Mutex<BTreeMap<u64, Vec<(u64, Vec<u8>)>>>> = Arc::default();
+    let acked: Arc<Mutex<Acked>> = Arc::default();
     let errors = Arc::new(AtomicU64::new(0));
     let restarted = Arc::new(AtomicBool::new(false));
     let recovered = Arc::new(AtomicU64::new(0));
@@ -78,7 +81,7 @@ async fn immediate_stop_loses_no_acknowledged_write() {
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
                 let data = format!("{t}:{n}").into_bytes();
-                let result = if n % 2 == 0 {
+                let result = if n.is_multiple_of(2) {
                     store.append(&log, vec![data.clone()], None).await
                 } else {
                     store.append_unsynced(&log, vec![data.clone()], None).await
@@ -87,7 +90,7 @@ async fn immediate_stop_loses_no_acknowledged_write() {
                     Ok(seqs) => {
                         // An unsynced append is kept through a crash of the
                         // writer, not of the server: only synced ones count.
-                        if n % 2 == 0 {
+                        if n.is_multiple_of(2) {
                             acked
                                 .lock()
                                 .expect("lock")
