@@ -42,8 +42,11 @@
 //! * **TTL by the server's clock.** Expiry instants are `timestamptz`
 //!   columns computed and compared with the server's `clock_timestamp()`,
 //!   so every instance agrees whatever its own clock says; an expired row is
-//!   never returned, and [`sweep_expired`](mcp_persist_core::Backend::sweep_expired)
-//!   reclaims what expired more than [`SWEEP_MARGIN`] ago.
+//!   never returned, and a sweep (every 10 minutes in the background, see
+//!   [`PostgresStoreBuilder::sweep_interval`], or
+//!   [`sweep_expired`](mcp_persist_core::Backend::sweep_expired)) reclaims
+//!   what expired more than [`SWEEP_MARGIN`] ago, so that a forward step of
+//!   the server's clock shorter than that hides rows without deleting them.
 //! * **A versioned schema.** The store's tables and functions live in one
 //!   schema (default [`DEFAULT_SCHEMA`]; `?schema=NAME` or
 //!   [`PostgresStoreBuilder::schema`], so that several applications share a

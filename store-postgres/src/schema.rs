@@ -440,3 +440,41 @@ async fn migrate(
     tx.commit().await.map_err(map)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names() {
+        for good in ["mcp_persist", "app1", "_x", &"a".repeat(48)] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "App",
+            "1a",
+            "a-b",
+            "a b",
+            "pg_catalog",
+            "é",
+            &"a".repeat(49),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_are_stable_and_distinct() {
+        let a = Names::new("app1");
+        assert_eq!(a.lock_class, Names::new("app1").lock_class);
+        assert_ne!(a.lock_class, Names::new("app2").lock_class);
+        assert_eq!(a.sql("SELECT {s}.kv_put()"), "SELECT \"app1\".kv_put()");
+        assert!(a.channel.len() <= 63);
+        // Every migration names only its own schema's objects.
+        for step in MIGRATIONS {
+            let sql = a.sql(step);
+            assert!(!sql.contains("{s}") && !sql.contains("{lock}") && !sql.contains("{channel}"));
+        }
+    }
+}

@@ -147,6 +147,7 @@ pub struct PostgresStoreBuilder {
     connect_timeout: Duration,
     operation_timeout: Duration,
     poll_interval: Duration,
+    sweep_interval: Option<Duration>,
     mode: OpenMode,
     #[cfg(feature = "rustls")]
     tls: Option<rustls::ClientConfig>,
@@ -162,6 +163,7 @@ impl fmt::Debug for PostgresStoreBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("operation_timeout", &self.operation_timeout)
             .field("poll_interval", &self.poll_interval)
+            .field("sweep_interval", &self.sweep_interval)
             .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
@@ -392,6 +394,7 @@ impl PostgresStoreBuilder {
             connect_timeout: Duration::from_secs(5),
             operation_timeout: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
+            sweep_interval: Some(Duration::from_secs(600)),
             mode: OpenMode::Create,
             #[cfg(feature = "rustls")]
             tls: None,
@@ -433,6 +436,16 @@ impl PostgresStoreBuilder {
     /// (default 500 ms): what a lost notification can delay it by.
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll_interval = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How often the store deletes, in the background, the records and
+    /// logs that expired more than [`SWEEP_MARGIN`](kit::SWEEP_MARGIN) ago
+    /// (default every 10 minutes; `None` leaves it to explicit
+    /// [`sweep_expired`](Backend::sweep_expired) calls). Expired state is
+    /// never returned either way: this only reclaims its space.
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every.map(|e| e.max(Duration::from_secs(1)));
         self
     }
 
@@ -523,7 +536,7 @@ impl PostgresStoreBuilder {
         }
         .spawn();
         let listener = Listener::new(config, tls, names.channel.clone());
-        Ok(PostgresStore {
+        let store = PostgresStore {
             inner: Arc::new(Inner {
                 sql: Sql::new(&names),
                 pool,
@@ -535,8 +548,32 @@ impl PostgresStoreBuilder {
                 counters,
                 listener,
             }),
-        })
+        };
+        if let Some(every) = self.sweep_interval {
+            spawn_sweeper(Arc::downgrade(&store.inner), every);
+        }
+        Ok(store)
     }
+}
+
+/// Sweeps every `every` while the store lives.
+fn spawn_sweeper(inner: std::sync::Weak<Inner>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let store = PostgresStore { inner };
+            match store.sweep_expired().await {
+                Ok(0) => {}
+                Ok(removed) => tracing::debug!(removed, "postgres sweep removed expired state"),
+                Err(e) => tracing::debug!(error = %e, "postgres sweep failed; next time"),
+            }
+        }
+    });
 }
 
 fn target_of(config: &Config, schema: &str) -> Target {
@@ -815,5 +852,46 @@ impl LogStore for PostgresStore {
         )
         .await
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_never_hold_the_password() {
+        let text = shown("postgres://app:s3cret@db:5432/app?schema=x");
+        assert!(text.contains("app:****@db:5432"), "{text}");
+        assert!(!text.contains("s3cret"));
+        for malformed in [
+            "postgres:/app:s3cret@db/app",
+            "app:s3cret@db",
+            "postgres://app:s3cret@",
+        ] {
+            assert!(!shown(malformed).contains("s3cret"), "{malformed}");
+        }
+    }
+
+    #[test]
+    fn the_schema_option_is_split_off() {
+        let (config, schema) =
+            parse_url("postgresql://app:pw@db:6543/data?schema=app1&sslmode=disable")
+                .expect("parses");
+        assert_eq!(schema.as_deref(), Some("app1"));
+        assert_eq!(config.get_dbname(), Some("data"));
+        assert_eq!(config.get_ports(), &[6543]);
+        assert!(!format!("{config:?}").contains("pw\""));
+        let err = parse_url("postgres://app:pw@db/data?bogus=1").expect_err("unknown option");
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+        assert!(!err.to_string().contains(":pw@"), "{err}");
+        assert!(parse_url("redis://db/0").is_err());
+    }
+
+    #[test]
+    fn ttls_round_up_and_stay_in_range() {
+        assert_eq!(ttl_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(ttl_ms(Duration::from_micros(1_500)), 2);
+        assert_eq!(ttl_ms(Duration::MAX), MAX_TTL_MS as i64);
     }
 }
