@@ -86,11 +86,27 @@ pub struct OwnServer {
     dir: PathBuf,
     pub port: u16,
     run_as: Option<(u32, u32)>,
+    tls: bool,
 }
 
 impl OwnServer {
     /// Creates the cluster (user `postgres`, trust on loopback) and starts it.
     pub fn start() -> OwnServer {
+        Self::start_with(false)
+    }
+
+    /// The same, serving TLS with a certificate of its own for `localhost`
+    /// and 127.0.0.1 (see [`OwnServer::certificate`]).
+    pub fn start_tls() -> OwnServer {
+        Self::start_with(true)
+    }
+
+    /// The PEM of the CA that signed the certificate a TLS server presents.
+    pub fn certificate(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    fn start_with(tls: bool) -> OwnServer {
         let bin = PathBuf::from(var(BIN_VAR));
         let run_as = run_as();
         let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -109,7 +125,77 @@ impl OwnServer {
             dir,
             port,
             run_as,
+            tls,
         };
+        if tls {
+            // A CA of this test's own, and the server's certificate signed by it.
+            let openssl = |args: &[&str]| {
+                let status = Command::new("openssl")
+                    .args(args)
+                    .current_dir(&server.dir)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .expect("run openssl");
+                assert!(status.success(), "openssl {args:?} failed: {status}");
+            };
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=mcp-persist test CA",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+            ]);
+            openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ]);
+            fs::write(
+                server.dir.join("server.ext"),
+                "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+            )
+            .expect("extensions");
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.crt",
+            ]);
+            for file in ["server.key", "server.crt"] {
+                let path = server.dir.join(file);
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod");
+                if let Some((uid, gid)) = run_as {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+                }
+            }
+        }
         let status = server
             .command("initdb")
             .arg("-D")
@@ -138,11 +224,17 @@ impl OwnServer {
 
     /// Starts the server and waits until it accepts connections.
     pub fn up(&self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=200",
             self.port,
             self.dir.display()
         );
+        if self.tls {
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key",
+                self.dir.display()
+            ));
+        }
         let status = self
             .command("pg_ctl")
             .arg("start")
