@@ -12,8 +12,9 @@
 //!   committing its own statement, and against every one of those records
 //!   appended in one batched transaction (one statement): the ceiling.
 //!
-//! Every measurement runs several rounds interleaved with its baseline, and
-//! the best of each is reported. append and put must reach 80% of the raw
+//! Every measurement runs several rounds, and the best of each is reported;
+//! within a one-task round the store and the raw client alternate in short
+//! slices, so that both meet the same disk (fsync times drift). append and put must reach 80% of the raw
 //! client, else the program fails.
 //!
 //! Needs `MCP_PERSIST_POSTGRES_URL` (`cargo xtask bench postgres` starts a
@@ -39,6 +40,8 @@ const TASKS: usize = 64;
 const PER_TASK: usize = 150;
 const RAW_CONNECTIONS: usize = 16;
 const ROUNDS: usize = 5;
+/// Slices of each one-task round, store and raw client alternating.
+const SLICES: usize = 20;
 const FLOOR: f64 = 0.80;
 
 fn key(text: &str) -> Key {
@@ -60,6 +63,10 @@ struct Bench {
     schema: String,
     store: PostgresStore,
     record: Vec<u8>,
+    /// One raw connection for the one-task baselines, and its statements.
+    raw: Client,
+    raw_append: tokio_postgres::Statement,
+    raw_put: tokio_postgres::Statement,
 }
 
 impl Bench {
@@ -67,63 +74,71 @@ impl Bench {
         format!("SELECT \"{}\".append($1, $2, $3, $4, $5)", self.schema)
     }
 
-    async fn store_append(&self, round: usize) -> Result<f64> {
+    async fn store_append(&self, round: usize, ops: usize) -> Result<Duration> {
         let log = key(&format!("seq-store-{round}"));
         let started = Instant::now();
-        for _ in 0..SEQUENTIAL_OPS {
+        for _ in 0..ops {
             self.store
                 .append(&log, vec![self.record.clone()], None)
                 .await?;
         }
-        Ok(rate(SEQUENTIAL_OPS, started.elapsed()))
+        Ok(started.elapsed())
     }
 
-    async fn raw_append(&self, round: usize) -> Result<f64> {
-        let client = raw_client(&self.url).await?;
-        let stmt = client.prepare(&self.append_sql()).await?;
+    async fn raw_append(&self, round: usize, ops: usize) -> Result<Duration> {
         let name = format!("seq-raw-{round}");
         let started = Instant::now();
-        for _ in 0..SEQUENTIAL_OPS {
+        for _ in 0..ops {
             let names = vec![name.as_str()];
             let datas = vec![self.record.as_slice()];
             let ttls: Vec<Option<i64>> = vec![None];
-            client
-                .query_one(&stmt, &[&names, &vec![1i32], &datas, &ttls, &true])
+            self.raw
+                .query_one(
+                    &self.raw_append,
+                    &[&names, &vec![1i32], &datas, &ttls, &true],
+                )
                 .await?;
         }
-        Ok(rate(SEQUENTIAL_OPS, started.elapsed()))
+        Ok(started.elapsed())
     }
 
-    async fn store_put(&self, round: usize) -> Result<f64> {
+    async fn store_put(&self, round: usize, ops: usize) -> Result<Duration> {
         let k = key(&format!("put-store-{round}"));
         let started = Instant::now();
-        for _ in 0..SEQUENTIAL_OPS {
+        for _ in 0..ops {
             self.store
                 .put(&k, self.record.clone(), PutOptions::default())
                 .await?;
         }
-        Ok(rate(SEQUENTIAL_OPS, started.elapsed()))
+        Ok(started.elapsed())
     }
 
-    async fn raw_put(&self, round: usize) -> Result<f64> {
-        let client = raw_client(&self.url).await?;
-        let stmt = client
-            .prepare(&format!(
-                "SELECT \"{}\".kv_put($1, $2, $3, $4, $5)",
-                self.schema
-            ))
-            .await?;
+    async fn raw_put(&self, round: usize, ops: usize) -> Result<Duration> {
         let k = format!("put-raw-{round}");
         let started = Instant::now();
-        for _ in 0..SEQUENTIAL_OPS {
-            client
+        for _ in 0..ops {
+            self.raw
                 .query_one(
-                    &stmt,
+                    &self.raw_put,
                     &[&k, &self.record, &0i32, &None::<i64>, &None::<i64>],
                 )
                 .await?;
         }
-        Ok(rate(SEQUENTIAL_OPS, started.elapsed()))
+        Ok(started.elapsed())
+    }
+
+    /// The store and the raw client in alternating slices of one round, so
+    /// that both meet the same disk: fsync times drift over seconds.
+    async fn one_task(&self, round: usize) -> Result<[f64; 4]> {
+        let slice = SEQUENTIAL_OPS / SLICES;
+        let mut took = [Duration::ZERO; 4];
+        for _ in 0..SLICES {
+            took[0] += self.store_append(round, slice).await?;
+            took[1] += self.raw_append(round, slice).await?;
+            took[2] += self.store_put(round, slice).await?;
+            took[3] += self.raw_put(round, slice).await?;
+        }
+        Ok(took.map(|t| rate(slice * SLICES, t)))
     }
 
     async fn store_concurrent(&self, round: usize) -> Result<(f64, f64)> {
@@ -217,19 +232,30 @@ fn main() -> Result<()> {
             .operation_timeout(Duration::from_secs(30))
             .connect()
             .await?;
+        let raw = raw_client(&url).await?;
+        let raw_append = raw
+            .prepare(&format!("SELECT \"{schema}\".append($1, $2, $3, $4, $5)"))
+            .await?;
+        let raw_put = raw
+            .prepare(&format!("SELECT \"{schema}\".kv_put($1, $2, $3, $4, $5)"))
+            .await?;
         let bench = Bench {
             url: url.clone(),
             schema: schema.clone(),
             store,
             record: (0..RECORD_BYTES).map(|i| (i * 7 % 251) as u8).collect(),
+            raw,
+            raw_append,
+            raw_put,
         };
         let (mut sa, mut ra, mut sp, mut rp) = (vec![], vec![], vec![], vec![]);
         let (mut sc, mut groups, mut rc, mut one) = (vec![], vec![], vec![], vec![]);
         for round in 0..ROUNDS {
-            ra.push(bench.raw_append(round).await?);
-            sa.push(bench.store_append(round).await?);
-            rp.push(bench.raw_put(round).await?);
-            sp.push(bench.store_put(round).await?);
+            let [a, b, c, d] = bench.one_task(round).await?;
+            sa.push(a);
+            ra.push(b);
+            sp.push(c);
+            rp.push(d);
             let (rate, group) = bench.store_concurrent(round).await?;
             sc.push(rate);
             groups.push(group);

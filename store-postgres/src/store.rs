@@ -16,7 +16,7 @@ use mcp_persist_core::{
     kit::{self, check_value},
     registry::OpenMode,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_postgres::{Config, config::Host};
 
 use crate::{
@@ -24,7 +24,7 @@ use crate::{
     listen::Listener,
     schema::{self, Names},
     tls::{self, Tls},
-    writer::{Counters, Job, Writer},
+    writer::{Committer, Counters, Job, Writer},
 };
 
 /// The schema a store uses unless told otherwise.
@@ -67,7 +67,7 @@ struct Inner {
     sql: Sql,
     timeout: Duration,
     poll_interval: Duration,
-    appends: mpsc::UnboundedSender<Job>,
+    appends: Arc<Committer>,
     counters: Arc<Counters>,
     listener: Arc<Listener>,
 }
@@ -337,21 +337,25 @@ impl PostgresStore {
             synced,
             reply,
         };
-        self.inner.appends.send(job).map_err(|_| {
-            Error::backend(
-                NAME,
-                error::Explained("the append writer has stopped".into()),
-            )
-        })?;
-        // The writer bounds each commit by the operation timeout; this one
-        // also covers the wait in its queue.
+        // Each commit is bounded by the operation timeout; this limit also
+        // covers the wait in the queue.
         let limit = self.inner.timeout * 2;
-        match tokio::time::timeout(limit, answer).await {
+        let work = async {
+            self.inner.appends.submit(job).await;
+            answer.await
+        };
+        match tokio::time::timeout(limit, work).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Error::backend(
-                NAME,
-                error::Explained("the append writer has stopped".into()),
-            )),
+            // The task committing this append's group was cancelled while
+            // the statement ran.
+            Ok(Err(_)) => Err(Error::Unavailable {
+                backend: NAME,
+                source: Box::new(error::Explained(format!(
+                    "the commit of this append on {} was abandoned midway (the task running \
+                     it was cancelled); it may or may not have been applied",
+                    self.inner.target
+                ))),
+            }),
             Err(_) => Err(error::no_reply("an append", limit, &self.inner.target)),
         }
     }
@@ -527,14 +531,13 @@ impl PostgresStoreBuilder {
         }
         tracing::info!(%target, "connected to postgres");
         let counters = Arc::new(Counters::default());
-        let appends = Writer {
+        let appends = Committer::new(Writer {
             pool: pool.clone(),
             target: target.clone(),
             sql: names.sql("SELECT {s}.append($1, $2, $3, $4, $5)"),
             timeout,
             counters: Arc::clone(&counters),
-        }
-        .spawn();
+        });
         let listener = Listener::new(config, tls, names.channel.clone());
         let store = PostgresStore {
             inner: Arc::new(Inner {

@@ -1,10 +1,16 @@
-//! Group commit of appends: one task takes the appends that concurrent
-//! callers queued and commits them together, in one statement (one
-//! transaction, one round trip, one WAL flush), while the next ones queue.
+//! Group commit of appends: the appends that concurrent callers queue
+//! while a commit runs are committed together by the next one, in one
+//! statement (one transaction, one round trip, one WAL flush).
+//!
+//! An append that finds no commit running commits itself, on its own task,
+//! with no hop through another task: alone, it costs what the statement
+//! costs. Appends that arrive meanwhile queue; when that commit ends, a
+//! drain task commits the queue in batches until it is empty.
 
 use std::{
+    collections::VecDeque,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
@@ -12,7 +18,7 @@ use std::{
 
 use deadpool_postgres::Pool;
 use mcp_persist_core::{Error, Result};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::{self, Target};
 
@@ -54,44 +60,108 @@ pub(crate) struct Writer {
     pub(crate) counters: Arc<Counters>,
 }
 
-impl Writer {
-    /// Starts the task; it ends when every sender is dropped.
-    pub(crate) fn spawn(self) -> mpsc::UnboundedSender<Job> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(self.run(rx));
-        tx
+/// The queue of appends and who commits it.
+pub(crate) struct Committer {
+    state: Mutex<State>,
+    writer: Writer,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Job>,
+    /// A commit is running (a leading caller's, or the drain task's).
+    busy: bool,
+}
+
+/// Hands the queue on when a leading caller's commit ends, also when the
+/// caller's future is dropped in the middle of it.
+struct Lead<'a>(&'a Arc<Committer>);
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.0.hand_on();
+    }
+}
+
+impl Committer {
+    pub(crate) fn new(writer: Writer) -> Arc<Committer> {
+        Arc::new(Committer {
+            state: Mutex::new(State::default()),
+            writer,
+        })
     }
 
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Job>) {
-        let mut carried: Option<Job> = None;
-        loop {
-            let first = match carried.take() {
-                Some(job) => job,
-                None => match rx.recv().await {
-                    Some(job) => job,
-                    None => return,
-                },
-            };
-            let mut bytes = first.bytes();
-            let mut batch = vec![first];
-            while batch.len() < MAX_JOBS {
-                match rx.try_recv() {
-                    Ok(job) => {
-                        if bytes + job.bytes() > MAX_BYTES {
-                            carried = Some(job);
-                            break;
-                        }
-                        bytes += job.bytes();
-                        batch.push(job);
-                    }
-                    Err(_) => break,
-                }
-            }
-            self.counters.queued.store(rx.len(), Ordering::Relaxed);
-            self.commit(batch).await;
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `job`; when no commit is running, commits the queue (this
+    /// job first) on the caller's task. The answer comes on the job's
+    /// reply channel either way.
+    pub(crate) async fn submit(self: &Arc<Self>, job: Job) {
+        let lead = {
+            let mut state = self.lock();
+            state.queue.push_back(job);
+            !std::mem::replace(&mut state.busy, true)
+        };
+        if lead {
+            let _lead = Lead(self);
+            let batch = self.take_batch();
+            self.writer.commit(batch).await;
         }
     }
 
+    /// After a commit: the next batch goes to a drain task, or nobody is
+    /// busy any more.
+    fn hand_on(self: &Arc<Self>) {
+        let mut state = self.lock();
+        if state.queue.is_empty() {
+            state.busy = false;
+            return;
+        }
+        drop(state);
+        let committer = Arc::clone(self);
+        tokio::spawn(async move { committer.drain().await });
+    }
+
+    async fn drain(self: Arc<Self>) {
+        loop {
+            let batch = {
+                let mut state = self.lock();
+                if state.queue.is_empty() {
+                    state.busy = false;
+                    return;
+                }
+                drop(state);
+                self.take_batch()
+            };
+            self.writer.commit(batch).await;
+        }
+    }
+
+    /// The next batch: the oldest job, and those after it within the
+    /// limits.
+    fn take_batch(&self) -> Vec<Job> {
+        let mut state = self.lock();
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while let Some(job) = state.queue.front() {
+            let size = job.bytes();
+            if !batch.is_empty() && (batch.len() >= MAX_JOBS || bytes + size > MAX_BYTES) {
+                break;
+            }
+            bytes += size;
+            batch.extend(state.queue.pop_front());
+        }
+        self.writer
+            .counters
+            .queued
+            .store(state.queue.len(), Ordering::Relaxed);
+        batch
+    }
+}
+
+impl Writer {
     /// Commits `batch`. A failure that is not the server's unavailability
     /// (a batch member the database refuses) is retried one append at a
     /// time, so that it fails alone.
