@@ -18,11 +18,13 @@
 //!   A delete with a version is one `DELETE ... WHERE version = $2`.
 //! * **Versions never repeat** for a key, across deletes and restarts: they
 //!   come from one sequence of the schema, drawn under the key's lock.
-//! * **Group commit.** Appends go to one writer task per store, which
-//!   commits every append queued meanwhile in one statement (one
-//!   transaction, one round trip, one WAL flush); each caller still gets its
-//!   answer only after that commit. A batch the database refuses is retried
-//!   one append at a time, so a bad append fails alone.
+//! * **Group commit.** An append that finds no commit running commits at
+//!   once on its own task; the appends that arrive meanwhile queue, and are
+//!   committed together by the next commit, in one statement (one
+//!   transaction, one round trip, one WAL flush). Each caller still gets its
+//!   answer only after the commit that holds its append. A batch the
+//!   database refuses is retried one append at a time, so a bad append
+//!   fails alone.
 //! * **Sequence numbers never repeat** within a store: they come from one
 //!   sequence of the schema, drawn while the log's row is locked, so they
 //!   grow in commit order within a log, and go on above the old ones after a
