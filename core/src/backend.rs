@@ -40,6 +40,7 @@
 //! | memory | the process's monotonic clock | nothing | nothing |
 //! | file, SQLite, Secrets Manager | the reading machine's wall clock against an absolute expiry ([`kit::now`](crate::kit::now)) | records expire early for reads; a sweep still keeps what expired less than its margin ([`kit::SWEEP_MARGIN`](crate::kit::SWEEP_MARGIN), 60 s) ago | expired records read as live again until the clock catches up |
 //! | Redis | the Redis server's clock | as the server's clock does | as the server's clock does |
+//! | Postgres | the database server's clock (`clock_timestamp()`), for writes and reads alike | as the server's clock does; a sweep still keeps what expired less than its margin ago | as the server's clock does |
 //!
 //! Nothing that decides who holds a lease reads a wall clock: refresh
 //! leases and instance liveness are judged by each observer watching a

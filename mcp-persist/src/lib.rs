@@ -23,6 +23,7 @@
 //! | `file` | no | [`file`]: the crash-safe directory backend, no server needed |
 //! | `redis` | no | [`redis`]: Redis and Redis Cluster, for fleets of instances |
 //! | `vault` | no | [`vault`]: AWS Secrets Manager, for credentials |
+//! | `postgres` | no | [`postgres`]: Postgres, for fleets of instances (TLS through rustls) |
 //! | `client` | no | [`client`]: the durable rmcp Streamable HTTP client, and [`rmcp`] |
 //! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
 //! | `macros` | no | rmcp's `#[tool]`, `#[tool_router]`, `#[tool_handler]` at [`rmcp`], with the `serde`, `serde_json` and `schemars` they use (turns `server` on) |
@@ -42,6 +43,10 @@
 #![cfg_attr(feature = "file", doc = "\n\n[`file`]: mod@file")]
 #![cfg_attr(not(feature = "redis"), doc = "\n\n[`redis`]: crate#crate-features")]
 #![cfg_attr(not(feature = "vault"), doc = "\n\n[`vault`]: crate#crate-features")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "\n\n[`postgres`]: crate#crate-features"
+)]
 #![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#crate-features")]
 #![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#crate-features")]
 #![cfg_attr(not(feature = "auth"), doc = "\n\n[`auth`]: crate#crate-features")]
@@ -76,6 +81,8 @@ pub fn backends() -> Registry {
     let registry = registry.with(mcp_persist_store_redis::RedisOpener);
     #[cfg(feature = "vault")]
     let registry = registry.with(mcp_persist_store_vault::SecretsManagerOpener);
+    #[cfg(feature = "postgres")]
+    let registry = registry.with(mcp_persist_store_postgres::PostgresOpener);
     registry
 }
 
@@ -172,6 +179,14 @@ pub mod redis {
 pub mod vault {
     #[doc(inline)]
     pub use mcp_persist_store_vault::*;
+}
+
+/// The Postgres backend, with a LISTEN/NOTIFY bus (`mcp-persist-store-postgres`).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    #[doc(inline)]
+    pub use mcp_persist_store_postgres::*;
 }
 
 /// The durable rmcp Streamable HTTP client (`mcp-persist-transport-http`'s

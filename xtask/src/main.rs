@@ -19,6 +19,7 @@ mod conformance;
 mod demo;
 mod interop;
 mod moto;
+mod postgres;
 mod redis;
 
 fn main() -> ExitCode {
@@ -251,13 +252,20 @@ fn test(_args: &[String]) -> Result<()> {
     println!("\n==> starting services");
     let redis = redis::start().context("starting Redis for the tests")?;
     let moto = moto::start().context("starting moto_server for the tests")?;
+    let postgres = postgres::start().context("starting Postgres for the tests")?;
 
     let mut tests = cargo();
     tests.args(["test", "--workspace", "--all-features"]);
-    for (k, v) in redis.env().into_iter().chain(moto.env()) {
+    for (k, v) in redis
+        .env()
+        .into_iter()
+        .chain(moto.env())
+        .chain(postgres.env())
+    {
         tests.env(k, v);
     }
     run_step(&mut steps, "cargo test --workspace", tests);
+    drop(postgres);
     drop(moto);
     drop(redis);
 
@@ -314,6 +322,8 @@ const FEATURE_SETS: &[(&str, &str)] = &[
     ("mcp-persist", "file"),
     ("mcp-persist", "redis"),
     ("mcp-persist", "vault"),
+    ("mcp-persist", "postgres"),
+    ("mcp-persist-store-postgres", ""),
     ("mcp-persist-transport-http", ""),
     ("mcp-persist", "server"),
     ("mcp-persist", "client"),
@@ -371,13 +381,16 @@ fn check_features() -> Result<()> {
     }
 }
 
-/// Benchmarks: each is an example program of its crate, built in release
-/// mode, that measures itself against a baseline in the same process.
+/// Benchmarks: each is a program of its crate, built in release mode, that
+/// measures itself against a baseline in the same process: a `[[bench]]`
+/// target (`benches/NAME.rs`, run with `cargo bench`) where the crate has
+/// one, else an example.
 const BENCHES: &[(&str, &str, &str)] = &[
     // (name, package, example)
     ("file", "mcp-persist-store-file", "bench_file"),
     ("sqlite", "mcp-persist-store-sqlite", "bench_sqlite"),
     ("redis", "mcp-persist-store-redis", "bench_redis"),
+    ("postgres", "mcp-persist-store-postgres", "bench_postgres"),
     ("server", "mcp-persist-transport-http", "bench_server"),
     ("client", "mcp-persist-transport-http", "bench_client"),
     ("tasks", "mcp-persist-transport-http", "bench_tasks"),
@@ -386,6 +399,12 @@ const BENCHES: &[(&str, &str, &str)] = &[
 
 fn bench(args: &[String]) -> Result<()> {
     let redis = redis::start().context("starting Redis for the benchmarks")?;
+    let wants_postgres = args.is_empty() || args.iter().any(|a| a == "postgres");
+    let postgres = if wants_postgres {
+        Some(postgres::start().context("starting Postgres for the benchmarks")?)
+    } else {
+        None
+    };
     let mut failed = Vec::new();
     for (name, package, example) in BENCHES {
         if !args.is_empty() && !args.iter().any(|a| a == name) {
@@ -393,16 +412,29 @@ fn bench(args: &[String]) -> Result<()> {
         }
         println!("\n==> bench {name}");
         let mut cmd = cargo();
-        cmd.args([
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            package,
-            "--example",
-            example,
-        ]);
-        for (k, v) in redis.env() {
+        let folder = package.strip_prefix("mcp-persist-").unwrap_or(package);
+        let bench_target = root()
+            .join(folder)
+            .join("benches")
+            .join(format!("{example}.rs"));
+        if bench_target.is_file() {
+            cmd.args(["bench", "--quiet", "-p", package, "--bench", example]);
+        } else {
+            cmd.args([
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                package,
+                "--example",
+                example,
+            ]);
+        }
+        for (k, v) in redis
+            .env()
+            .into_iter()
+            .chain(postgres.iter().flat_map(|p| p.env()))
+        {
             cmd.env(k, v);
         }
         if !cmd.status().is_ok_and(|s| s.success()) {
@@ -419,7 +451,13 @@ fn bench(args: &[String]) -> Result<()> {
 fn services() -> Result<()> {
     let redis = redis::start()?;
     let moto = moto::start()?;
-    for (k, v) in redis.env().into_iter().chain(moto.env()) {
+    let postgres = postgres::start()?;
+    for (k, v) in redis
+        .env()
+        .into_iter()
+        .chain(moto.env())
+        .chain(postgres.env())
+    {
         println!("export {k}={v}");
     }
     println!("# services running; press Enter (or close stdin) to stop them");
@@ -427,6 +465,7 @@ fn services() -> Result<()> {
     // run, which stops the servers and removes their folders.
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
+    drop(postgres);
     drop(moto);
     drop(redis);
     Ok(())
