@@ -21,6 +21,7 @@
 //! | `file` | no | [`file`]: the crash-safe directory backend, no server needed |
 //! | `redis` | no | [`redis`]: Redis and Redis Cluster, for fleets of instances |
 //! | `vault` | no | [`vault`]: AWS Secrets Manager, for credentials |
+//! | `dynamodb` | no | [`dynamodb`]: Amazon DynamoDB, for serverless servers (AWS Lambda) |
 //! | `client` | no | [`client`]: the durable rmcp Streamable HTTP client, and [`rmcp`] |
 //! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts (turns `client` on) |
@@ -39,6 +40,7 @@
 #![cfg_attr(feature = "file", doc = "\n\n[`file`]: mod@file")]
 #![cfg_attr(not(feature = "redis"), doc = "\n\n[`redis`]: crate#crate-features")]
 #![cfg_attr(not(feature = "vault"), doc = "\n\n[`vault`]: crate#crate-features")]
+#![cfg_attr(not(feature = "dynamodb"), doc = "\n\n[`dynamodb`]: crate#crate-features")]
 #![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#crate-features")]
 #![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#crate-features")]
 #![cfg_attr(not(feature = "auth"), doc = "\n\n[`auth`]: crate#crate-features")]
@@ -73,6 +75,8 @@ pub fn backends() -> Registry {
     let registry = registry.with(mcp_persist_store_redis::RedisOpener);
     #[cfg(feature = "vault")]
     let registry = registry.with(mcp_persist_store_vault::SecretsManagerOpener);
+    #[cfg(feature = "dynamodb")]
+    let registry = registry.with(mcp_persist_store_dynamodb::DynamoOpener);
     registry
 }
 
@@ -126,6 +130,14 @@ pub mod redis {
 pub mod vault {
     #[doc(inline)]
     pub use mcp_persist_store_vault::*;
+}
+
+/// The Amazon DynamoDB backend (`mcp-persist-store-dynamodb`).
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb {
+    #[doc(inline)]
+    pub use mcp_persist_store_dynamodb::*;
 }
 
 /// The durable rmcp Streamable HTTP client (`mcp-persist-transport-http`'s
