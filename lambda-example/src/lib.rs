@@ -443,6 +443,16 @@ impl Function {
         }
     }
 
+    /// A function over `stores` already open (tests and benchmarks that
+    /// count the store's requests).
+    pub fn with_stores(settings: Settings, stores: Stores) -> Self {
+        Function {
+            settings,
+            stores: tokio::sync::OnceCell::new_with(Some(stores)),
+            counters: Arc::default(),
+        }
+    }
+
     async fn stores(&self) -> anyhow::Result<Stores> {
         let stores = self
             .stores

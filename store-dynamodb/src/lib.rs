@@ -94,8 +94,14 @@
 //!
 //! # Features
 //!
-//! This crate has no cargo features. It uses the AWS SDK with rustls and
-//! the tokio runtime, without the SSO and credential-process providers.
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | (none) | | this crate has no features of its own: it is whole as it is |
+//! | `dynamodb` of `mcp-persist` | no | this crate, as `mcp_persist::dynamodb`, and `dynamodb://` in `mcp_persist::backends()` |
+//!
+//! It uses the AWS SDK with rustls and the tokio runtime, without the SSO
+//! and credential-process providers, the same build the Secrets Manager
+//! backend uses.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
