@@ -58,10 +58,9 @@ use mcp_persist::{
     rmcp::{
         ErrorData, RoleServer, ServerHandler,
         model::{
-            CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-            Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-            PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
-            Tool,
+            CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+            InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+            ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
         },
         service::RequestContext,
         task_manager::{TaskExit, TaskFuture, TaskOptions},
@@ -99,11 +98,11 @@ impl Settings {
     pub fn from_env() -> anyhow::Result<Settings> {
         let ms = |name: &str, default: u64| -> anyhow::Result<Duration> {
             match std::env::var(name) {
-                Ok(v) => Ok(Duration::from_millis(
-                    v.trim()
-                        .parse()
-                        .with_context(|| format!("{name}={v:?} is not a whole number"))?,
-                )),
+                Ok(v) => {
+                    Ok(Duration::from_millis(v.trim().parse().with_context(
+                        || format!("{name}={v:?} is not a whole number"),
+                    )?))
+                }
                 Err(_) => Ok(Duration::from_millis(default)),
             }
         };
@@ -198,7 +197,8 @@ fn long_job(cx: TaskContext, args: serde_json::Value) -> TaskFuture {
                 _ = cx.cancelled() => return Err(TaskExit::Cancelled),
             }
             if i == steps {
-                cx.set_status_message(format!("step {i} of {steps}")).await?;
+                cx.set_status_message(format!("step {i} of {steps}"))
+                    .await?;
             }
         }
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
@@ -216,7 +216,11 @@ pub fn register_tasks(builder: DurableTasksBuilder) -> DurableTasksBuilder {
 
 impl Handler {
     /// A handler counting into `counters`, with tasks and a bus if given.
-    pub fn new(counters: Arc<Counters>, tasks: Option<DurableTasks>, bus: Option<FleetBus>) -> Self {
+    pub fn new(
+        counters: Arc<Counters>,
+        tasks: Option<DurableTasks>,
+        bus: Option<FleetBus>,
+    ) -> Self {
         Handler {
             counters,
             tasks,
@@ -347,8 +351,9 @@ impl ServerHandler for Handler {
             }
             "slow_progress" => {
                 let count = args.get("count").and_then(|v| v.as_u64()).unwrap_or(3);
-                let delay =
-                    Duration::from_millis(args.get("delay_ms").and_then(|v| v.as_u64()).unwrap_or(10));
+                let delay = Duration::from_millis(
+                    args.get("delay_ms").and_then(|v| v.as_u64()).unwrap_or(10),
+                );
                 let token = context.meta.get_progress_token();
                 for i in 1..=count {
                     tokio::time::sleep(delay).await;
@@ -401,7 +406,8 @@ impl ServerHandler for Handler {
 
 /// The durable server over `stores`, as every instance builds it.
 pub fn durable_server(stores: Stores, settings: &Settings) -> anyhow::Result<DurableServer> {
-    let mut http = StreamableHttpServerConfig::default().with_sse_retry(Some(Duration::from_millis(200)));
+    let mut http =
+        StreamableHttpServerConfig::default().with_sse_retry(Some(Duration::from_millis(200)));
     http.allowed_hosts = settings.allowed_hosts.clone();
     Ok(DurableServer::builder(stores)
         .idle_ttl(Duration::from_secs(30 * 60))
@@ -459,7 +465,12 @@ impl Function {
             .get_or_try_init(|| async {
                 mcp_persist::open(&self.settings.store_url)
                     .await
-                    .with_context(|| format!("opening the store {}", mcp_persist::registry::redact(&self.settings.store_url)))
+                    .with_context(|| {
+                        format!(
+                            "opening the store {}",
+                            mcp_persist::registry::redact(&self.settings.store_url)
+                        )
+                    })
             })
             .await?;
         Ok(stores.clone())
@@ -469,7 +480,10 @@ impl Function {
     /// instance, its response collected (see the crate docs), the tasks it
     /// took over run within the budget, and its lease released, all before
     /// the answer leaves: the process may be frozen or gone right after.
-    pub async fn invoke(&self, request: http::Request<Bytes>) -> anyhow::Result<http::Response<Bytes>> {
+    pub async fn invoke(
+        &self,
+        request: http::Request<Bytes>,
+    ) -> anyhow::Result<http::Response<Bytes>> {
         let stores = self.stores().await?;
         let method = method_of(request.body());
         let server = durable_server(stores.clone(), &self.settings)?;
@@ -480,8 +494,8 @@ impl Function {
         std::future::poll_fn(|cx| {
             tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut service, cx)
         })
-            .await
-            .map_err(|e| anyhow::anyhow!("the server is not ready: {e:?}"))?;
+        .await
+        .map_err(|e| anyhow::anyhow!("the server is not ready: {e:?}"))?;
         let response = tower_service::Service::call(&mut service, request)
             .await
             .map_err(|e| anyhow::anyhow!("serving the request failed: {e:?}"))?;
@@ -497,7 +511,9 @@ impl Function {
                 }
                 Ok(Some(Err(_))) | Ok(None) => break,
                 Err(_) => {
-                    tracing::debug!("response stream cut at the stream window; the client resumes with Last-Event-ID");
+                    tracing::debug!(
+                        "response stream cut at the stream window; the client resumes with Last-Event-ID"
+                    );
                     break;
                 }
             }

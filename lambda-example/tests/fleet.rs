@@ -67,7 +67,12 @@ async fn legacy(
     Ok(request.body(body.to_string()).send().await?)
 }
 
-fn modern(http: &reqwest::Client, url: &str, method: &str, name: Option<&str>) -> reqwest::RequestBuilder {
+fn modern(
+    http: &reqwest::Client,
+    url: &str,
+    method: &str,
+    name: Option<&str>,
+) -> reqwest::RequestBuilder {
     let mut request = http
         .post(url)
         .header("content-type", "application/json")
@@ -211,10 +216,8 @@ async fn two_processes_on_one_table() -> anyhow::Result<()> {
     .await?
     .text()
     .await?;
-    let sent: Vec<(Option<String>, Value)> = events(&call)
-        .into_iter()
-        .map(|e| (e.id, e.data))
-        .collect();
+    let sent: Vec<(Option<String>, Value)> =
+        events(&call).into_iter().map(|e| (e.id, e.data)).collect();
     assert_eq!(sent.len(), 5, "{call}");
     let from = sent[1].0.clone().context("event id")?;
     let replay = http
@@ -247,7 +250,10 @@ async fn two_processes_on_one_table() -> anyhow::Result<()> {
         buffer: String::new(),
     };
     let ack = listen.next(Duration::from_secs(10)).await?.context("ack")?;
-    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
     let published = modern_call(
         &http,
         &a.url,
@@ -266,7 +272,10 @@ async fn two_processes_on_one_table() -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(created["result"]["resultType"], "task", "{created}");
-    let task = created["result"]["taskId"].as_str().context("task id")?.to_owned();
+    let task = created["result"]["taskId"]
+        .as_str()
+        .context("task id")?
+        .to_owned();
     a.kill().await;
     assert_eq!(
         listen
@@ -282,7 +291,10 @@ async fn two_processes_on_one_table() -> anyhow::Result<()> {
             break got;
         }
         assert_eq!(got["result"]["status"], "working", "{got}");
-        assert!(started.elapsed() < Duration::from_secs(30), "not completed: {got}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not completed: {got}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let text = done["result"]["result"]["content"][0]["text"]
@@ -293,7 +305,10 @@ async fn two_processes_on_one_table() -> anyhow::Result<()> {
     let a2 = Server::start(&env).await?;
     assert_eq!(
         listen
-            .count("notifications/tools/list_changed", Duration::from_millis(800))
+            .count(
+                "notifications/tools/list_changed",
+                Duration::from_millis(800)
+            )
             .await?,
         0
     );

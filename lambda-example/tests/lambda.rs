@@ -134,7 +134,10 @@ impl Lambda {
         let api = Arc::new(RuntimeApi::default());
         let router = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
-            .route("/2018-06-01/runtime/invocation/{id}/response", post(response))
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/response",
+                post(response),
+            )
             .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
             .route("/2018-06-01/runtime/init/error", post(init_error))
             .with_state(api.clone());
@@ -244,7 +247,9 @@ impl Lambda {
                     .as_object()
                     .map(|h| {
                         h.iter()
-                            .map(|(k, v)| (k.to_ascii_lowercase(), v.as_str().unwrap_or("").to_owned()))
+                            .map(|(k, v)| {
+                                (k.to_ascii_lowercase(), v.as_str().unwrap_or("").to_owned())
+                            })
                             .collect()
                     })
                     .unwrap_or_default(),
@@ -358,8 +363,14 @@ async fn every_invocation_a_cold_start() {
         )
         .await;
     let stats: Value = serde_json::from_str(&tool_text(&answer(&stats.body))).expect("json");
-    assert_eq!(stats["initialize"], 0, "no initialize after the first: {stats}");
-    assert_eq!(stats["restored"], 1, "the session came from the table: {stats}");
+    assert_eq!(
+        stats["initialize"], 0,
+        "no initialize after the first: {stats}"
+    );
+    assert_eq!(
+        stats["restored"], 1,
+        "the session came from the table: {stats}"
+    );
 
     // 4. A tool call with progress: the whole stream, each event with its id.
     let call = lambda
@@ -473,7 +484,10 @@ async fn a_missing_table_is_an_invocation_error_that_says_what_to_do() {
     match lambda.invoke_raw(event).await {
         Outcome::Error(e) => {
             let text = e.to_string();
-            assert!(text.contains("no-such-table") && text.contains("create"), "{text}");
+            assert!(
+                text.contains("no-such-table") && text.contains("create"),
+                "{text}"
+            );
         }
         Outcome::Response(r) => panic!("a missing table was answered: {r}"),
     }

@@ -40,7 +40,10 @@
 #![cfg_attr(feature = "file", doc = "\n\n[`file`]: mod@file")]
 #![cfg_attr(not(feature = "redis"), doc = "\n\n[`redis`]: crate#crate-features")]
 #![cfg_attr(not(feature = "vault"), doc = "\n\n[`vault`]: crate#crate-features")]
-#![cfg_attr(not(feature = "dynamodb"), doc = "\n\n[`dynamodb`]: crate#crate-features")]
+#![cfg_attr(
+    not(feature = "dynamodb"),
+    doc = "\n\n[`dynamodb`]: crate#crate-features"
+)]
 #![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#crate-features")]
 #![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#crate-features")]
 #![cfg_attr(not(feature = "auth"), doc = "\n\n[`auth`]: crate#crate-features")]

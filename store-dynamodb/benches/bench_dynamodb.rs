@@ -49,15 +49,19 @@ fn n(v: u64) -> AttributeValue {
 }
 
 /// The raw `UpdateItem` a `put` (overwrite, no TTL) sends.
-async fn raw_put(client: &Client, table: &str, key: &str, value: &[u8], token: u64) -> anyhow::Result<()> {
+async fn raw_put(
+    client: &Client,
+    table: &str,
+    key: &str,
+    value: &[u8],
+    token: u64,
+) -> anyhow::Result<()> {
     client
         .update_item()
         .table_name(table)
         .key("pk", AttributeValue::S(format!("kraw/{key}")))
         .key("sk", n(0))
-        .update_expression(
-            "SET d = :d, v = if_not_exists(v, :floor) + :one, w = :w REMOVE x, #t",
-        )
+        .update_expression("SET d = :d, v = if_not_exists(v, :floor) + :one, w = :w REMOVE x, #t")
         .expression_attribute_names("#t", "ttl")
         .expression_attribute_values(":d", AttributeValue::B(value.to_vec().into()))
         .expression_attribute_values(":floor", n(kit::now().as_unix_millis() * 1000))
@@ -108,21 +112,33 @@ fn rate(ops: usize, spent: Duration) -> f64 {
 
 async fn ratios(store: &DynamoStore, client: &Client) -> anyhow::Result<()> {
     let value = vec![42u8; 256];
-    let (mut ours_put, mut raw_put_t, mut ours_append, mut raw_append_t) =
-        (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut ours_put, mut raw_put_t, mut ours_append, mut raw_append_t) = (
+        Duration::ZERO,
+        Duration::ZERO,
+        Duration::ZERO,
+        Duration::ZERO,
+    );
     let log = Key::new("bench-log")?;
     let mut raw_base = 0;
     for round in 0..ROUNDS {
         let started = Instant::now();
         for i in 0..PER_ROUND {
             let key = Key::new(format!("bench/{}", i % 8))?;
-            store.put(&key, value.clone(), PutOptions::default()).await?;
+            store
+                .put(&key, value.clone(), PutOptions::default())
+                .await?;
         }
         ours_put += started.elapsed();
         let started = Instant::now();
         for i in 0..PER_ROUND {
-            raw_put(client, store.table(), &format!("{}", i % 8), &value, (round * PER_ROUND + i) as u64 + 1)
-                .await?;
+            raw_put(
+                client,
+                store.table(),
+                &format!("{}", i % 8),
+                &value,
+                (round * PER_ROUND + i) as u64 + 1,
+            )
+            .await?;
         }
         raw_put_t += started.elapsed();
         let started = Instant::now();
@@ -144,7 +160,10 @@ async fn ratios(store: &DynamoStore, client: &Client) -> anyhow::Result<()> {
         ("append (1 record)", ours_append, raw_append_t),
     ] {
         let (o, r) = (rate(ops, ours), rate(ops, raw));
-        println!("{what:<18} {o:>8.0}   {r:>8.0}     {:>5.1} %", 100.0 * o / r);
+        println!(
+            "{what:<18} {o:>8.0}   {r:>8.0}     {:>5.1} %",
+            100.0 * o / r
+        );
     }
     Ok(())
 }
@@ -158,7 +177,9 @@ async fn group_commit(store: &DynamoStore) -> anyhow::Result<()> {
         let store = store.clone();
         let log = log.clone();
         calls.push(tokio::spawn(async move {
-            store.append(&log, vec![i.to_be_bytes().to_vec()], None).await
+            store
+                .append(&log, vec![i.to_be_bytes().to_vec()], None)
+                .await
         }));
     }
     for call in calls {
@@ -208,7 +229,9 @@ async fn per_operation(store: &DynamoStore) -> anyhow::Result<()> {
         ("accept", "application/json, text/event-stream"),
     ];
     println!("\nDynamoDB requests per MCP operation (each a Lambda invocation, a fresh instance):");
-    println!("operation                                   requests  (get/update/transact/query/scan)");
+    println!(
+        "operation                                   requests  (get/update/transact/query/scan)"
+    );
     let report = |what: &str, before: mcp_persist_store_dynamodb::Requests| {
         let r = store.requests().since(&before);
         println!(
@@ -226,9 +249,11 @@ async fn per_operation(store: &DynamoStore) -> anyhow::Result<()> {
         &function,
         "POST",
         &json,
-        Some(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        Some(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "bench", "version": "1"}}})),
+            "clientInfo": {"name": "bench", "version": "1"}}}),
+        ),
     )
     .await?;
     report("initialize (legacy session created)", before);
@@ -355,7 +380,9 @@ async fn per_operation(store: &DynamoStore) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let Ok(endpoint) = std::env::var("MCP_PERSIST_MOTO_URL") else {
-        bail!("MCP_PERSIST_MOTO_URL is not set: run `cargo xtask bench dynamodb`, which starts moto");
+        bail!(
+            "MCP_PERSIST_MOTO_URL is not set: run `cargo xtask bench dynamodb`, which starts moto"
+        );
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

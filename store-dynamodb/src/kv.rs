@@ -118,7 +118,12 @@ impl Inner {
         }
     }
 
-    pub(crate) async fn put(&self, key: &str, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+    pub(crate) async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        options: PutOptions,
+    ) -> Result<Version> {
         check_value(&value, self.max_value)?;
         let now = millis(kit::now());
         let token = item::random_u64();

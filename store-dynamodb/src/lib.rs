@@ -117,6 +117,8 @@ use std::{
 
 use aws_sdk_dynamodb::{Client, config::retry::RetryConfig};
 use mcp_persist_core::{Error, Result};
+#[allow(unused_imports)] // for the docs' links
+use mcp_persist_core::{KvStore, LogStore};
 
 mod error;
 mod item;
@@ -259,8 +261,8 @@ impl Inner {
     }
 }
 
-/// A [`KvStore`](mcp_persist_core::KvStore) and
-/// [`LogStore`](mcp_persist_core::LogStore) in one DynamoDB table. Clones
+/// A [`KvStore`] and
+/// [`LogStore`] in one DynamoDB table. Clones
 /// share one client, one group commit and one set of counters.
 #[derive(Clone)]
 pub struct DynamoStore {
@@ -362,7 +364,7 @@ impl DynamoStoreBuilder {
         self
     }
 
-    /// How often [`LogStore::wait_after`](mcp_persist_core::LogStore::wait_after)
+    /// How often [`LogStore::wait_after`]
     /// reads the log while it waits (default [`DEFAULT_POLL_INTERVAL`]): the
     /// latency of tails and of the fleet bus between instances, against two
     /// read requests per poll.

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::{
     operation::transact_write_items::TransactWriteItemsError,
     types::{
-        AttributeValue, DeleteRequest, Put, ReturnValuesOnConditionCheckFailure,
-        TransactWriteItem, Update, WriteRequest,
+        AttributeValue, DeleteRequest, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+        Update, WriteRequest,
     },
 };
 use mcp_persist_core::{
@@ -252,7 +252,11 @@ impl Inner {
             }
             let (part, later) = rest.split_at(take);
             if !later.is_empty() {
-                tracing::debug!(log, records = part.len(), "append over one transaction: committing it in parts");
+                tracing::debug!(
+                    log,
+                    records = part.len(),
+                    "append over one transaction: committing it in parts"
+                );
             }
             match self.commit(pk, log, part, ttl).await {
                 Ok(first) => seqs.extend(first..first + part.len() as u64),
@@ -304,11 +308,23 @@ impl Inner {
             })?;
             let expires = ttl.map(|ttl| millis(kit::expires_at(ttl)));
             match self
-                .transact(pk, head, records, token, (base, last, floor, life, fresh), expires, now)
+                .transact(
+                    pk,
+                    head,
+                    records,
+                    token,
+                    (base, last, floor, life, fresh),
+                    expires,
+                    now,
+                )
                 .await?
             {
                 Ok(()) => {
-                    let kept = if fresh { None } else { head.and_then(|h| h.expires) };
+                    let kept = if fresh {
+                        None
+                    } else {
+                        head.and_then(|h| h.expires)
+                    };
                     self.remember_head(
                         pk,
                         Some(Head {
@@ -557,9 +573,8 @@ impl Inner {
             for found in answer.items() {
                 let seq = item::number(found, SK, log)?
                     .ok_or_else(|| Error::corrupt(log, "a record has no sequence number"))?;
-                let data = item::bytes(found, DATA, log)?.ok_or_else(|| {
-                    Error::corrupt(log, format!("record {seq} holds no data"))
-                })?;
+                let data = item::bytes(found, DATA, log)?
+                    .ok_or_else(|| Error::corrupt(log, format!("record {seq} holds no data")))?;
                 out.push(LogRecord::new(seq, data));
             }
             match answer.last_evaluated_key {
@@ -570,7 +585,13 @@ impl Inner {
     }
 
     /// The sequence numbers of the record items of `pk` in `from..=to`.
-    pub(crate) async fn record_numbers(&self, pk: &str, log: &str, from: u64, to: u64) -> Result<Vec<u64>> {
+    pub(crate) async fn record_numbers(
+        &self,
+        pk: &str,
+        log: &str,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<u64>> {
         let mut out = Vec::new();
         let mut start: Option<Item> = None;
         loop {
@@ -631,7 +652,10 @@ impl Inner {
                 tokio::time::sleep(backoff.next_pause()).await;
             }
             if !requests.is_empty() {
-                tracing::warn!(left = requests.len(), "some records were not deleted; the sweep reclaims them");
+                tracing::warn!(
+                    left = requests.len(),
+                    "some records were not deleted; the sweep reclaims them"
+                );
             }
         }
         Ok(())
@@ -703,10 +727,7 @@ impl Inner {
             .condition_expression(format!("attribute_exists({LAST})"))
             .expression_attribute_names(TTL_ALIAS, TTL)
             .expression_attribute_values(":now", n(millis(now)))
-            .expression_attribute_values(
-                ":t",
-                n(kit::expires_at_secs(now.plus(TOMBSTONE_KEEP))),
-            )
+            .expression_attribute_values(":t", n(kit::expires_at_secs(now.plus(TOMBSTONE_KEEP))))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
             .send()
             .await;

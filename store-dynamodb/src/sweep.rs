@@ -60,9 +60,8 @@ impl Inner {
     pub(crate) async fn sweep(&self) -> Result<u64> {
         let now = kit::now();
         let margin = self.sweep_margin;
-        let dead = |expired_ms: u64| {
-            kit::sweepable(Timestamp::from_unix_millis(expired_ms), now, margin)
-        };
+        let dead =
+            |expired_ms: u64| kit::sweepable(Timestamp::from_unix_millis(expired_ms), now, margin);
         let mut removed = 0;
         let mut logs: BTreeMap<String, LogSeen> = BTreeMap::new();
         let mut start: Option<Item> = None;

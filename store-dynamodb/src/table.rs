@@ -119,7 +119,11 @@ pub(crate) async fn verify(inner: &Inner) -> Result<()> {
 /// Creates `table` if it does not exist, waits until it is active, checks
 /// its key schema and turns its TTL on. Safe to call again and from many
 /// processes at once. `counters`, when given, counts the requests.
-pub(crate) async fn create(client: &Client, table: &str, counters: Option<&Counters>) -> Result<()> {
+pub(crate) async fn create(
+    client: &Client,
+    table: &str,
+    counters: Option<&Counters>,
+) -> Result<()> {
     check_name(table)?;
     let region = region_of(client);
     let count = || {

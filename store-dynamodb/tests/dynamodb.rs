@@ -56,7 +56,10 @@ async fn create_table_is_idempotent_and_turns_ttl_on() {
     let table = unique_table("setup");
     let client = client(&url);
     // Opening never creates: before the setup call the table is missing.
-    let err = builder(&url, &table).build().await.expect_err("no table yet");
+    let err = builder(&url, &table)
+        .build()
+        .await
+        .expect_err("no table yet");
     assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
     // Eight callers at once, then one more: one table, all succeed.
     let mut calls = Vec::new();
@@ -182,12 +185,7 @@ async fn a_table_with_another_key_schema_is_refused_and_left_alone() {
         .await
         .expect_err("setup on a foreign table");
     assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
-    let items = client
-        .scan()
-        .table_name(&table)
-        .send()
-        .await
-        .expect("scan");
+    let items = client.scan().table_name(&table).send().await.expect("scan");
     assert_eq!(items.count(), 0, "nothing was written to the foreign table");
 }
 
@@ -202,7 +200,7 @@ async fn values_over_the_item_limit_are_too_large_and_write_nothing() {
         .await
         .expect("open");
     assert_eq!(default.max_value_bytes(), MAX_VALUE_BYTES);
-    assert!(MAX_VALUE_BYTES + 1024 + 100 <= 400 * 1024);
+    const { assert!(MAX_VALUE_BYTES + 1024 + 100 <= 400 * 1024) };
     let over = vec![7u8; 400 * 1024 + 1];
     store
         .put(&key("k"), b"small".to_vec(), PutOptions::default())
@@ -322,7 +320,14 @@ async fn ttl_goes_to_dynamodbs_attribute_and_reads_filter_it() {
     // still there, and reads filter it.
     assert!(raw_item(&store, "kshort").await.is_some());
     assert_eq!(store.get(&key("short")).await.expect("get"), None);
-    assert!(store.list("").await.expect("list").iter().all(|k| k.as_str() != "short"));
+    assert!(
+        store
+            .list("")
+            .await
+            .expect("list")
+            .iter()
+            .all(|k| k.as_str() != "short")
+    );
     // Deleted: a tombstone keeps the version for a day, then DynamoDB's TTL
     // removes it.
     let v1 = store
@@ -334,7 +339,11 @@ async fn ttl_goes_to_dynamodbs_attribute_and_reads_filter_it() {
     assert!(!tombstone.contains_key("d"));
     assert_eq!(number(&tombstone, "v"), Some(v1.get()));
     let v2 = store
-        .put(&key("gone"), b"again".to_vec(), PutOptions::new(PutMode::Create))
+        .put(
+            &key("gone"),
+            b"again".to_vec(),
+            PutOptions::new(PutMode::Create),
+        )
         .await
         .expect("recreate");
     assert!(v2 > v1);
@@ -352,7 +361,9 @@ async fn appends_are_group_committed_and_big_ones_split_within_limits() {
         let store = store.clone();
         let log = log.clone();
         calls.push(tokio::spawn(async move {
-            store.append(&log, vec![i.to_be_bytes().to_vec()], None).await
+            store
+                .append(&log, vec![i.to_be_bytes().to_vec()], None)
+                .await
         }));
     }
     let mut seqs = Vec::new();
@@ -393,7 +404,11 @@ fn store_urls_open_through_the_registry() {
     }
     let Some(url) = moto_url() else { return };
     let status = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "store_urls_open_through_the_registry", "--nocapture"])
+        .args([
+            "--exact",
+            "store_urls_open_through_the_registry",
+            "--nocapture",
+        ])
         .env(CHILD, unique_table("url"))
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")
@@ -422,7 +437,10 @@ async fn opener_child(moto: &str, table: &str) {
         .expect_err("missing");
     assert!(err.to_string().contains("create=1"), "{err}");
     let opened = registry
-        .open(&format!("{base}&create=1&poll_ms=10"), OpenOptions::default())
+        .open(
+            &format!("{base}&create=1&poll_ms=10"),
+            OpenOptions::default(),
+        )
         .await
         .expect("create and open");
     assert_eq!(opened.kv.backend_name(), "dynamodb");

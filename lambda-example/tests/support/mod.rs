@@ -24,7 +24,9 @@ pub fn moto_url() -> Option<String> {
                 !ci,
                 "{URL_VAR} is not set; under CI the Lambda tests must run (start moto with `cargo xtask test`)"
             );
-            eprintln!("notice: {URL_VAR} is not set; skipping (run `cargo xtask test` to start moto)");
+            eprintln!(
+                "notice: {URL_VAR} is not set; skipping (run `cargo xtask test` to start moto)"
+            );
             None
         }
     }
