@@ -14,8 +14,9 @@
 //! `moto_server` serves each request on a thread of its own and does not
 //! lock its DynamoDB tables, so two conditional writes to one item can both
 //! pass their condition. The installed moto is therefore started through
-//! [`SERIAL_MOTO`], which lets one request at a time reach moto's
-//! backends: the per-item atomicity DynamoDB (and Secrets Manager) give.
+//! [`SERIAL_MOTO`], which lets one DynamoDB request at a time reach moto's
+//! backend: the per-item atomicity DynamoDB gives. Other services' requests
+//! are served as before.
 //! A `moto_server` named by `MCP_PERSIST_MOTO_SERVER` runs as it is.
 
 use std::{
@@ -34,7 +35,7 @@ use anyhow::{Context, Result, bail};
 const URL_VAR: &str = "MCP_PERSIST_MOTO_URL";
 /// The variable that names another `moto_server` executable.
 const SERVER_VAR: &str = "MCP_PERSIST_MOTO_SERVER";
-/// Starts moto's server with every request handled under one lock
+/// Starts moto's server with every DynamoDB request handled under one lock
 /// (arguments as `moto_server`'s).
 const SERIAL_MOTO: &str = "\
 import sys, threading
@@ -43,6 +44,8 @@ run = server.run_simple
 def run_serial(host, port, app, **options):
     lock = threading.Lock()
     def serial(environ, start_response):
+        if not environ.get('HTTP_X_AMZ_TARGET', '').startswith('DynamoDB_'):
+            return app(environ, start_response)
         with lock:
             return list(app(environ, start_response))
     return run(host, port, serial, **options)
