@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{Proxy, builder, client, client_in, fresh_store, moto_url, unique_table};
 use mcp_persist_core::{
-    Error, Key, KvStore, LogStore, PutMode, PutOptions,
+    Backend, Error, Key, KvStore, LogStore, PutMode, PutOptions,
     registry::{OpenOptions, Registry},
 };
 use mcp_persist_store_dynamodb::{
@@ -461,4 +461,155 @@ async fn opener_child(moto: &str, table: &str) {
     log.append(&key("l"), vec![b"x".to_vec()], None)
         .await
         .expect("append");
+}
+
+/// A conditional write whose answer is lost, retried by the SDK, finds its
+/// own write there: a success, never a `Conflict` or `AlreadyExists`, and
+/// never applied twice.
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_is_recognised_not_repeated() {
+    let Some(url) = moto_url() else { return };
+    let table = fresh_store(&url, "lost").await.table().to_owned();
+    let proxy = Proxy::start(&url).await;
+    let store = DynamoStore::builder(&table)
+        .client(client(&proxy.url))
+        .retry(3, Duration::from_millis(1))
+        .build()
+        .await
+        .expect("open through the proxy");
+    proxy.lose_answers("UpdateItem", 1);
+    let created = store
+        .put(&key("k"), b"1".to_vec(), PutOptions::new(PutMode::Create))
+        .await
+        .expect("a create whose first answer was lost");
+    assert_eq!(proxy.count("UpdateItem"), 2, "the SDK tried again");
+    proxy.lose_answers("UpdateItem", 1);
+    let updated = store
+        .put(
+            &key("k"),
+            b"2".to_vec(),
+            PutOptions::new(PutMode::Update(created)),
+        )
+        .await
+        .expect("a compare-and-swap whose first answer was lost");
+    assert!(updated > created);
+    let entry = store.get(&key("k")).await.expect("get").expect("there");
+    assert_eq!((entry.value, entry.version), (b"2".to_vec(), updated));
+    proxy.lose_answers("TransactWriteItems", 1);
+    let seqs = store
+        .append(&key("log"), vec![b"once".to_vec()], None)
+        .await
+        .expect("an append whose first answer was lost");
+    assert_eq!(seqs, vec![1]);
+    let next = store
+        .append(&key("log"), vec![b"next".to_vec()], None)
+        .await
+        .expect("append");
+    assert_eq!(next, vec![2]);
+    let read = store.read_after(&key("log"), 0, 10).await.expect("read");
+    assert_eq!(
+        read.into_iter().map(|r| r.data).collect::<Vec<_>>(),
+        vec![b"once".to_vec(), b"next".to_vec()],
+        "the retried append is stored once"
+    );
+}
+
+/// The sweep removes what expired longer ago than its margin (key-value
+/// records and whole logs, records included) and keeps everything live.
+#[tokio::test]
+async fn sweep_removes_expired_records_and_logs_and_keeps_live_ones() {
+    let Some(url) = moto_url() else { return };
+    let table = fresh_store(&url, "sweep").await.table().to_owned();
+    let store = builder(&url, &table)
+        .sweep_margin(Duration::ZERO)
+        .build()
+        .await
+        .expect("open");
+    let short = Some(Duration::from_millis(200));
+    store
+        .put(
+            &key("old"),
+            b"x".to_vec(),
+            PutOptions::default().with_ttl(short),
+        )
+        .await
+        .expect("put");
+    store
+        .put(&key("live"), b"y".to_vec(), PutOptions::default())
+        .await
+        .expect("put");
+    store
+        .append(&key("old-log"), vec![b"a".to_vec(), b"b".to_vec()], short)
+        .await
+        .expect("append");
+    store
+        .append(
+            &key("live-log"),
+            vec![b"c".to_vec()],
+            Some(Duration::from_secs(600)),
+        )
+        .await
+        .expect("append");
+    let seqs = store
+        .append(
+            &key("trimmed"),
+            vec![b"1".to_vec(), b"2".to_vec(), b"3".to_vec()],
+            None,
+        )
+        .await
+        .expect("append");
+    assert_eq!(store.trim(&key("trimmed"), seqs[2]).await.expect("trim"), 2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let items = |store: &DynamoStore| {
+        let client = store.client().clone();
+        let table = store.table().to_owned();
+        async move {
+            client
+                .scan()
+                .table_name(table)
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("scan")
+                .count()
+        }
+    };
+    // old, live; old-log's head and 2 records; live-log's head and record;
+    // trimmed's head and the 1 record left.
+    assert_eq!(items(&store).await, 9);
+    // The old record and the old log's head and two records.
+    assert_eq!(store.sweep_expired().await.expect("sweep"), 4);
+    assert_eq!(items(&store).await, 5);
+    assert_eq!(
+        store.get(&key("live")).await.expect("get").map(|e| e.value),
+        Some(b"y".to_vec())
+    );
+    assert_eq!(
+        store
+            .read_after(&key("live-log"), 0, 10)
+            .await
+            .expect("read")
+            .len(),
+        1
+    );
+    assert_eq!(
+        store
+            .read_after(&key("trimmed"), 0, 10)
+            .await
+            .expect("read")[0]
+            .data,
+        b"3".to_vec()
+    );
+    // A margin keeps what expired more recently than it.
+    let careful = builder(&url, &table).build().await.expect("open");
+    careful
+        .put(
+            &key("recent"),
+            b"z".to_vec(),
+            PutOptions::default().with_ttl(Duration::from_millis(1)),
+        )
+        .await
+        .expect("put");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(careful.sweep_expired().await.expect("sweep"), 0);
 }

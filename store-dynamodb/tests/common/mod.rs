@@ -134,6 +134,8 @@ struct ProxyState {
     throttle_target: Mutex<String>,
     throttle_left: AtomicU32,
     throttled: AtomicU32,
+    lose_target: Mutex<String>,
+    lose_left: AtomicU32,
     calls: Mutex<Vec<String>>,
 }
 
@@ -151,6 +153,8 @@ impl Proxy {
             throttle_target: Mutex::new(String::new()),
             throttle_left: AtomicU32::new(0),
             throttled: AtomicU32::new(0),
+            lose_target: Mutex::new(String::new()),
+            lose_left: AtomicU32::new(0),
             calls: Mutex::new(Vec::new()),
         });
         let accept_state = state.clone();
@@ -167,6 +171,13 @@ impl Proxy {
         *self.state.throttle_target.lock().expect("lock") = operation.to_owned();
         self.state.throttled.store(0, Ordering::SeqCst);
         self.state.throttle_left.store(times, Ordering::SeqCst);
+    }
+
+    /// Forwards the next `times` calls of `operation` to moto, but answers
+    /// them with an internal error, as if the answer was lost on the way.
+    pub fn lose_answers(&self, operation: &str, times: u32) {
+        *self.state.lose_target.lock().expect("lock") = operation.to_owned();
+        self.state.lose_left.store(times, Ordering::SeqCst);
     }
 
     /// How many throttling answers were given since [`Proxy::throttle`].
@@ -242,9 +253,25 @@ async fn serve(socket: TcpStream, state: Arc<ProxyState>) {
             )
             .into_bytes()
         } else {
-            match forward(state.upstream, &head, &body).await {
+            let response = match forward(state.upstream, &head, &body).await {
                 Some(response) => response,
                 None => return,
+            };
+            let lose = *state.lose_target.lock().expect("lock") == operation
+                && state
+                    .lose_left
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if lose {
+                let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"lost"}"#;
+                format!(
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/x-amz-json-1.0\r\n\
+                     Content-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes()
+            } else {
+                response
             }
         };
         if write.write_all(&response).await.is_err() {
