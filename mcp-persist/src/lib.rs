@@ -24,6 +24,7 @@
 //! | `redis` | no | [`redis`]: Redis and Redis Cluster, for fleets of instances |
 //! | `vault` | no | [`vault`]: AWS Secrets Manager, for credentials |
 //! | `postgres` | no | [`postgres`]: Postgres, for fleets of instances (TLS through rustls) |
+//! | `dynamodb` | no | [`dynamodb`]: Amazon DynamoDB, for serverless servers (AWS Lambda) |
 //! | `client` | no | [`client`]: the durable rmcp Streamable HTTP client, and [`rmcp`] |
 //! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
 //! | `macros` | no | rmcp's `#[tool]`, `#[tool_router]`, `#[tool_handler]` at [`rmcp`], with the `serde`, `serde_json` and `schemars` they use (turns `server` on) |
@@ -46,6 +47,10 @@
 #![cfg_attr(
     not(feature = "postgres"),
     doc = "\n\n[`postgres`]: crate#crate-features"
+)]
+#![cfg_attr(
+    not(feature = "dynamodb"),
+    doc = "\n\n[`dynamodb`]: crate#crate-features"
 )]
 #![cfg_attr(not(feature = "client"), doc = "\n\n[`client`]: crate#crate-features")]
 #![cfg_attr(not(feature = "server"), doc = "\n\n[`server`]: crate#crate-features")]
@@ -83,6 +88,8 @@ pub fn backends() -> Registry {
     let registry = registry.with(mcp_persist_store_vault::SecretsManagerOpener);
     #[cfg(feature = "postgres")]
     let registry = registry.with(mcp_persist_store_postgres::PostgresOpener);
+    #[cfg(feature = "dynamodb")]
+    let registry = registry.with(mcp_persist_store_dynamodb::DynamoOpener);
     registry
 }
 
@@ -187,6 +194,14 @@ pub mod vault {
 pub mod postgres {
     #[doc(inline)]
     pub use mcp_persist_store_postgres::*;
+}
+
+/// The Amazon DynamoDB backend (`mcp-persist-store-dynamodb`).
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb {
+    #[doc(inline)]
+    pub use mcp_persist_store_dynamodb::*;
 }
 
 /// The durable rmcp Streamable HTTP client (`mcp-persist-transport-http`'s

@@ -324,6 +324,7 @@ const FEATURE_SETS: &[(&str, &str)] = &[
     ("mcp-persist", "vault"),
     ("mcp-persist", "postgres"),
     ("mcp-persist-store-postgres", ""),
+    ("mcp-persist", "dynamodb"),
     ("mcp-persist-transport-http", ""),
     ("mcp-persist", "server"),
     ("mcp-persist", "client"),
@@ -397,6 +398,11 @@ const BENCHES: &[(&str, &str, &str)] = &[
     ("bus", "mcp-persist-transport-http", "bench_bus"),
 ];
 
+/// Benchmarks that are `[[bench]]` targets (`harness = false`) run against
+/// `moto_server`: (name, package, bench).
+const MOTO_BENCHES: &[(&str, &str, &str)] =
+    &[("dynamodb", "mcp-persist-store-dynamodb", "bench_dynamodb")];
+
 fn bench(args: &[String]) -> Result<()> {
     let redis = redis::start().context("starting Redis for the benchmarks")?;
     let wants_postgres = args.is_empty() || args.iter().any(|a| a == "postgres");
@@ -406,6 +412,19 @@ fn bench(args: &[String]) -> Result<()> {
         None
     };
     let mut failed = Vec::new();
+    let wanted = |name: &str| args.is_empty() || args.iter().any(|a| a == name);
+    if MOTO_BENCHES.iter().any(|(name, ..)| wanted(name)) {
+        let moto = moto::start().context("starting moto_server for the benchmarks")?;
+        for (name, package, bench) in MOTO_BENCHES.iter().filter(|(name, ..)| wanted(name)) {
+            println!("\n==> bench {name}");
+            let mut cmd = cargo();
+            cmd.args(["bench", "--quiet", "-p", package, "--bench", bench]);
+            cmd.envs(moto.env());
+            if !cmd.status().is_ok_and(|s| s.success()) {
+                failed.push(*name);
+            }
+        }
+    }
     for (name, package, example) in BENCHES {
         if !args.is_empty() && !args.iter().any(|a| a == name) {
             continue;

@@ -10,6 +10,14 @@
 //!
 //! Outside CI, a moto that cannot be installed or started is a warning and
 //! the tests that need it skip; under CI it is an error.
+//!
+//! `moto_server` serves each request on a thread of its own and does not
+//! lock its DynamoDB tables, so two conditional writes to one item can both
+//! pass their condition. The installed moto is therefore started through
+//! [`SERIAL_MOTO`], which lets one DynamoDB request at a time reach moto's
+//! backend: the per-item atomicity DynamoDB gives. Other services' requests
+//! are served as before.
+//! A `moto_server` named by `MCP_PERSIST_MOTO_SERVER` runs as it is.
 
 use std::{
     env,
@@ -27,6 +35,23 @@ use anyhow::{Context, Result, bail};
 const URL_VAR: &str = "MCP_PERSIST_MOTO_URL";
 /// The variable that names another `moto_server` executable.
 const SERVER_VAR: &str = "MCP_PERSIST_MOTO_SERVER";
+/// Starts moto's server with every DynamoDB request handled under one lock
+/// (arguments as `moto_server`'s).
+const SERIAL_MOTO: &str = "\
+import sys, threading
+import moto.server as server
+run = server.run_simple
+def run_serial(host, port, app, **options):
+    lock = threading.Lock()
+    def serial(environ, start_response):
+        if not environ.get('HTTP_X_AMZ_TARGET', '').startswith('DynamoDB_'):
+            return app(environ, start_response)
+        with lock:
+            return list(app(environ, start_response))
+    return run(host, port, serial, **options)
+server.run_simple = run_serial
+server.main(sys.argv[1:])
+";
 /// How long moto may take to start listening.
 const STARTUP: Duration = Duration::from_secs(60);
 
@@ -85,16 +110,16 @@ pub(crate) fn start() -> Result<MotoService> {
 }
 
 fn start_local() -> Result<MotoService> {
-    let server = match env::var_os(SERVER_VAR) {
-        Some(path) => PathBuf::from(path),
-        None => installed_server()?,
+    let (server, serial) = match env::var_os(SERVER_VAR) {
+        Some(path) => (PathBuf::from(path), false),
+        None => (installed_server()?, true),
     };
     let log_path = crate::cache_dir().join("moto.log");
     // A free port can be taken between our probe and moto's bind: try again.
     let mut last_error = None;
     for _ in 0..3 {
         let port = free_port()?;
-        match spawn(&server, port, &log_path) {
+        match spawn(&server, serial, port, &log_path) {
             Ok(service) => return Ok(service),
             Err(e) => last_error = Some(e),
         }
@@ -142,9 +167,18 @@ fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-fn spawn(server: &Path, port: u16, log_path: &Path) -> Result<MotoService> {
+fn spawn(server: &Path, serial: bool, port: u16, log_path: &Path) -> Result<MotoService> {
     let log = File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let child = Command::new(server)
+    // The virtual environment's python, beside its `moto_server`.
+    let mut command = match server.parent().map(|bin| bin.join("python3")) {
+        Some(python) if serial && python.is_file() => {
+            let mut command = Command::new(python);
+            command.args(["-c", SERIAL_MOTO]);
+            command
+        }
+        _ => Command::new(server),
+    };
+    let child = command
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
