@@ -113,6 +113,7 @@ pub mod memory;
 pub mod records;
 pub mod registry;
 pub mod retry;
+pub mod seal;
 mod secret;
 pub mod stores;
 mod types;
