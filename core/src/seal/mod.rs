@@ -115,6 +115,13 @@
 //! [`Sealing::refuse_plaintext`] makes a plain-text record an error
 //! ([`SealProblem::Plaintext`]) instead of being believed.
 //!
+//! Rekey replaces records; it cannot scrub the plain bytes a backend may
+//! still keep of their former values in its free space: SQLite's free pages
+//! and write-ahead log, Redis's append-only file, file-system blocks, and
+//! any backup taken before. After turning sealing on for a store that held
+//! secrets, compact it (SQLite `VACUUM` after a checkpoint, Redis
+//! `BGREWRITEAOF`) and retire older backups.
+//!
 //! # Errors
 //!
 //! Every failure to open is [`Error::Sealing`] with the record's name (a
