@@ -114,6 +114,7 @@ use mcp_persist_core::{Error, KvStore, LogStore, Result, Stores};
 
 mod error;
 mod gate;
+mod keysource;
 mod names;
 mod opener;
 mod stamp;
@@ -124,6 +125,7 @@ pub use aws_config;
 /// The Secrets Manager client this crate was built with, to build one explicitly.
 pub use aws_sdk_secretsmanager;
 pub use error::{ServiceError, Throttled};
+pub use keysource::SecretsManagerKeys;
 pub use opener::SecretsManagerOpener;
 
 /// How long ago a record must have expired before
