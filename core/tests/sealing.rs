@@ -2,6 +2,8 @@
 //! processes, which need a store shared between processes), and what the
 //! bundle, the key sources and `Debug` promise.
 
+#![allow(clippy::unwrap_used)] // helpers of tests, outside #[test] functions
+
 use std::{
     collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex, OnceLock},

@@ -81,5 +81,5 @@ fn flatten(value: &redis::Value, out: &mut Vec<u8>) {
 
 mcp_persist_core::seal_conformance!(
     open: |place| open_at(Topology::Standalone, place),
-    raw: |place| redis_bytes(place),
+    raw: redis_bytes,
 );

@@ -2,6 +2,8 @@
 //! rotated by writing a new version, reloaded by a running process, and
 //! typed errors that never show key text.
 
+#![allow(clippy::unwrap_used)] // helpers of tests, outside #[test] functions
+
 mod common;
 
 use std::sync::Arc;

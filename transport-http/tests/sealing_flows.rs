@@ -6,6 +6,7 @@
 //! verifiers, codes, `state` values, stream tokens or sealing key bytes,
 //! while everything still reads back through the keyring.
 
+#![allow(clippy::unwrap_used)] // helpers of tests, outside #[test] functions
 #![cfg(all(feature = "auth", feature = "server"))]
 
 mod auth_support;

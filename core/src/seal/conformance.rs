@@ -983,14 +983,14 @@ fn lines_of(child: &mut Child) -> (mpsc::Receiver<String>, thread::JoinHandle<()
                 Ok(0) | Err(_) => break,
                 Ok(_) if !line.ends_with('\n') => break,
                 Ok(_) => {
-                    if let Some(at) = line
+                    let at = line
                         .find("ACK ")
                         .or_else(|| line.find("PROGRESS "))
-                        .or_else(|| line.find("DONE"))
+                        .or_else(|| line.find("DONE"));
+                    if let Some(at) = at
+                        && tx.send(line[at..].trim_end().to_owned()).is_err()
                     {
-                        if tx.send(line[at..].trim_end().to_owned()).is_err() {
-                            break;
-                        }
+                        break;
                     }
                 }
             }

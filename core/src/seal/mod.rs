@@ -250,7 +250,7 @@ impl SealProblem {
 /// ```
 #[derive(Clone)]
 pub struct Sealing {
-    keyring: Arc<RwLock<Keyring>>,
+    keyring: Arc<RwLock<Arc<Keyring>>>,
     scope: Scope,
     refuse_plaintext: bool,
 }
@@ -275,7 +275,7 @@ impl Sealing {
     /// Seals with `keyring`, records with secrets only, plain text accepted.
     pub fn new(keyring: Keyring) -> Sealing {
         Sealing {
-            keyring: Arc::new(RwLock::new(keyring)),
+            keyring: Arc::new(RwLock::new(Arc::new(keyring))),
             scope: Scope::Secrets,
             refuse_plaintext: false,
         }
@@ -308,6 +308,11 @@ impl Sealing {
 
     /// The keyring now in use.
     pub fn keyring(&self) -> Keyring {
+        (*self.current()).clone()
+    }
+
+    /// The keyring in use, shared: what every operation reads once.
+    pub(crate) fn current(&self) -> Arc<Keyring> {
         self.keyring
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -319,7 +324,7 @@ impl Sealing {
     /// its keys.
     pub fn set_keyring(&self, keyring: Keyring) {
         tracing::info!(active = %keyring.active(), keys = keyring.ids().len(), "sealing keyring replaced");
-        *self.keyring.write().unwrap_or_else(|p| p.into_inner()) = keyring;
+        *self.keyring.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keyring);
     }
 
     /// Loads the keyring from `source` and puts it in use; on an error the

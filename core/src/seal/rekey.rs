@@ -498,10 +498,11 @@ fn logs_of(keys: &[Key]) -> Vec<Key> {
         }
     }
     for d in declare::ALL {
-        if d.space == Space::Log && d.components.is_empty() {
-            if let Ok(log) = Key::new(d.prefix) {
-                logs.insert(log);
-            }
+        if d.space == Space::Log
+            && d.components.is_empty()
+            && let Ok(log) = Key::new(d.prefix)
+        {
+            logs.insert(log);
         }
     }
     logs.into_iter().collect()

@@ -164,7 +164,7 @@ impl<S: KvStore + ?Sized> KvStore for Sealed<S> {
         let Some(entry) = self.inner.get(key).await? else {
             return Ok(None);
         };
-        let ring = self.sealing.keyring();
+        let ring = self.sealing.current();
         let version = entry.version;
         let (value, _) =
             self.sealing
@@ -175,7 +175,7 @@ impl<S: KvStore + ?Sized> KvStore for Sealed<S> {
     async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
         kit::check_value(&value, self.max_value_bytes())?;
         let value = if self.sealing.seals(Space::Kv, key) {
-            let ring = self.sealing.keyring();
+            let ring = self.sealing.current();
             envelope::seal(&ring, key, &value, expiry(options.ttl), None)?
         } else {
             value
@@ -214,7 +214,7 @@ impl<S: LogStore + ?Sized> Sealed<S> {
         if !self.sealing.seals(Space::Log, log) {
             return append(records).await;
         }
-        let ring = self.sealing.keyring();
+        let ring = self.sealing.current();
         let expires_at = expiry(ttl);
         let writer = self.writer.get_or_init(Writer::new);
         let mut counter = writer.stripe(log).lock().await;
@@ -242,7 +242,7 @@ impl<S: LogStore + ?Sized> Sealed<S> {
 
     /// Opens records read from `log`, checking each writer's order among them.
     fn open_records(&self, log: &Key, records: Vec<LogRecord>) -> Result<Vec<LogRecord>> {
-        let ring = self.sealing.keyring();
+        let ring = self.sealing.current();
         let mut last: HashMap<[u8; 8], u64> = HashMap::new();
         let mut out = Vec::with_capacity(records.len());
         for record in records {
