@@ -87,6 +87,12 @@
 //!   keys (public identifiers) and sizes, never values. A test captures every
 //!   trace line, the AWS SDK's included, at every level, and finds no token.
 //!
+//! # Sealing keys
+//!
+//! [`SecretsManagerKeys`] reads the keyring that seals records at rest
+//! ([`mcp_persist_core::seal`]) from one secret; writing a new version of it
+//! rotates the keys for every process that reloads.
+//!
 //! # No logs
 //!
 //! ```compile_fail,E0277
