@@ -3,13 +3,13 @@
 
 use std::{collections::HashMap, io::Write};
 
-use mcp_persist_core::{Error, stores::inspect::inspect};
+use mcp_persist::{Error, stores::inspect::inspect};
 use serde_json::{Value, json};
 
 use crate::{
     fail::{Code, Failure},
     inventory::Ctx,
-    model::{BUS_LOG, Kind, log_of},
+    model::{log_of, standalone_logs},
     output::{Table, print_json},
 };
 
@@ -98,21 +98,10 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     let mut logs = Vec::new();
     for read in ctx.read_all("").await? {
         records += 1;
+        // `inspect` also refuses a record of another kind than the one
+        // declared for its key.
         match &read.record {
-            Ok(rec) => {
-                let expected = Kind::record_kinds(&read.key);
-                if !expected.is_empty() && !expected.contains(&rec.kind) {
-                    findings.push(Finding {
-                        key: read.key.clone(),
-                        reason: format!(
-                            "holds a {} record where a {} belongs",
-                            rec.kind,
-                            expected.join(" or ")
-                        ),
-                        newer: false,
-                    });
-                }
-            }
+            Ok(_) => {}
             Err(e) => findings.push(Finding {
                 key: read.key.clone(),
                 reason: reason(e),
@@ -123,7 +112,7 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
             logs.push(log);
         }
     }
-    logs.push((BUS_LOG.to_owned(), "fleet_notice"));
+    logs.extend(standalone_logs());
     let mut log_records = 0u64;
     let mut logs_checked = 0u64;
     let mut damaged_logs = Vec::new();
@@ -189,9 +178,9 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     // The file backend can also read every segment and file in full,
     // including logs no record names any more.
     for backend in ctx.store.backends() {
-        if let Some(file) = &backend.file {
-            let report = file.verify().await.map_err(|e| backend.fail(e))?;
-            for problem in report.problems {
+        {
+            let problems = backend.kv.verify().await.map_err(|e| backend.fail(e))?;
+            for problem in problems {
                 if !findings.iter().any(|f| problem.contains(&f.key)) {
                     findings.push(Finding {
                         key: backend.label.clone(),
@@ -227,8 +216,7 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
             table.print(out)?;
             writeln!(out)?;
         }
-        let file_store = ctx.store.backends().iter().any(|b| b.file.is_some());
-        if file_store && !damaged_logs.is_empty() {
+        if !damaged_logs.is_empty() {
             writeln!(
                 out,
                 "to set the damaged logs aside and let their streams go on: mcp-persist quarantine {} {}\n",

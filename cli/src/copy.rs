@@ -25,7 +25,7 @@
 use std::{collections::BTreeMap, io::Write, time::Duration};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mcp_persist_core::{
+use mcp_persist::{
     Error, LogRecord, PutMode, PutOptions, Timestamp, stores::inspect::inspect,
 };
 use serde_json::json;
@@ -254,9 +254,9 @@ async fn read_source(
     source: &Store,
     key: &str,
     summary: &mut Summary,
-) -> Result<Option<(Vec<u8>, mcp_persist_core::stores::inspect::Inspected)>, Failure> {
+) -> Result<Option<(Vec<u8>, mcp_persist::stores::inspect::Inspected)>, Failure> {
     let from = source.backend_for(key);
-    let entry = match from.kv.get(key).await {
+    let entry = match from.kv.get(&crate::model::key(key)?).await {
         Ok(Some(entry)) => entry,
         Ok(None) => return Ok(None), // gone since the listing: expired or deleted
         Err(e @ Error::Corrupt { .. }) => {
@@ -305,13 +305,13 @@ async fn copy_key(
     let to = dest.backend_for(key);
     let put = PutOptions::new(PutMode::Create).with_ttl(record_ttl);
     let mut kv_done = true;
-    match to.kv.put(key, entry_value.clone(), put).await {
+    match to.kv.put(&crate::model::key(key)?, entry_value.clone(), put).await {
         Ok(_) => {
             summary.copied += 1;
             summary.verify_keys.push(key.to_owned());
         }
         Err(Error::AlreadyExists { .. }) => {
-            let existing = to.kv.get(key).await.map_err(|e| to.fail(e))?;
+            let existing = to.kv.get(&crate::model::key(key)?).await.map_err(|e| to.fail(e))?;
             match existing {
                 Some(existing) if existing.value == entry_value => {
                     summary.already += 1;
@@ -346,7 +346,7 @@ async fn copy_key(
                             let update = PutOptions::new(PutMode::Update(existing.version))
                                 .with_ttl(record_ttl);
                             to.kv
-                                .put(key, entry_value.clone(), update)
+                                .put(&crate::model::key(key)?, entry_value.clone(), update)
                                 .await
                                 .map_err(|e| to.fail(e))?;
                             summary.replaced_older += 1;
@@ -482,7 +482,7 @@ async fn copy_log(
         while missing > 0 {
             checkpoint(lock, || format!("{name}, before sequence number {next}"))?;
             let n = missing.min(BATCH as u64);
-            dst.append(name, vec![b"{}".to_vec(); n as usize], ttl)
+            dst.append(&crate::model::key(name)?, vec![b"{}".to_vec(); n as usize], ttl)
                 .await
                 .map_err(dst_fail)?;
             missing -= n;
@@ -494,7 +494,7 @@ async fn copy_log(
             format!("{name}, before sequence number {}", expected[0])
         })?;
         let got = dst
-            .append(name, chunk.iter().map(|r| r.data.clone()).collect(), ttl)
+            .append(&crate::model::key(name)?, chunk.iter().map(|r| r.data.clone()).collect(), ttl)
             .await
             .map_err(dst_fail)?;
         if got != expected {
@@ -512,13 +512,13 @@ async fn copy_log(
         bar.inc(chunk.len() as u64);
     }
     if dst
-        .read_after(name, 0, 1)
+        .read_after(&crate::model::key(name)?, 0, 1)
         .await
         .map_err(dst_fail)?
         .first()
         .is_some_and(|r| r.seq < first)
     {
-        dst.trim(name, first).await.map_err(dst_fail)?;
+        dst.trim(&crate::model::key(name)?, first).await.map_err(dst_fail)?;
     }
     Ok(())
 }
@@ -530,7 +530,7 @@ async fn verify(dest: &Store, summary: &Summary) -> Result<Vec<String>, Failure>
     let mut mismatches = Vec::new();
     for key in &summary.verify_keys {
         let to = dest.backend_for(key);
-        if to.kv.get(key).await.map_err(|e| to.fail(e))?.is_none() {
+        if to.kv.get(&crate::model::key(key)?).await.map_err(|e| to.fail(e))?.is_none() {
             mismatches.push(format!("{key}: missing in the destination"));
         }
     }

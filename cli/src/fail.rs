@@ -2,7 +2,7 @@
 
 use std::{fmt, path::Path};
 
-use mcp_persist_core::Error;
+use mcp_persist::Error;
 use serde_json::json;
 
 /// The exit codes, as documented in `--help`.
@@ -99,17 +99,6 @@ impl Failure {
         self
     }
 
-    /// A store that is not there.
-    pub(crate) fn unreachable(message: impl Into<String>) -> Failure {
-        Failure::new(Code::Unreachable, message)
-    }
-
-    /// A path that holds something other than a store: refused, nothing
-    /// changed.
-    pub(crate) fn not_a_store(what: impl fmt::Display) -> Failure {
-        Failure::unreachable(format!("not a store: {what} (nothing was changed)"))
-    }
-
     /// The failure as the one JSON object `--json` prints on standard
     /// error: `{"error": {"code", "kind", "message", "hint"}}`.
     pub(crate) fn to_json(&self) -> serde_json::Value {
@@ -144,6 +133,14 @@ impl Failure {
                 file.display()
             ));
         }
+        if let Error::NotFound {
+            what: "store",
+            detail: Some(detail),
+        } = &error
+        {
+            // What the opener found, said as it found it.
+            return Failure::new(Code::Unreachable, detail.clone());
+        }
         let mut chain = error.to_string();
         let mut source = std::error::Error::source(&error);
         while let Some(s) = source {
@@ -172,6 +169,11 @@ impl Failure {
                 "another process changed it meanwhile; run the command again",
             ),
             Error::InvalidInput { .. } => (Code::Usage, "check the argument"),
+            Error::Unsupported { .. } => (
+                Code::Other,
+                "let a command that writes bring the store up to date (`mcp-persist gc`), \
+                 or start the application on it",
+            ),
             _ => (Code::Other, "check the store's logs and permissions"),
         };
         Failure::new(code, format!("{store}: {chain}")).with_hint(advice)

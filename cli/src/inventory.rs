@@ -3,8 +3,8 @@
 
 use std::{collections::BTreeMap, io::Write};
 
-use mcp_persist_core::{
-    Credentials, Timestamp,
+use mcp_persist::{
+    Credentials, Timestamp, declare,
     records::decode,
     stores::inspect::{Inspected, inspect},
 };
@@ -13,12 +13,11 @@ use serde_json::{Value, json};
 use crate::{
     fail::{Code, Failure},
     model::{
-        BUS_LOG, Expiry, Kind, TtlPolicy, created_at, format_duration, format_time, log_of,
-        time_at, unescape,
+        Expiry, Kind, TtlPolicy, components, created_at, format_duration, format_time,
+        is_log_name, log_of, standalone_logs, time_at,
     },
     output::{Level, Table, diag, or_dash, print_json},
-    rawredis,
-    target::{Location, Store},
+    target::Store,
 };
 
 /// What every reading command needs.
@@ -40,14 +39,14 @@ pub(crate) struct Read {
     /// Its version.
     pub(crate) version: u64,
     /// The decoded record, or the reason it is damaged.
-    pub(crate) record: Result<Inspected, mcp_persist_core::Error>,
+    pub(crate) record: Result<Inspected, mcp_persist::Error>,
 }
 
 impl Ctx<'_> {
     /// Reads and decodes the record under `key`; `None` when absent.
     pub(crate) async fn read(&self, key: &str) -> Result<Option<Read>, Failure> {
         let backend = self.store.backend_for(key);
-        match backend.kv.get(key).await {
+        match backend.kv.get(&crate::model::key(key)?).await {
             Ok(None) => Ok(None),
             Ok(Some(entry)) => Ok(Some(Read {
                 key: key.to_owned(),
@@ -56,8 +55,8 @@ impl Ctx<'_> {
                 record: inspect(key, &entry.value),
             })),
             Err(
-                e @ (mcp_persist_core::Error::Corrupt { .. }
-                | mcp_persist_core::Error::NewerSchema { .. }),
+                e @ (mcp_persist::Error::Corrupt { .. }
+                | mcp_persist::Error::NewerSchema { .. }),
             ) => Ok(Some(Read {
                 key: key.to_owned(),
                 bytes: 0,
@@ -130,7 +129,7 @@ pub(crate) async fn ls_sessions(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(
     ]);
     let mut rows = Vec::new();
     let mut damaged = 0;
-    for read in ctx.read_all("server/session/").await? {
+    for read in ctx.read_all(declare::SERVER_SESSION.prefix).await? {
         let Ok(rec) = read.record else {
             damaged += 1;
             continue;
@@ -182,12 +181,14 @@ pub(crate) async fn ls_events(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(),
     let mut table = Table::new(&["STREAM", "SESSION", "EVENTS", "LAST SEQ", "AGE"]);
     let mut rows = Vec::new();
     let mut damaged = 0;
-    for read in ctx.read_all("server/stream/").await? {
+    for read in ctx.read_all(declare::EVENT_STREAM.prefix).await? {
         let Ok(rec) = read.record else {
             damaged += 1;
             continue;
         };
-        let stream = unescape(read.key.trim_start_matches("server/stream/"));
+        let stream = components(&read.key)
+            .and_then(|c| c.into_iter().next())
+            .unwrap_or_else(|| read.key.clone());
         let (events, last) = match (ctx.has_logs(), log_of(&read.key)) {
             (true, Some((name, _))) => match ctx.store.read_log(&name).await {
                 Ok(records) => (
@@ -233,32 +234,38 @@ pub(crate) async fn ls_clients(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<()
     }
     let mut servers: BTreeMap<(String, String), Server> = BTreeMap::new();
     let mut damaged = 0;
-    for read in ctx.read_all("client/").await? {
-        let parts: Vec<&str> = read.key.split('/').collect();
-        let [_, what, profile, endpoint, ..] = parts.as_slice() else {
-            continue;
-        };
-        let server = servers
-            .entry((unescape(endpoint), unescape(profile)))
-            .or_default();
-        let Ok(rec) = read.record else {
-            damaged += 1;
-            continue;
-        };
-        match *what {
-            "profile" => {
+    let client_kinds = [
+        &declare::SERVER_PROFILE,
+        &declare::LEGACY_SESSION,
+        &declare::IN_FLIGHT_REQUEST,
+    ];
+    for d in client_kinds {
+        for read in ctx.read_all(d.prefix).await? {
+            let Some(parts) = d.parse(&read.key) else {
+                continue;
+            };
+            let [profile, endpoint, ..] = parts.as_slice() else {
+                continue;
+            };
+            let server = servers
+                .entry((endpoint.clone(), profile.clone()))
+                .or_default();
+            let Ok(rec) = read.record else {
+                damaged += 1;
+                continue;
+            };
+            if d == &declare::SERVER_PROFILE {
                 server.era = str_at(&rec.record, "/era").map(str::to_owned);
                 server.protocol = server
                     .protocol
                     .take()
                     .or_else(|| str_at(&rec.record, "/protocol_version").map(str::to_owned));
-            }
-            "session" => {
+            } else if d == &declare::LEGACY_SESSION {
                 server.session = str_at(&rec.record, "/session_id").map(str::to_owned);
                 server.protocol = str_at(&rec.record, "/protocol_version").map(str::to_owned);
+            } else {
+                server.inflight += 1;
             }
-            "inflight" => server.inflight += 1,
-            _ => {}
         }
     }
     warn_damaged(damaged);
@@ -298,12 +305,12 @@ pub(crate) async fn ls_credentials(ctx: &Ctx<'_>, out: &mut impl Write) -> Resul
     let mut table = Table::new(&["ISSUER", "RESOURCE", "SCOPES", "EXPIRES", "REFRESH TOKEN"]);
     let mut rows = Vec::new();
     let mut damaged = 0;
-    for key in ctx.store.list("cred/token/").await? {
+    for key in ctx.store.list(declare::CREDENTIALS.prefix).await? {
         let backend = ctx.store.backend_for(&key);
-        let entry = match backend.kv.get(&key).await {
+        let entry = match backend.kv.get(&crate::model::key(&key)?).await {
             Ok(Some(entry)) => entry,
             Ok(None) => continue,
-            Err(mcp_persist_core::Error::Corrupt { .. }) => {
+            Err(mcp_persist::Error::Corrupt { .. }) => {
                 damaged += 1;
                 continue;
             }
@@ -355,7 +362,7 @@ pub(crate) async fn ls_tasks(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), 
     ]);
     let mut rows = Vec::new();
     let mut damaged = 0;
-    for read in ctx.read_all("server/task/").await? {
+    for read in ctx.read_all(declare::TASK.prefix).await? {
         let Ok(rec) = read.record else {
             damaged += 1;
             continue;
@@ -396,13 +403,15 @@ pub(crate) async fn ls_keys(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), F
     let mut table = Table::new(&["NAME", "ACTIVE KEY", "CREATED", "PREVIOUS KEY"]);
     let mut rows = Vec::new();
     let mut damaged = 0;
-    for read in ctx.read_all("server/key/").await? {
+    for read in ctx.read_all(declare::SHARED_KEY_RING.prefix).await? {
         let Ok(rec) = read.record else {
             damaged += 1;
             continue;
         };
         let r = &rec.record;
-        let name = unescape(read.key.trim_start_matches("server/key/"));
+        let name = components(&read.key)
+            .and_then(|c| c.into_iter().next())
+            .unwrap_or_else(|| read.key.clone());
         table.row(vec![
             name.clone(),
             or_dash(str_at(r, "/active/id")),
@@ -445,9 +454,7 @@ pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Resu
         }
         return Ok(());
     }
-    let is_log = key.starts_with("server/events/")
-        || key.starts_with("server/task-inbox/")
-        || key == BUS_LOG;
+    let is_log = is_log_name(key);
     if is_log && ctx.has_logs() {
         let records = ctx
             .store
@@ -520,7 +527,7 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
             log_names.push(name);
         }
     }
-    log_names.push((BUS_LOG.to_owned(), "fleet_notice"));
+    log_names.extend(standalone_logs());
     if ctx.has_logs() {
         for (name, kind) in log_names {
             let label = match kind {
@@ -584,22 +591,27 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
 /// mcp-persist keys are on that server, so an empty table is not mistaken
 /// for an empty store.
 pub(crate) async fn explain_empty(store: &Store) {
+    use mcp_persist_store_redis::RedisStore;
     let backend = &store.rest;
-    let (
-        Location::Redis {
-            urls,
-            cluster,
-            prefix: None,
-        },
-        Some(default),
-    ) = (&backend.location, &backend.redis_prefix)
+    let Some((default, prefix)) = backend
+        .with_concrete(|redis: &RedisStore| {
+            (redis.has_default_prefix(), redis.key_prefix().to_owned())
+        })
+        .await
     else {
         return;
     };
-    if !backend.kv.list("").await.is_ok_and(|keys| keys.is_empty()) {
+    if !default || !backend.kv.list("").await.is_ok_and(|keys| keys.is_empty()) {
         return;
     }
-    let elsewhere = match rawredis::prefixes_in_use(urls, *cluster, 100_000).await {
+    let found = match backend
+        .with_concrete(|redis: &RedisStore| redis.clone())
+        .await
+    {
+        Some(redis) => redis.prefixes_in_use(100_000).await,
+        None => None,
+    };
+    let elsewhere = match found {
         Some(found) if found.is_empty() => {
             " No mcp-persist records were found under any other prefix either.".to_owned()
         }
@@ -618,7 +630,7 @@ pub(crate) async fn explain_empty(store: &Store) {
     diag(
         Level::Note,
         &format!(
-            "{} holds nothing under the default key prefix `{default}`: the URL names no ?prefix=, and an application that sets its own (RedisStore's key_prefix) keeps its keys under that; name it with ?prefix=P.{elsewhere}",
+            "{} holds nothing under the default key prefix `{prefix}`: the URL names no ?prefix=, and an application that sets its own (RedisStore's key_prefix) keeps its keys under that; name it with ?prefix=P.{elsewhere}",
             backend.label
         ),
     );

@@ -4,9 +4,8 @@
 //!
 //! | destination | lock | held after a crash |
 //! |---|---|---|
-//! | `file:DIR` | `flock` on the store's folder | no: the system drops it |
-//! | `sqlite:PATH` | `flock` on the database file | no: the system drops it |
-//! | `redis://` | the key `<prefix>{cli:copy-lock}`, renewed while held | until its TTL ([`REDIS_TTL`]) runs out |
+//! | a store in a folder or file on this machine (`file:`, `sqlite:`) | `flock` on it | no: the system drops it |
+//! | a store on a server (`redis://`, and any other with logs) | a [`ToolLock`] record in the store, renewed while held | until its TTL ([`LEASE_TTL`]) runs out |
 //!
 //! A copy that finds the lock taken says so and waits; Ctrl-C stops the
 //! wait. Key-value records need no lock (they are written create-only or by
@@ -17,10 +16,6 @@ use std::{
     fs::File,
     mem::ManuallyDrop,
     path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     time::Duration,
 };
 
@@ -28,15 +23,15 @@ use crate::{
     fail::{Code, Failure},
     interrupt,
     output::{Level, diag},
-    rawredis::{Conn, connect},
-    target::{Backend, Location},
+    target::Backend,
 };
+use mcp_persist::stores::ToolLock;
 
-/// How long the Redis lock outlives a copy that stopped renewing it (a
-/// copy killed with SIGKILL, a machine gone).
-pub(crate) const REDIS_TTL: Duration = Duration::from_secs(10);
-/// How often a held Redis lock is renewed.
-const REDIS_RENEW: Duration = Duration::from_secs(2);
+/// How long the lock record outlives a copy that stopped renewing it (a
+/// copy killed with SIGKILL, a machine gone); it is renewed every fifth.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(10);
+/// The name of the lock a copy takes.
+const COPY_LOCK: &str = "copy";
 /// How often a waiting copy tries again.
 const RETRY: Duration = Duration::from_millis(100);
 
@@ -54,8 +49,8 @@ enum Held {
     /// when SQLite's go too.
     #[expect(dead_code, reason = "never read: holding the descriptor is the lock")]
     Database(ManuallyDrop<File>),
-    /// A Redis key, renewed by a task until released.
-    Redis(RedisLock),
+    /// A lock record in the store, renewed by a task until released.
+    Lease(ToolLock),
 }
 
 fn interrupted_while_waiting(label: &str) -> Failure {
@@ -122,24 +117,22 @@ impl DestLock {
     /// folder exists); `None` for a backend without logs.
     pub(crate) async fn acquire(backend: &Backend) -> Result<Option<DestLock>, Failure> {
         let label = &backend.label;
-        let held = match (&backend.location, &backend.redis_prefix) {
-            (Location::File(dir), _) => Held::Folder(flock(dir, label, false).await?),
-            (Location::Sqlite(path), _) => {
-                Held::Database(ManuallyDrop::new(flock(path, label, true).await?))
-            }
-            (Location::Redis { urls, cluster, .. }, Some(prefix)) => {
-                Held::Redis(RedisLock::acquire(urls, *cluster, prefix, label).await?)
-            }
-            _ => return Ok(None),
+        if backend.log.is_none() {
+            return Ok(None);
+        }
+        let held = match backend.location.local_path() {
+            Some(path) if path.is_dir() => Held::Folder(flock(&path, label, false).await?),
+            Some(path) => Held::Database(ManuallyDrop::new(flock(&path, label, true).await?)),
+            None => Held::Lease(lease(backend).await?),
         };
         Ok(Some(DestLock { held }))
     }
 
-    /// Whether the lock was lost (a Redis lock not renewed in time): the
-    /// copy must stop before it appends anything more.
+    /// Whether the lock was lost (a lease not renewed in time): the copy
+    /// must stop before it appends anything more.
     pub(crate) fn lost(&self) -> bool {
         match &self.held {
-            Held::Redis(lock) => lock.lost.load(Ordering::SeqCst),
+            Held::Lease(lock) => lock.lost(),
             _ => false,
         }
     }
@@ -150,24 +143,19 @@ impl DestLock {
             Held::Folder(file) => drop(file),
             // Given back when the process ends (see `Held::Database`).
             Held::Database(_) => {}
-            Held::Redis(lock) => lock.release().await,
+            Held::Lease(lock) => {
+                if let Err(e) = lock.release().await {
+                    diag(
+                        Level::Warning,
+                        &format!(
+                            "could not give back the copy lock: {e}; it expires within {} s",
+                            LEASE_TTL.as_secs()
+                        ),
+                    );
+                }
+            }
         }
     }
-}
-
-/// Extends the lock if it is still ours.
-const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
-     return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
-/// Deletes the lock if it is still ours.
-const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
-     return redis.call('del', KEYS[1]) else return 0 end";
-
-struct RedisLock {
-    conn: Conn,
-    key: String,
-    token: String,
-    lost: Arc<AtomicBool>,
-    renewer: tokio::task::JoinHandle<()>,
 }
 
 /// Who holds the lock, for the operator who waits: this host and process.
@@ -175,121 +163,28 @@ fn holder_token() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown host".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!(
-        "mcp-persist copy, process {} on {host}, {nanos}",
-        std::process::id()
-    )
+    format!("mcp-persist copy, process {} on {host}", std::process::id())
 }
 
-fn redis_failure(label: &str, e: &redis::RedisError) -> Failure {
-    Failure::new(
-        Code::Unreachable,
-        format!("{label}: cannot take the copy lock: {e}"),
-    )
-    .with_hint("check that the server is running and the URL's host and port are right")
-}
-
-impl RedisLock {
-    async fn acquire(
-        urls: &[String],
-        cluster: bool,
-        prefix: &str,
-        label: &str,
-    ) -> Result<RedisLock, Failure> {
-        let mut conn = connect(urls, cluster)
-            .await
-            .map_err(|e| redis_failure(label, &e))?;
-        // Beside the store's own keys (`<prefix>{kv:..}`, `<prefix>{log:..}`),
-        // never among them.
-        let key = format!("{prefix}{{cli:copy-lock}}");
-        let token = holder_token();
-        let ttl_ms = REDIS_TTL.as_millis().to_string();
-        let mut told = false;
-        loop {
-            let set: Option<String> = conn
-                .query(
-                    redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(&ttl_ms),
-                )
-                .await
-                .map_err(|e| redis_failure(label, &e))?;
-            if set.is_some() {
-                break;
-            }
-            if !told {
-                let holder: Option<String> = conn
-                    .query(redis::cmd("GET").arg(&key))
-                    .await
-                    .map_err(|e| redis_failure(label, &e))?;
-                waiting(label, holder.as_deref());
-                told = true;
-            }
-            if interrupt::requested() {
-                return Err(interrupted_while_waiting(label));
-            }
-            tokio::time::sleep(RETRY).await;
+/// Takes the lock record of `backend`, waiting while another copy holds it.
+async fn lease(backend: &Backend) -> Result<ToolLock, Failure> {
+    let label = &backend.label;
+    let holder = holder_token();
+    let mut told = false;
+    loop {
+        match ToolLock::try_acquire(backend.kv.clone(), COPY_LOCK, &holder, LEASE_TTL).await {
+            Ok(Some(lock)) => return Ok(lock),
+            Ok(None) => {}
+            Err(e) => return Err(backend.fail(e)),
         }
-        let lost = Arc::new(AtomicBool::new(false));
-        let renewer = {
-            let mut renew_conn = connect(urls, cluster)
-                .await
-                .map_err(|e| redis_failure(label, &e))?;
-            let (key, token, lost) = (key.clone(), token.clone(), lost.clone());
-            tokio::spawn(async move {
-                let script = redis::Script::new(RENEW);
-                loop {
-                    tokio::time::sleep(REDIS_RENEW).await;
-                    let renewed: redis::RedisResult<i64> = tokio::time::timeout(
-                        REDIS_RENEW,
-                        renew_conn.script(&script, &key, &[&token, &ttl_ms]),
-                    )
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(redis::RedisError::from((
-                            redis::ErrorKind::Io,
-                            "renewal timed out",
-                        )))
-                    });
-                    if !matches!(renewed, Ok(1)) {
-                        lost.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                }
-            })
-        };
-        Ok(RedisLock {
-            conn,
-            key,
-            token,
-            lost,
-            renewer,
-        })
-    }
-
-    async fn release(mut self) {
-        self.renewer.abort();
-        // Best effort: a lock left behind expires within REDIS_TTL.
-        let released: redis::RedisResult<i64> = self
-            .conn
-            .script(&redis::Script::new(RELEASE), &self.key, &[&self.token])
-            .await;
-        if let Err(e) = released {
-            diag(
-                Level::Warning,
-                &format!(
-                    "could not give back the copy lock {}: {e}; it expires within {} s",
-                    self.key,
-                    REDIS_TTL.as_secs()
-                ),
-            );
+        if !told {
+            let by = ToolLock::holder(&*backend.kv, COPY_LOCK).await.ok().flatten();
+            waiting(label, by.as_deref());
+            told = true;
         }
+        if interrupt::requested() {
+            return Err(interrupted_while_waiting(label));
+        }
+        tokio::time::sleep(RETRY).await;
     }
 }

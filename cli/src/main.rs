@@ -31,8 +31,6 @@ mod inventory;
 mod lock;
 mod model;
 mod output;
-mod probe;
-mod rawredis;
 mod sweep;
 mod target;
 
@@ -46,11 +44,11 @@ use crate::{
     inventory::Ctx,
     lock::DestLock,
     model::{Kind, TtlPolicy, parse_duration},
-    target::{Access, Found, Spec, Store},
+    target::{Access, Spec, Store},
 };
 
 fn after_help() -> String {
-    format!("Store URLs:\n{}\n\n{}", target::FORMS, fail::EXIT_CODES)
+    format!("Store URLs:\n{}\n\n{}", target::forms(), fail::EXIT_CODES)
 }
 
 /// Inspect, check, clean and migrate the state mcp-persist keeps for MCP
@@ -90,7 +88,7 @@ enum LsKind {
 enum Command {
     /// List one kind of state: sessions (the default), events, clients,
     /// credentials, tasks or keys.
-    #[command(after_help = target::FORMS)]
+    #[command(after_help = target::forms())]
     Ls {
         /// The store URL.
         store: String,
@@ -98,8 +96,8 @@ enum Command {
         #[arg(value_enum, default_value = "sessions")]
         kind: LsKind,
     },
-    /// Show one record decoded, secrets redacted; or a log's records
-    /// (`server/events/<stream>`).
+    /// Show one record decoded, secrets redacted; or a log's records (the
+    /// name of an event stream's log, as `ls events` and `stats` show it).
     Show {
         /// The store URL.
         store: String,
@@ -383,8 +381,8 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
             let dest = Spec::parse(&dest)?;
             let access = Access::Create { create_dirs };
             // Both are looked at before anything is opened or created.
-            source.probe(Access::ReadOnly)?;
-            let new = dest.probe(access)? == Found::New;
+            source.exists(Access::ReadOnly).await?;
+            let new = !dest.exists(access).await?;
             let source = Store::open(&source, Access::ReadOnly).await?;
             let copied = copy_into(
                 &source, &dest, access, new, &kinds, ttl, dry_run, json, &mut out,
@@ -395,6 +393,23 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
     };
     out.flush()?;
     Ok(code)
+}
+
+/// What `copy` writes into: `store` is `None` in a dry run into a store on
+/// this machine, which is only looked at (and such a store keeps logs).
+fn destination<'a>(
+    dest: &Spec,
+    store: Option<&'a Store>,
+    new: bool,
+    lock: Option<&'a DestLock>,
+) -> Destination<'a> {
+    Destination {
+        label: dest.display(),
+        holds_logs: store.is_none_or(|s| s.log().is_some()),
+        store,
+        new,
+        lock,
+    }
 }
 
 /// `copy` from the opened `source` into `dest`: a dry run never opens a
@@ -412,14 +427,8 @@ async fn copy_into(
     json: bool,
     out: &mut impl Write,
 ) -> Result<Option<Code>, Failure> {
-    let local = dest.rest.is_local() || dest.credentials.as_ref().is_some_and(|c| c.is_local());
-    let plan = |store, lock| Destination {
-        label: dest.display(),
-        store,
-        holds_logs: dest.rest.holds_logs(),
-        new,
-        lock,
-    };
+    let local = dest.is_local();
+    let plan = |store, lock| destination(dest, store, new, lock);
     if dry_run && local {
         return copy::copy(source, &plan(None, None), kinds, ttl, true, json, out).await;
     }

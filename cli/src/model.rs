@@ -3,12 +3,18 @@
 
 use std::time::Duration;
 
-use mcp_persist_core::{Timestamp, stores::inspect::Inspected};
+use mcp_persist::{
+    Key, Timestamp,
+    declare::{self, Family, Lifetime},
+    stores::inspect::Inspected,
+};
 
-/// The kinds of state, as `ls`, `stats` and `copy --kinds` name them.
+/// The kinds of state, as `ls`, `stats` and `copy --kinds` name them: the
+/// families of core's record declarations, and `other` for keys no
+/// declaration knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub(crate) enum Kind {
-    /// Server sessions (`server/session/...`).
+    /// Server sessions.
     Sessions,
     /// SSE event streams: their metadata and their logs.
     Events,
@@ -39,25 +45,23 @@ impl Kind {
         Kind::Other,
     ];
 
+    /// The kind a declaration's family is listed under.
+    fn of_family(family: Family) -> Kind {
+        match family {
+            Family::Sessions => Kind::Sessions,
+            Family::Events => Kind::Events,
+            Family::Clients => Kind::Clients,
+            Family::Credentials => Kind::Credentials,
+            Family::Tasks => Kind::Tasks,
+            Family::Keys => Kind::Keys,
+            Family::Instances => Kind::Instances,
+            _ => Kind::Other,
+        }
+    }
+
     /// The kind of a key-value key.
     pub(crate) fn of(key: &str) -> Kind {
-        if key.starts_with("server/session/") {
-            Kind::Sessions
-        } else if key.starts_with("server/stream/") {
-            Kind::Events
-        } else if key.starts_with("client/") {
-            Kind::Clients
-        } else if key.starts_with("cred/") {
-            Kind::Credentials
-        } else if key.starts_with("server/task/") {
-            Kind::Tasks
-        } else if key.starts_with("server/key/") {
-            Kind::Keys
-        } else if key.starts_with("server/instance/") {
-            Kind::Instances
-        } else {
-            Kind::Other
-        }
+        declare::of_key(key).map_or(Kind::Other, |d| Kind::of_family(d.family))
     }
 
     /// The name used on the command line.
@@ -74,55 +78,53 @@ impl Kind {
         }
     }
 
-    /// The record kinds a key of this kind may hold.
-    pub(crate) fn record_kinds(key: &str) -> &'static [&'static str] {
-        if key.starts_with("server/session/") {
-            &["server_session"]
-        } else if key.starts_with("server/stream/") {
-            &["event_stream"]
-        } else if key.starts_with("client/profile/") {
-            &["server_profile"]
-        } else if key.starts_with("client/session/") {
-            &["legacy_session"]
-        } else if key.starts_with("client/inflight/") {
-            &["in_flight_request"]
-        } else if key.starts_with("cred/token/") {
-            &["credentials"]
-        } else if key.starts_with("cred/pending/") {
-            &["pending_authorization"]
-        } else if key.starts_with("cred/issuer/") {
-            &["resource_issuer"]
-        } else if key.starts_with("cred/lease/") {
-            &["refresh_lease"]
-        } else if key.starts_with("server/task/") {
-            &["task"]
-        } else if key.starts_with("server/key/") {
-            &["shared_key_ring"]
-        } else if key.starts_with("server/instance/") {
-            &["instance_lease"]
-        } else {
-            &[]
-        }
-    }
 }
 
 /// The log a key-value key names, with the record kind its entries hold:
 /// a stream's event log, or a task's inbox.
 pub(crate) fn log_of(key: &str) -> Option<(String, &'static str)> {
-    if let Some(stream) = key.strip_prefix("server/stream/") {
-        Some((format!("server/events/{stream}"), "event"))
-    } else {
-        key.strip_prefix("server/task/")
-            .map(|task| (format!("server/task-inbox/{task}"), "task_inbox"))
-    }
+    let (log, d) = declare::of_key(key)?.log_of(key)?;
+    Some((log.to_string(), d.kind))
 }
 
-/// The fleet notification bus log.
-pub(crate) const BUS_LOG: &str = "server/bus";
+/// Every log that no key-value record names (the fleet bus), with the
+/// record kind it holds.
+pub(crate) fn standalone_logs() -> Vec<(String, &'static str)> {
+    declare::ALL
+        .iter()
+        .filter(|d| d.space == declare::Space::Log && d.components.is_empty())
+        .map(|d| (d.key(&[]).to_string(), d.kind))
+        .collect()
+}
 
-/// Undoes the escaping of a key component (`%2F` is `/`, `%25` is `%`).
-pub(crate) fn unescape(component: &str) -> String {
-    component.replace("%2F", "/").replace("%25", "%")
+/// Whether `name` is the name of a declared log.
+pub(crate) fn is_log_name(name: &str) -> bool {
+    declare::of_log(name).is_some()
+}
+
+/// The components of `key` under its declaration, unescaped.
+pub(crate) fn components(key: &str) -> Option<Vec<String>> {
+    declare::of_key(key)?.parse(key)
+}
+
+/// Whether `key` is one the credentials side of a split bundle holds
+/// (credentials, pending authorizations, refresh leases, shared keys).
+pub(crate) fn is_credential_key(key: &str) -> bool {
+    declare::of_key(key).is_some_and(|d| d.role == declare::Role::Credentials)
+}
+
+/// The prefixes of every kind the credentials side of a split bundle holds.
+pub(crate) fn credential_prefixes() -> Vec<&'static str> {
+    declare::ALL
+        .iter()
+        .filter(|d| d.role == declare::Role::Credentials && d.space == declare::Space::Kv)
+        .map(|d| d.prefix)
+        .collect()
+}
+
+/// A key as the store lists it, for messages of keys typed by an operator.
+pub(crate) fn key(text: &str) -> Result<Key, crate::fail::Failure> {
+    Key::new(text).map_err(|e| crate::fail::usage(format!("`{text}` is not a key: {e}")))
 }
 
 /// Reads a timestamp field of a decoded record.
@@ -136,30 +138,12 @@ pub(crate) fn time_at(record: &serde_json::Value, pointer: &str) -> Option<Times
 /// The time a record was last written, by its own account: what `copy`
 /// compares to tell the newer of two versions of one key.
 pub(crate) fn written_at(inspected: &Inspected) -> Option<Timestamp> {
-    let r = &inspected.record;
-    let pointers: &[&str] = match inspected.kind {
-        "server_session" => &["/last_seen"],
-        "legacy_session" => &["/updated_at"],
-        "server_profile" => &["/verdict_at"],
-        "in_flight_request" => &["/sent_at"],
-        "credentials" => &["/obtained_at"],
-        "pending_authorization" => &["/created_at"],
-        "resource_issuer" => &["/updated_at"],
-        "task" => &["/last_updated_at"],
-        "shared_key_ring" => &["/active/created_at"],
-        "instance_lease" => &["/renewed_at"],
-        "event_stream" => &["/created_at"],
-        _ => &[],
-    };
-    pointers.iter().find_map(|p| time_at(r, p))
+    inspected.written_at()
 }
 
 /// The time a record was created, by its own account.
 pub(crate) fn created_at(inspected: &Inspected) -> Option<Timestamp> {
-    let r = &inspected.record;
-    time_at(r, "/created_at")
-        .or_else(|| time_at(r, "/started_at"))
-        .or_else(|| written_at(inspected))
+    inspected.created_at()
 }
 
 /// TTL settings the records do not carry: the servers' configuration.
@@ -189,15 +173,18 @@ impl TtlPolicy {
     /// policy. Leases are transient.
     pub(crate) fn expiry(&self, inspected: &Inspected) -> Expiry {
         let r = &inspected.record;
-        match inspected.kind {
-            "server_session" => time_at(r, "/last_seen")
+        match inspected.declaration.lifetime {
+            Lifetime::SessionIdle => inspected
+                .written_at()
                 .map_or(Expiry::Never, |t| Expiry::At(t.plus(self.session_idle))),
-            "event_stream" => Expiry::At(Timestamp::now().plus(self.event_retention * 3 / 2)),
-            "pending_authorization" => time_at(r, "/created_at").map_or(Expiry::Never, |t| {
+            Lifetime::EventRetention => {
+                Expiry::At(Timestamp::now().plus(self.event_retention * 3 / 2))
+            }
+            Lifetime::PendingAuthorization => inspected.created_at().map_or(Expiry::Never, |t| {
                 Expiry::At(t.plus(self.pending_authorization))
             }),
-            "task" => {
-                let created = time_at(r, "/created_at");
+            Lifetime::Task => {
+                let created = inspected.created_at();
                 let ttl = r.pointer("/ttl_ms").and_then(serde_json::Value::as_u64);
                 match (created, ttl) {
                     (Some(c), Some(ms)) => {
@@ -206,7 +193,7 @@ impl TtlPolicy {
                     _ => Expiry::Never,
                 }
             }
-            "refresh_lease" | "instance_lease" => Expiry::Transient,
+            Lifetime::Transient => Expiry::Transient,
             _ => Expiry::Never,
         }
     }
@@ -287,12 +274,18 @@ mod tests {
 
     #[test]
     fn keys_map_to_kinds_and_logs() {
-        assert_eq!(Kind::of("server/session/abc"), Kind::Sessions);
-        assert_eq!(Kind::of("cred/token/a/b"), Kind::Credentials);
+        let session = declare::SERVER_SESSION.key(&["abc"]);
+        assert_eq!(Kind::of(&session), Kind::Sessions);
+        let creds = declare::CREDENTIALS.key(&["a", "b"]);
+        assert_eq!(Kind::of(&creds), Kind::Credentials);
+        assert!(is_credential_key(&creds));
+        assert!(!is_credential_key(&session));
+        let stream = declare::EVENT_STREAM.key(&["s/1"]);
         assert_eq!(
-            log_of("server/stream/s%2F1"),
-            Some(("server/events/s%2F1".to_owned(), "event"))
+            log_of(&stream),
+            Some((declare::EVENT.key(&["s/1"]).to_string(), "event"))
         );
-        assert_eq!(unescape("http:%2F%2Fh%25"), "http://h%");
+        assert_eq!(Kind::of("not/a/declared/key"), Kind::Other);
+        assert_eq!(standalone_logs().len(), 1);
     }
 }

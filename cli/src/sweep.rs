@@ -42,8 +42,8 @@ pub(crate) async fn rm(
     let mut present = Vec::new();
     for key in keys {
         let backend = store.backend_for(&key);
-        match backend.kv.get(&key).await {
-            Ok(Some(_)) | Err(mcp_persist_core::Error::Corrupt { .. }) => present.push(key),
+        match backend.kv.get(&crate::model::key(&key)?).await {
+            Ok(Some(_)) | Err(mcp_persist::Error::Corrupt { .. }) => present.push(key),
             Ok(None) => diag(Level::Note, &format!("no record under `{key}`")),
             Err(e) => return Err(backend.fail(e)),
         }
@@ -97,7 +97,7 @@ pub(crate) async fn rm(
     for key in &present {
         if let (Some((log, _)), Some(log_store)) = (log_of(key), store.log()) {
             log_store
-                .delete_log(&log)
+                .delete_log(&crate::model::key(&log)?)
                 .await
                 .map_err(|e| store.rest.fail(e))?;
             deleted_logs += 1;
@@ -105,7 +105,7 @@ pub(crate) async fn rm(
         let backend = store.backend_for(key);
         if backend
             .kv
-            .delete(key, None)
+            .delete(&crate::model::key(key)?, None)
             .await
             .map_err(|e| backend.fail(e))?
         {
@@ -125,29 +125,34 @@ pub(crate) async fn rm(
 
 /// In-flight journal entries whose client session is gone or replaced.
 async fn orphaned_inflight(store: &Store) -> Result<Vec<String>, Failure> {
+    use mcp_persist::declare::{IN_FLIGHT_REQUEST, LEGACY_SESSION};
     let mut orphans = Vec::new();
-    for key in store.list("client/inflight/").await? {
-        // client/inflight/<profile>/<endpoint>/<session>/<id>
-        let parts: Vec<&str> = key.split('/').collect();
-        let [_, _, profile, endpoint, session, _] = parts.as_slice() else {
+    for key in store.list(IN_FLIGHT_REQUEST.prefix).await? {
+        // The entry's components: profile, endpoint, session, request.
+        let Some(parts) = IN_FLIGHT_REQUEST.parse(&key) else {
             continue;
         };
-        let session_key = format!("client/session/{profile}/{endpoint}");
+        let [profile, endpoint, session, _] = parts.as_slice() else {
+            continue;
+        };
+        let Ok(session_key) = LEGACY_SESSION.try_key(&[profile, endpoint]) else {
+            continue;
+        };
         let backend = store.backend_for(&session_key);
         let current = match backend.kv.get(&session_key).await {
             Ok(entry) => entry,
             // A damaged session record is `check`'s business, not a sweep's.
-            Err(mcp_persist_core::Error::Corrupt { .. }) => continue,
+            Err(mcp_persist::Error::Corrupt { .. }) => continue,
             Err(e) => return Err(backend.fail(e)),
         };
         let alive = current.is_some_and(|entry| {
-            mcp_persist_core::stores::inspect::inspect(&session_key, &entry.value)
+            mcp_persist::stores::inspect::inspect(&session_key, &entry.value)
                 .ok()
                 .and_then(|r| {
                     r.record
                         .pointer("/session_id")
                         .and_then(serde_json::Value::as_str)
-                        .map(|id| id.replace('%', "%25").replace('/', "%2F") == *session)
+                        .map(|id| id == session)
                 })
                 .unwrap_or(true)
         });
@@ -202,7 +207,7 @@ pub(crate) async fn gc(
         let backend = store.backend_for(key);
         if backend
             .kv
-            .delete(key, None)
+            .delete(&crate::model::key(key)?, None)
             .await
             .map_err(|e| backend.fail(e))?
         {
@@ -241,35 +246,38 @@ pub(crate) async fn quarantine(
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
-    let Some((backend, file)) = store
-        .backends()
-        .into_iter()
-        .find_map(|b| b.file.as_ref().map(|file| (b, file)))
-    else {
+    let backend = &store.rest;
+    let Some(log_store) = &backend.log else {
         return Err(crate::fail::usage(format!(
-            "{} is not a file store: only file stores set damaged logs aside; \
-             elsewhere delete the record that names the log with `mcp-persist rm`",
+            "{} holds no logs, so there is none to set aside",
             store.label
         )));
     };
     let mut moved = Vec::new();
     let mut missing = Vec::new();
     for log in logs {
-        match file.quarantine_log(log).await {
+        match log_store.quarantine_log(&crate::model::key(log)?).await {
             Ok(Some(path)) => moved.push((log.clone(), path)),
             Ok(None) => missing.push(log.clone()),
+            Err(mcp_persist::Error::Unsupported { .. }) => {
+                return Err(crate::fail::usage(format!(
+                    "{} cannot set a damaged log aside (only file stores keep logs apart from \
+                     the rest); delete the record that names the log with `mcp-persist rm` instead",
+                    store.label
+                )));
+            }
             Err(e) => return Err(backend.fail(e)),
         }
     }
     if json {
         let moved: Vec<_> = moved
             .iter()
-            .map(|(log, path)| json!({"log": log, "moved_to": path.display().to_string()}))
+            .map(|(log, path)| json!({"log": log, "moved_to": path}))
             .collect();
         print_json(out, &json!({"quarantined": moved, "missing": missing}))?;
     } else {
         for (log, path) in &moved {
-            writeln!(out, "set aside log {log} in {}", path.display())?;
+            writeln!(out, "set aside log {log} in {path}")?;
         }
         for log in &missing {
             writeln!(out, "no log named {log}")?;

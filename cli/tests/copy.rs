@@ -171,7 +171,7 @@ async fn big_source(
             .collect();
         seqs.extend(
             raw.append(
-                "server/events/bulk-stream",
+                &k(&events_log("bulk-stream")),
                 records,
                 Some(Duration::from_secs(3600)),
             )
@@ -194,11 +194,11 @@ async fn killed_copy_resumes(
     // An earlier run got a third of the log across before it stopped.
     let src = mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("big.db")).await?;
     let head = src
-        .read_after("server/events/bulk-stream", 0, EVENTS / 3)
+        .read_after(&k(&events_log("bulk-stream")), 0, EVENTS / 3)
         .await?;
     let seeded = dest_log
         .append(
-            "server/events/bulk-stream",
+            &k(&events_log("bulk-stream")),
             head.iter().map(|r| r.data.clone()).collect(),
             Some(Duration::from_secs(3600)),
         )
@@ -219,14 +219,14 @@ async fn killed_copy_resumes(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let at_kill = loop {
         let copied = dest_kv
-            .list("server/session/")
+            .list(mcp_persist_core::declare::SERVER_SESSION.prefix)
             .await
             .map(|k| k.len())
             .unwrap_or(0);
         if copied >= SESSIONS / 4 {
             child.start_kill()?;
             child.wait().await?;
-            break dest_kv.list("server/session/").await?.len();
+            break dest_kv.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await?.len();
         }
         assert!(
             child.try_wait()?.is_none(),
@@ -258,12 +258,12 @@ async fn killed_copy_resumes(
             .is_some_and(|n| n >= (EVENTS / 3) as u64),
         "{summary}"
     );
-    assert_eq!(dest_kv.list("server/session/").await?.len(), SESSIONS);
+    assert_eq!(dest_kv.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await?.len(), SESSIONS);
     let mut got = Vec::new();
     loop {
         let after = got.last().copied().unwrap_or(0);
         let batch = dest_log
-            .read_after("server/events/bulk-stream", after, 1000)
+            .read_after(&k(&events_log("bulk-stream")), after, 1000)
             .await?;
         if batch.is_empty() {
             break;
@@ -329,7 +329,7 @@ async fn copy_refuses_a_diverging_log_and_keeps_newer_records() -> anyhow::Resul
     let summary: serde_json::Value = serde_json::from_str(&stdout(&out))?;
     assert_eq!(summary["kept_newer_in_destination"], 1, "{summary}");
     let refused = summary["refused"].to_string();
-    assert!(refused.contains("server/stream/s"), "{refused}");
+    assert!(refused.contains(&stream_key("s")), "{refused}");
     let kept = dst
         .sessions(idle)
         .load(&SessionId::new("shared")?)

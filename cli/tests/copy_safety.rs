@@ -158,7 +158,7 @@ async fn overlapping_copies(dest: &str, clean_dest: &str) -> anyhow::Result<()> 
     let clean = local_contents(clean_dest).await?;
     assert_eq!(overlapped.logs.len(), streams.len() + 2);
     for name in &streams {
-        let records = &overlapped.logs[&format!("server/events/{name}")];
+        let records = &overlapped.logs[&events_log(&name)];
         assert_eq!(records.len(), 2, "{name} holds {records:?}");
     }
     assert_eq!(
@@ -248,23 +248,23 @@ async fn check_finds_duplicates(url: &str) -> anyhow::Result<()> {
             let s = std::sync::Arc::new(mcp_persist_store_file::FileStore::open(path).await?);
             (s.clone(), s)
         };
-    assert!(kv.get("server/stream/stream-0000").await?.is_some());
+    assert!(kv.get(&k(&stream_key("stream-0000"))).await?.is_some());
     // The records of stream-0000 appended a second time, as two copies
     // racing into one destination used to leave them.
-    let twice = log.read_after("server/events/stream-0000", 0, 10).await?;
+    let twice = log.read_after(&k(&events_log("stream-0000")), 0, 10).await?;
     assert_eq!(twice.len(), 2);
     log.append(
-        "server/events/stream-0000",
+        &k(&events_log("stream-0000")),
         twice.iter().map(|r| r.data.clone()).collect(),
         None,
     )
     .await?;
     // A progress notification that goes back: records out of order.
-    let back = log.read_after("server/events/stream-0001", 0, 1).await?;
+    let back = log.read_after(&k(&events_log("stream-0001")), 0, 1).await?;
     let mut earlier: serde_json::Value = serde_json::from_slice(&back[0].data)?;
     earlier["record"]["payload"]["params"]["progress"] = 0.into();
     log.append(
-        "server/events/stream-0001",
+        &k(&events_log("stream-0001")),
         vec![serde_json::to_vec(&earlier)?],
         None,
     )
@@ -275,11 +275,11 @@ async fn check_finds_duplicates(url: &str) -> anyhow::Result<()> {
     let report = stdout(&out);
     assert_eq!(out.status.code(), Some(1), "{report}{}", stderr(&out));
     assert!(
-        report.contains("server/events/stream-0000#3") && report.contains("duplicate"),
+        report.contains(&format!("{}#3", events_log("stream-0000"))) && report.contains("duplicate"),
         "{report}"
     );
     assert!(
-        report.contains("server/events/stream-0001#3") && report.contains("out of order"),
+        report.contains(&format!("{}#3", events_log("stream-0001"))) && report.contains("out of order"),
         "{report}"
     );
     assert!(!report.contains("all sound"), "{report}");
@@ -324,7 +324,7 @@ async fn ctrl_c_says_where_the_copy_stopped_and_the_next_run_continues() -> anyh
     let pid = child.id().expect("running");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let across = watch.list("server/session/").await?.len();
+        let across = watch.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await?.len();
         if across >= SESSIONS / 4 {
             break;
         }
@@ -347,7 +347,7 @@ async fn ctrl_c_says_where_the_copy_stopped_and_the_next_run_continues() -> anyh
         err.contains("run the same command again") && err.contains(&dest),
         "{err}"
     );
-    let across = watch.list("server/session/").await?.len();
+    let across = watch.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await?.len();
     assert!(across < SESSIONS, "stopped early: {across} of {SESSIONS}");
     watch.close().await?;
 

@@ -108,7 +108,7 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
     let cred_keys = client_stores.credentials().keys().await?;
     let token_key = cred_keys
         .iter()
-        .find(|k| k.starts_with("cred/token/"))
+        .find(|k| k.starts_with(mcp_persist_core::declare::CREDENTIALS.prefix))
         .expect("the planted credentials");
     let shown = cli_expect(&["show", client, token_key], 0);
     assert!(shown.contains("kind:    credentials"), "{shown}");
@@ -120,7 +120,7 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
         assert!(!shown.contains(secret), "show printed a secret:\n{shown}");
     }
     // `show` of a log: the stream's events, decoded.
-    let log = cli_expect(&["show", server, &format!("server/events/{stream}")], 0);
+    let log = cli_expect(&["show", server, &events_log(&stream)], 0);
     assert!(log.contains("notifications/progress"), "{log}");
 
     // Tasks and shared keys, as a server keeps them; key material never shown.
@@ -155,7 +155,7 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
         keys.contains("request-state") && keys.contains(&ring.active.id),
         "{keys}"
     );
-    let shown = cli_expect(&["--json", "show", server, "server/key/request-state"], 0);
+    let shown = cli_expect(&["--json", "show", server, &key_ring("request-state")], 0);
     assert!(shown.contains("shared_key_ring"), "{shown}");
     for text in [&keys, &shown] {
         assert!(
@@ -182,11 +182,11 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
     // A sound store checks clean; a damaged record is found by key.
     let sound = cli_expect(&["check", server], 0);
     assert!(sound.contains("all sound"), "{sound}");
-    plant_damage(server, "server/session/planted-damage").await?;
+    plant_damage(server, &session_key("planted-damage")).await?;
     let out = cli(&["check", server]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     let report = stdout(&out);
-    assert!(report.contains("server/session/planted-damage"), "{report}");
+    assert!(report.contains(&session_key("planted-damage")), "{report}");
     assert!(report.contains("1 damaged"), "{report}");
     // The damaged record does not stop `ls`.
     let out = cli(&["ls", server, "sessions"]);
@@ -199,20 +199,22 @@ async fn inspect_scenario(scheme: &str) -> anyhow::Result<()> {
 
     // rm: dry run deletes nothing, then the record goes, with a count.
     let dry = cli_expect(
-        &["rm", server, "server/session/planted-damage", "--dry-run"],
+        &["rm", server, &session_key("planted-damage"), "--dry-run"],
         0,
     );
     assert!(
-        dry.contains("would delete server/session/planted-damage"),
+        dry.contains(&format!("would delete {}", session_key("planted-damage"))),
         "{dry}"
     );
     assert_eq!(cli(&["check", server]).status.code(), Some(1));
-    let gone = cli_expect(&["rm", server, "server/session/planted-damage"], 0);
+    let gone = cli_expect(&["rm", server, &session_key("planted-damage")], 0);
     assert!(gone.contains("deleted 1 records"), "{gone}");
     cli_expect(&["check", server], 0);
 
     // gc: orphaned in-flight entries go; the live session's stay.
-    let orphan = "client/inflight/default/http:%2F%2Fgone.example%2Fmcp/old-session/n7";
+    let orphan = &mcp_persist_core::declare::IN_FLIGHT_REQUEST
+        .key(&["default", "http://gone.example/mcp", "old-session", "n7"])
+        .to_string();
     client_stores
         .client_state()
         .record_inflight(
@@ -249,11 +251,11 @@ async fn inspect_file_store_filled_by_real_peers() -> anyhow::Result<()> {
 
 #[test]
 fn usage_errors_say_what_to_write_and_exit_2() {
-    let out = cli(&["ls", "postgres://db/x"]);
+    let out = cli(&["ls", "nosuch://db/x"]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(
-        err.contains("unknown store scheme") && err.contains("sqlite:PATH"),
+        err.contains("no backend for `nosuch:`") && err.contains("sqlite:PATH"),
         "{err}"
     );
 }
@@ -304,7 +306,7 @@ async fn newer_schema_exits_4() -> anyhow::Result<()> {
     let kv = mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("s.db")).await?;
     mcp_persist_core::KvStore::put(
         &kv,
-        "server/session/from-the-future",
+        &k(&session_key("from-the-future")),
         br#"{"kind":"server_session","schema":99,"record":{}}"#.to_vec(),
         Default::default(),
     )
@@ -316,7 +318,7 @@ async fn newer_schema_exits_4() -> anyhow::Result<()> {
         "{}",
         stdout(&out)
     );
-    let out = cli(&["show", &url, "server/session/from-the-future"]);
+    let out = cli(&["show", &url, &session_key("from-the-future")]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     Ok(())
 }
@@ -331,12 +333,12 @@ async fn quarantine_sets_a_damaged_file_log_aside() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let root = dir.path().join("store");
     let url = format!("file:{}", root.display());
-    let log = "server/events/damaged-stream";
+    let log = &events_log("damaged-stream");
     {
         let store = mcp_persist_store_file::FileStore::open(&root).await?;
         let seqs = store
             .append(
-                log,
+                &k(log),
                 vec![vec![b'a'; 64], vec![b'b'; 64], vec![b'c'; 64]],
                 None,
             )
@@ -376,11 +378,11 @@ async fn quarantine_sets_a_damaged_file_log_aside() -> anyhow::Result<()> {
     let clean = cli_expect(&["check", &url], 0);
     assert!(clean.contains("all sound"), "{clean}");
     let store = mcp_persist_store_file::FileStore::open(&root).await?;
-    let next = store.append(log, vec![b"d".to_vec()], None).await?;
+    let next = store.append(&k(log), vec![b"d".to_vec()], None).await?;
     assert!(next[0] > 3, "a number was issued again: {next:?}");
     drop(store);
 
-    let out = cli(&["quarantine", &url, "server/events/no-such-stream"]);
+    let out = cli(&["quarantine", &url, &events_log("no-such-stream")]);
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     assert!(stdout(&out).contains("no log named"), "{}", stdout(&out));
 

@@ -72,8 +72,8 @@ async fn output_cut_short_by_the_reader_ends_quietly() -> anyhow::Result<()> {
     }
     drop((log, stores));
     for args in [
-        vec!["show", url.as_str(), "server/events/long"],
-        vec!["--json", "show", url.as_str(), "server/events/long"],
+        vec!["show", url.as_str(), &events_log("long")],
+        vec!["--json", "show", url.as_str(), &events_log("long")],
     ] {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-persist"))
             .args(&args)
@@ -138,7 +138,7 @@ async fn a_damaged_sqlite_file_is_named_as_a_file() -> anyhow::Result<()> {
     for i in 0..50 {
         store
             .put(
-                &format!("server/session/s{i}"),
+                &k(&session_key(&format!("s{i}"))),
                 vec![b'x'; 200],
                 Default::default(),
             )
@@ -234,8 +234,9 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
         .last()
         .and_then(|id| id.splitn(3, '-').nth(2))
         .expect("token-seq-stream");
-    let session = format!("server/session/{}", filled.raw_session);
-    let log = format!("server/events/{stream}");
+    let session = session_key(&filled.raw_session);
+    let log = events_log(&stream);
+    let none_log = events_log("none");
     let copy_dest = format!("sqlite:{}", dir.path().join("copy.db").display());
     let file_store = format!("file:{}", dir.path().join("files").display());
     cli_expect(&["copy", server, &file_store], 0);
@@ -257,7 +258,7 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
         ("copy", vec!["copy", server, &copy_dest], 0),
         (
             "quarantine",
-            vec!["quarantine", &file_store, "server/events/none"],
+            vec!["quarantine", &file_store, &none_log],
             6,
         ),
         ("rm", vec!["rm", server, &session], 0),

@@ -27,6 +27,7 @@ fn read_only_commands(store: &str, key: &str, log: &str) -> Vec<Vec<String>> {
         runs.push(vec!["ls", store, kind]);
         runs.push(vec!["--json", "ls", store, kind]);
     }
+    let missing = session_key("no-such-session");
     runs.extend([
         vec!["stats", store],
         vec!["--json", "stats", store],
@@ -34,7 +35,7 @@ fn read_only_commands(store: &str, key: &str, log: &str) -> Vec<Vec<String>> {
         vec!["--json", "check", store],
         vec!["show", store, key],
         vec!["--json", "show", store, log],
-        vec!["show", store, "server/session/no-such-session"],
+        vec!["show", store, &missing],
     ]);
     runs.into_iter()
         .map(|r| r.into_iter().map(str::to_owned).collect())
@@ -130,8 +131,8 @@ async fn real_store_scenario(scheme: &str) -> anyhow::Result<()> {
         .last()
         .and_then(|id| id.splitn(3, '-').nth(2))
         .expect("an event id is token-seq-stream");
-    let log = format!("server/events/{stream}");
-    let key = format!("server/session/{}", filled.raw_session);
+    let log = events_log(&stream);
+    let key = session_key(&filled.raw_session);
     for store in [&filled.server_store, &filled.client_store] {
         assert_reads_leave_tree_alone(dir.path(), snapshot, store, &key, &log);
     }
@@ -226,15 +227,15 @@ fn read_only_commands_refuse_what_is_not_a_store_and_change_nothing() {
             "nothing was created",
         ),
         (
-            format!("postgres://{}", at("notes")),
+            format!("nosuch://{}", at("notes")),
             2,
-            "unknown store scheme",
+            "no backend for `nosuch:`",
         ),
         (at("notes"), 2, "not a store URL"),
     ];
     let before = tree(root);
     for (store, code, says) in &cases {
-        for args in read_only_commands(store, "server/session/x", "server/events/x") {
+        for args in read_only_commands(store, &session_key("x"), &events_log("x")) {
             let out = run(&args);
             assert_eq!(
                 out.status.code(),
@@ -298,8 +299,8 @@ async fn read_only_commands_write_no_redis_key() -> anyhow::Result<()> {
         .last()
         .and_then(|id| id.splitn(3, '-').nth(2))
         .expect("an event id is token-seq-stream");
-    let log = format!("server/events/{stream}");
-    let key = format!("server/session/{}", filled.raw_session);
+    let log = events_log(&stream);
+    let key = session_key(&filled.raw_session);
     let empty_prefix = unique("readonly-empty");
     let empty = format!("{}?prefix={empty_prefix}", redis.trim_end_matches('/'));
     for (store, prefix) in [(&url, &prefix), (&empty, &empty_prefix)] {
@@ -366,7 +367,7 @@ async fn read_only_commands_write_no_secret() -> anyhow::Result<()> {
     let before = snapshot().await?;
     assert!(!before.is_empty(), "the credentials were copied");
     let tree_before = sqlite_tree(&rest);
-    for args in read_only_commands(&split, "cred/token/x", "server/events/x") {
+    for args in read_only_commands(&split, &mcp_persist_core::declare::CREDENTIALS.key(&["x", "y"]).to_string(), &events_log("x")) {
         let out = run(&args);
         assert!(
             matches!(out.status.code(), Some(0 | 6)),

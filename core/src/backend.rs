@@ -346,6 +346,14 @@ pub trait Backend: Send + Sync + 'static {
     async fn sweep_expired(&self) -> Result<u64> {
         Ok(0)
     }
+
+    /// Looks for damage beyond single records (a broken log segment, an
+    /// index that disagrees with its table) and describes each problem in
+    /// a sentence that names where it is. Reads only; the default finds
+    /// nothing. Operator tools (`mcp-persist check`) report what it says.
+    async fn verify(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// One record of a log, as read back.
@@ -465,6 +473,19 @@ pub trait LogStore: Backend {
 
     /// Deletes the whole log. Deleting an absent log is not an error.
     async fn delete_log(&self, log: &Key) -> Result<()>;
+
+    /// Sets a damaged log aside (its bytes kept where an operator can look
+    /// at them), so that the log can go on; numbering continues above every
+    /// number it issued. Returns where it went, or `None` when there is no
+    /// such log. Backends whose logs cannot be damaged apart from the rest
+    /// of the store answer [`Error::Unsupported`] (the default).
+    async fn quarantine_log(&self, log: &Key) -> Result<Option<String>> {
+        let _ = log;
+        Err(Error::Unsupported {
+            operation: "setting a damaged log aside",
+            backend: self.backend_name(),
+        })
+    }
 }
 
 impl fmt::Debug for dyn LogStore {

@@ -26,6 +26,7 @@
 //! | `task_inbox` (log) | `server/task-inbox/…` | task id |
 //! | `fleet_notice` (log) | `server/bus` | none |
 //! | `instance_lease` | `server/instance/…` | instance id |
+//! | `tool_lock` | `tool/lock/…` | lock name |
 //!
 //! Components are escaped (`%` as `%25`, `/` as `%2F`), so `/` always
 //! separates them and no two inputs share a key.
@@ -64,11 +65,13 @@ pub enum Family {
     Instances,
     /// The fleet notification bus.
     Bus,
+    /// Locks operator tools hold while they work on a store.
+    Tools,
 }
 
 impl Family {
     /// Every family, in display order.
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Sessions,
         Family::Events,
         Family::Clients,
@@ -77,6 +80,7 @@ impl Family {
         Family::Keys,
         Family::Instances,
         Family::Bus,
+        Family::Tools,
     ];
 
     /// The family's name on a command line.
@@ -90,6 +94,7 @@ impl Family {
             Family::Keys => "keys",
             Family::Instances => "instances",
             Family::Bus => "bus",
+            Family::Tools => "tools",
         }
     }
 }
@@ -345,7 +350,7 @@ use crate::records::{
 };
 use crate::stores::{
     BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
-    credentials::ResourceIssuer, tasks::InboxRecord,
+    credentials::ResourceIssuer, tasks::InboxRecord, tool_lock::ToolLockRecord,
 };
 
 declare!(
@@ -501,6 +506,17 @@ declare!(
     }
 );
 
+declare!(
+    /// A lock an operator tool holds while it works on a store.
+    TOOL_LOCK: ToolLockRecord {
+        kind: "tool_lock", schema: 1, family: Tools, space: Kv, role: Sessions,
+        prefix: "tool/lock/", components: ["name"],
+        secrets: [], written: ["/taken_at"], created: ["/taken_at"],
+        lifetime: Transient, owns_log: None,
+        summary: "a lock an operator tool (a copy) holds on this store",
+    }
+);
+
 /// Every declared kind.
 pub const ALL: &[&Declaration] = &[
     &SERVER_PROFILE,
@@ -518,6 +534,7 @@ pub const ALL: &[&Declaration] = &[
     &TASK_INBOX,
     &FLEET_NOTICE,
     &INSTANCE_LEASE,
+    &TOOL_LOCK,
 ];
 
 /// The declaration whose key layout `key` follows, among key-value kinds

@@ -22,9 +22,9 @@ pub const MAX_KEY_BYTES: usize = 1024;
 ///
 /// ```
 /// use mcp_persist_core::{Error, Key};
-/// let key = Key::new("server/session/abc")?;
-/// assert_eq!(key.as_str(), "server/session/abc");
-/// assert!(key.starts_with("server/")); // a `Key` reads as a `str`
+/// let key = Key::new("app/session/abc")?;
+/// assert_eq!(key.as_str(), "app/session/abc");
+/// assert!(key.starts_with("app/")); // a `Key` reads as a `str`
 /// assert!(matches!(Key::new(""), Err(Error::InvalidInput { .. })));
 /// assert!(matches!(Key::new("a\0b"), Err(Error::InvalidInput { .. })));
 /// assert!(matches!(Key::new("k".repeat(1025)), Err(Error::TooLarge { .. })));

@@ -24,41 +24,90 @@
 //! # Ok::<_, Error>(()) }).unwrap();
 //! ```
 
-use std::{fmt, sync::Arc};
+use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc};
 
 use async_trait::async_trait;
 
 use crate::{Error, KvStore, LogStore, Result, Stores};
 
-/// Whether opening may create the store.
+/// Whether opening may create the store, or change it.
+///
+/// In the two modes that need an existing store, anything that is not a
+/// store of this backend (a missing path, an empty or foreign file, a folder
+/// that is not a store) is [`Error::NotFound`] with `what` = `"store"` and a
+/// detail that starts with what was found, and is left exactly as it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OpenMode {
     /// Create the store when it does not exist yet (what applications do).
     #[default]
     Create,
-    /// Open only a store that already exists, and write nothing while
-    /// opening: what tools that only read need. Anything that is not a store
-    /// of this backend (a missing path, an empty or foreign file, a folder
-    /// that is not a store) is [`Error::NotFound`] with `what` = `"store"`,
-    /// and is left exactly as it was.
+    /// Open only a store that already exists; opening may bring it up to
+    /// date (a schema migration, a layout completed).
     Existing,
+    /// Open only a store that already exists, and change nothing while
+    /// opening (what tools that only read need): a store that opening would
+    /// upgrade or complete is refused with [`Error::Unsupported`] instead.
+    ReadOnly,
 }
 
 /// How to open a store.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct OpenOptions {
-    /// Create, or only open what exists.
+    /// Create, open what exists, or open what exists without changing it.
     pub mode: OpenMode,
+    /// With [`OpenMode::Create`], also create missing parent folders of a
+    /// local store (default: yes). Tools turn it off, so a mistyped path is
+    /// refused rather than created.
+    pub create_folders: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            mode: OpenMode::Create,
+            create_folders: true,
+        }
+    }
 }
 
 impl OpenOptions {
-    /// Options that open only an existing store, writing nothing on the way.
+    /// Options that open only an existing store (see [`OpenMode::Existing`]).
     pub fn existing() -> Self {
         OpenOptions {
             mode: OpenMode::Existing,
+            ..Self::default()
         }
+    }
+
+    /// Options that open only an existing store and change nothing (see
+    /// [`OpenMode::ReadOnly`]).
+    pub fn read_only() -> Self {
+        OpenOptions {
+            mode: OpenMode::ReadOnly,
+            ..Self::default()
+        }
+    }
+
+    /// The same options, creating missing parent folders or not.
+    pub fn create_folders(mut self, create: bool) -> Self {
+        self.create_folders = create;
+        self
+    }
+
+    /// Whether the store must already exist.
+    pub fn needs_existing(&self) -> bool {
+        matches!(self.mode, OpenMode::Existing | OpenMode::ReadOnly)
+    }
+}
+
+/// The error of a store that is not there, or not a store: `detail` says
+/// what was found (`"not a store: …"`, `"nothing at …"`).
+pub fn not_a_store(detail: impl Into<String>) -> Error {
+    Error::NotFound {
+        what: "store",
+        detail: Some(detail.into()),
     }
 }
 
@@ -152,9 +201,11 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
+/// What an opener runs when the store is closed.
+type Closer = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<()>> + Send>> + Send>;
+
 /// An open backend: its key-value half, its log half if it has one, and a
 /// name for people.
-#[derive(Clone)]
 #[non_exhaustive]
 pub struct OpenedStore {
     /// The key-value half.
@@ -163,6 +214,10 @@ pub struct OpenedStore {
     pub log: Option<Arc<dyn LogStore>>,
     /// The URL it was opened from, password hidden.
     pub label: String,
+    /// The scheme it was opened through.
+    pub scheme: String,
+    concrete: Arc<dyn Any + Send + Sync>,
+    closer: Option<Closer>,
 }
 
 impl OpenedStore {
@@ -171,17 +226,61 @@ impl OpenedStore {
         let store = Arc::new(store);
         OpenedStore {
             kv: store.clone(),
-            log: Some(store),
+            log: Some(store.clone()),
             label: url.redacted(),
+            scheme: url.scheme().to_owned(),
+            concrete: store,
+            closer: None,
         }
     }
 
     /// A key-value-only backend, opened from `url`.
     pub fn kv_only<S: KvStore>(store: S, url: &StoreUrl) -> Self {
+        let store = Arc::new(store);
         OpenedStore {
-            kv: Arc::new(store),
+            kv: store.clone(),
             log: None,
             label: url.redacted(),
+            scheme: url.scheme().to_owned(),
+            concrete: store,
+            closer: None,
+        }
+    }
+
+    /// The same store, running `close` once every handle above is dropped
+    /// (see [`close`](Self::close)): what a backend that must flush or
+    /// checkpoint before the process ends gives here.
+    pub fn on_close<F, Fut>(mut self, close: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.closer = Some(Box::new(move || Box::pin(close())));
+        self
+    }
+
+    /// The backend's own type, for what only that backend can do (a file
+    /// store's quarantine, say): `None` when it is another backend.
+    pub fn downcast_ref<S: Any>(&self) -> Option<&S> {
+        self.concrete.downcast_ref::<S>()
+    }
+
+    /// Closes the store: drops these handles, then runs what the backend
+    /// asked to run on close (a SQLite store checkpoints its write-ahead log
+    /// and removes it when it was the last user). Clones of the handles
+    /// taken earlier keep the store open.
+    pub async fn close(self) -> Result<()> {
+        let OpenedStore {
+            kv,
+            log,
+            concrete,
+            closer,
+            ..
+        } = self;
+        drop((kv, log, concrete));
+        match closer {
+            Some(close) => close().await,
+            None => Ok(()),
         }
     }
 
@@ -195,6 +294,7 @@ impl fmt::Debug for OpenedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenedStore")
             .field("backend", &self.kv.backend_name())
+            .field("scheme", &self.scheme)
             .field("label", &self.label)
             .field("log", &self.log.is_some())
             .finish()
@@ -216,6 +316,23 @@ pub trait Opener: Send + Sync + 'static {
     /// [`Error::Unavailable`], a missing store under
     /// [`OpenMode::Existing`] [`Error::NotFound`].
     async fn open(&self, url: &StoreUrl, options: OpenOptions) -> Result<OpenedStore>;
+
+    /// Whether a store is at `url` (`true`), or an open with `options`
+    /// would create one there (`false`), refusing what `open` would refuse,
+    /// while opening nothing and writing nothing: what a dry run asks. The
+    /// default, for stores on a server, is `true` without asking the server.
+    async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        let _ = (url, options);
+        Ok(true)
+    }
+
+    /// The file or folder on this machine that `url` names, for backends
+    /// that keep a store in one (tools lock it while they write); `None`
+    /// for the rest.
+    fn local_path(&self, url: &StoreUrl) -> Option<std::path::PathBuf> {
+        let _ = url;
+        None
+    }
 }
 
 /// The openers an application or tool was built with.
@@ -280,6 +397,30 @@ impl Registry {
                     ),
                 )
             })
+    }
+
+    /// Parses `url` and checks that a backend of this registry opens it.
+    pub fn parse(&self, url: &str) -> Result<StoreUrl> {
+        let url = StoreUrl::parse(url)?;
+        self.opener(&url)?;
+        Ok(url)
+    }
+
+    /// See [`Opener::exists`].
+    pub async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        self.opener(url)?.exists(url, options).await
+    }
+
+    /// See [`Opener::local_path`].
+    pub fn local_path(&self, url: &StoreUrl) -> Option<std::path::PathBuf> {
+        self.opener(url).ok()?.local_path(url)
+    }
+
+    /// Opens the store a parsed `url` names.
+    pub async fn open_url(&self, url: &StoreUrl, options: OpenOptions) -> Result<OpenedStore> {
+        let opener = self.opener(url)?;
+        tracing::debug!(url = %url, mode = ?options.mode, "opening a store");
+        opener.open(url, options).await
     }
 
     /// Opens the store `url` names.

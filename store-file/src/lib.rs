@@ -398,6 +398,11 @@ impl Backend for FileStore {
         let logs = self.blocking(|inner| inner.log_sweep()).await?;
         Ok(records + logs)
     }
+
+    /// Every file that does not check out ([`FileStore::verify`]'s problems).
+    async fn verify(&self) -> Result<Vec<String>> {
+        Ok(FileStore::verify(self).await?.problems)
+    }
 }
 
 #[async_trait]
@@ -502,6 +507,13 @@ impl LogStore for FileStore {
     async fn delete_log(&self, log: &Key) -> Result<()> {
         let log = log.clone();
         self.blocking(move |inner| inner.log_delete(&log)).await
+    }
+
+    /// [`FileStore::quarantine_log`]: the log's files move to `quarantine/`.
+    async fn quarantine_log(&self, log: &Key) -> Result<Option<String>> {
+        Ok(FileStore::quarantine_log(self, log)
+            .await?
+            .map(|path| path.display().to_string()))
     }
 }
 

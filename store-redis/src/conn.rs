@@ -172,6 +172,18 @@ pub(crate) async fn scan_all(conn: &mut Conn, pattern: &[u8]) -> RedisResult<Vec
     }
 }
 
+/// One `SCAN` step on a standalone server: the next cursor and the keys.
+pub(crate) async fn scan_step(
+    conn: &mut Conn,
+    cursor: u64,
+    pattern: &[u8],
+) -> RedisResult<(u64, Vec<Vec<u8>>)> {
+    let reply: Value = scan_cmd(cursor, pattern).query_async(conn).await?;
+    let mut keys = Vec::new();
+    let next = parse_scan_reply(reply, &mut keys)?;
+    Ok((next, keys))
+}
+
 fn scan_cmd(cursor: u64, pattern: &[u8]) -> Cmd {
     let mut cmd = redis::cmd("SCAN");
     cmd.arg(cursor)

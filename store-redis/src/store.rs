@@ -169,6 +169,42 @@ impl RedisStore {
         self.inner.cluster
     }
 
+    /// Whether this store uses the default key prefix (no
+    /// [`key_prefix`](RedisStoreBuilder::key_prefix) was given).
+    pub fn has_default_prefix(&self) -> bool {
+        self.key_prefix() == DEFAULT_PREFIX
+    }
+
+    /// The key prefixes under which the server holds records of any
+    /// mcp-persist store (this one's included), found by scanning at most
+    /// `budget` keys and stopping after five: what a tool shows an operator
+    /// whose store looks empty because they named no prefix. `None` on a
+    /// cluster (each node would need scanning) or when the scan fails.
+    pub async fn prefixes_in_use(&self, budget: usize) -> Option<Vec<String>> {
+        if self.inner.cluster {
+            return None;
+        }
+        let mut conn = self.conn();
+        let mut found = std::collections::BTreeSet::new();
+        let (mut cursor, mut seen) = (0u64, 0usize);
+        loop {
+            // A record's key is `<prefix>{kv:<key>}`.
+            let (next, keys) = crate::conn::scan_step(&mut conn, cursor, b"*{kv:*")
+                .await
+                .ok()?;
+            for key in &keys {
+                if let Some(at) = key.windows(4).position(|w| w == b"{kv:") {
+                    found.insert(String::from_utf8_lossy(&key[..at]).into_owned());
+                }
+            }
+            seen += 1000;
+            cursor = next;
+            if cursor == 0 || seen >= budget || found.len() >= 5 {
+                return Some(found.into_iter().collect());
+            }
+        }
+    }
+
     fn conn(&self) -> Conn {
         self.inner.shared.clone()
     }

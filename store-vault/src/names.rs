@@ -209,7 +209,7 @@ mod tests {
             "odd/=41",
             "odd/A",
             "odd/{tag}:x",
-            "cred/token/https%3A%2F%2Fissuer/x",
+            "app/token/https%3A%2F%2Fissuer/x",
         ];
         let mut seen = std::collections::HashSet::new();
         for key in keys {

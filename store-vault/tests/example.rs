@@ -17,10 +17,14 @@ async fn split_example_routes_credentials_to_secrets_manager() {
         .await
         .expect("the example runs");
     assert_eq!(report.in_secrets_manager.len(), 1, "{report:?}");
-    assert!(report.in_secrets_manager[0].starts_with("cred/token/"));
+    assert!(mcp_persist_core::declare::CREDENTIALS.matches(&report.in_secrets_manager[0]));
     assert!(!report.in_sqlite.is_empty());
     assert!(
-        report.in_sqlite.iter().all(|k| !k.starts_with("cred/")),
+        report
+            .in_sqlite
+            .iter()
+            .all(|k| mcp_persist_core::declare::of_key(k)
+                .is_none_or(|d| d.role != mcp_persist_core::declare::Role::Credentials)),
         "{report:?}"
     );
 }

@@ -337,9 +337,15 @@ async fn split_keeps_credentials_in_secrets_manager_and_the_rest_in_sqlite() {
     let vault = store(&url, &prefix).await;
     let secret_keys = vault.list("").await.expect("list");
     assert_eq!(secret_keys.len(), 1, "{secret_keys:?}");
-    assert!(secret_keys[0].starts_with("cred/token/"));
+    assert!(mcp_persist_core::declare::CREDENTIALS.matches(&secret_keys[0]));
     let sqlite = SqliteStore::open(&db).await.expect("sqlite");
-    assert!(sqlite.list("cred/").await.expect("list").is_empty());
+    assert!(
+        sqlite
+            .list(mcp_persist_core::declare::CREDENTIALS.prefix)
+            .await
+            .expect("list")
+            .is_empty()
+    );
 
     // After a restart: the stored credential, before any network call.
     let stores = open().await;

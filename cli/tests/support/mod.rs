@@ -324,10 +324,17 @@ pub async fn raw_resume(
     Ok((status, body))
 }
 
-/// The SSE event ids in `body`, in order.
+/// The ids of the SSE events in `body` that carry data, in order: a
+/// priming event (an id and empty data, which opens every stream and every
+/// resumed one) is not an event of the call.
 pub fn event_ids(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("id:"))
+    body.split("\n\n")
+        .filter(|event| {
+            event
+                .lines()
+                .any(|l| l.strip_prefix("data:").is_some_and(|d| !d.trim().is_empty()))
+        })
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("id:")))
         .map(|s| s.trim().to_owned())
         .collect()
 }
@@ -389,6 +396,31 @@ pub async fn fill(dir: &Path, scheme: &str) -> anyhow::Result<Filled> {
     })
 }
 
+/// The key of a server session's record.
+pub fn session_key(id: &str) -> String {
+    mcp_persist_core::declare::SERVER_SESSION.key(&[id]).to_string()
+}
+
+/// The key of an SSE stream's record.
+pub fn stream_key(stream: &str) -> String {
+    mcp_persist_core::declare::EVENT_STREAM.key(&[stream]).to_string()
+}
+
+/// The name of an SSE stream's event log.
+pub fn events_log(stream: &str) -> String {
+    mcp_persist_core::declare::EVENT.key(&[stream]).to_string()
+}
+
+/// The key of a shared key ring.
+pub fn key_ring(name: &str) -> String {
+    mcp_persist_core::declare::SHARED_KEY_RING.key(&[name]).to_string()
+}
+
+/// `text` as a store key.
+pub fn k(text: &str) -> mcp_persist_core::Key {
+    mcp_persist_core::Key::new(text).expect("a valid key")
+}
+
 /// Writes garbage under `key` of a local store.
 pub async fn plant_damage(url: &str, key: &str) -> anyhow::Result<()> {
     let kv: Arc<dyn KvStore> = if let Some(path) = url.strip_prefix("sqlite:") {
@@ -399,7 +431,7 @@ pub async fn plant_damage(url: &str, key: &str) -> anyhow::Result<()> {
         anyhow::bail!("not a local store: {url}")
     };
     kv.put(
-        key,
+        &k(key),
         b"{\"kind\":\"server_session\",\"schema\":1,\"record\":{\"session_id\":".to_vec(),
         Default::default(),
     )
@@ -555,10 +587,10 @@ pub async fn contents(
     let mut logs = std::collections::BTreeMap::new();
     for key in kv.list("").await? {
         if let Some(entry) = kv.get(&key).await? {
-            records.insert(key.clone(), entry.value);
+            records.insert(key.to_string(), entry.value);
         }
-        if let Some(stream) = key.strip_prefix("server/stream/") {
-            let name = format!("server/events/{stream}");
+        let owned = mcp_persist_core::declare::EVENT_STREAM.log_of(&key);
+        if let Some((name, _)) = owned {
             let mut got: Vec<(u64, Vec<u8>)> = Vec::new();
             loop {
                 let after = got.last().map_or(0, |r| r.0);
@@ -568,7 +600,7 @@ pub async fn contents(
                 }
                 got.extend(batch.into_iter().map(|r| (r.seq, r.data)));
             }
-            logs.insert(name, got);
+            logs.insert(name.to_string(), got);
         }
     }
     Ok(Contents { records, logs })

@@ -165,6 +165,11 @@ pub fn all() -> Vec<Sample> {
                 json!({"instance_id": "i-1", "started_at": now, "renewed_at": now,
                        "renew_every_ms": 1000, "beats": 3}),
             ),
+            "tool_lock" => sample(
+                d,
+                &["copy"],
+                json!({"holder": "mcp-persist copy, process 7", "taken_at": now}),
+            ),
             other => panic!("no sample of the declared kind {other}: add one in conformance::samples"),
         })
         .collect()

@@ -500,7 +500,7 @@ pub async fn pending_authorization_taken_once(f: &dyn KvFixture) {
         .expect("save");
     // The key never holds the state text.
     let kv = f.open_kv().await;
-    for key in kv.list("cred/pending/").await.expect("list") {
+    for key in kv.list(crate::declare::PENDING_AUTHORIZATION.prefix).await.expect("list") {
         assert!(
             !key.contains("state-123"),
             "state value used as a key: {key}"

@@ -182,8 +182,10 @@ mod tests {
             );
         }
         assert_eq!(
-            KvStore::list(&*kv, "server/key/").await.expect("list"),
-            vec!["server/key/request-state"]
+            KvStore::list(&*kv, crate::declare::SHARED_KEY_RING.prefix)
+                .await
+                .expect("list"),
+            vec![crate::declare::SHARED_KEY_RING.key(&["request-state"])]
         );
         // Another name is another key.
         let other = keys.get_or_create("other").await.expect("other");

@@ -14,6 +14,7 @@
 //! | [`TaskStore`] | [`TASK`](crate::declare::TASK), [`TASK_INBOX`](crate::declare::TASK_INBOX) |
 //! | [`NotificationBus`] | [`FLEET_NOTICE`](crate::declare::FLEET_NOTICE) |
 //! | [`InstanceLeases`] | [`INSTANCE_LEASE`](crate::declare::INSTANCE_LEASE) |
+//! | [`ToolLock`] | [`TOOL_LOCK`](crate::declare::TOOL_LOCK) |
 
 mod bundle;
 mod bus;
@@ -25,6 +26,7 @@ mod keys;
 mod liveness;
 mod session;
 pub(crate) mod tasks;
+pub(crate) mod tool_lock;
 
 pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
@@ -34,6 +36,7 @@ pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamO
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
 pub use liveness::{InstanceLease, InstanceLeases, Liveness, OwnLease};
 pub use session::ServerSessionStore;
+pub use tool_lock::ToolLock;
 pub use tasks::{
     MAX_TASK_ID_BYTES, ResumableOperation, TaskId, TaskOwner, TaskRecord, TaskStatus, TaskStore,
     TaskUpdate,

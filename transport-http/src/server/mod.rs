@@ -362,7 +362,9 @@ pub async fn request_state_codec(stores: &Stores) -> Result<rmcp::model::Request
         .map(|k| (k.id.clone(), k.secret.expose_secret().as_bytes().to_vec()));
     rmcp::model::RequestStateCodec::new_with_keyring(ring.active.id.clone(), keys).map_err(|e| {
         mcp_persist_core::Error::corrupt(
-            format!("server/key/{REQUEST_STATE_KEY}"),
+            mcp_persist_core::declare::SHARED_KEY_RING
+                .key(&[REQUEST_STATE_KEY])
+                .to_string(),
             format!("the stored key ring is not a usable request-state keyring: {e}"),
         )
     })

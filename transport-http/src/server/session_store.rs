@@ -55,7 +55,9 @@ impl RmcpSessionStore for DurableSessionStore {
         };
         let params: InitializeRequestParams = serde_json::from_value(session.initialize_params)
             .map_err(|e| Error::Corrupt {
-                key: format!("server/session/{session_id}"),
+                key: mcp_persist_core::declare::SERVER_SESSION
+                    .key(&[id.as_str()])
+                    .to_string(),
                 reason: "initialize params do not parse".into(),
                 source: Some(Box::new(e)),
             })?;
