@@ -203,3 +203,32 @@ async fn reload_puts_a_rotation_made_in_the_key_file_in_use_and_keeps_the_ring_o
         "a failed reload keeps the ring"
     );
 }
+
+#[tokio::test]
+async fn reload_every_picks_up_a_rotation_without_a_restart() {
+    use std::os::unix::fs::PermissionsExt;
+    let (k1, t1) = SealKey::generate().unwrap();
+    let (k2, t2) = SealKey::generate().unwrap();
+    let (place, _guard) = Place::fresh();
+    let path = place.dir.join("keys");
+    std::fs::write(&path, t1.expose_secret()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let source = Arc::new(FileKeys::new(&path));
+    let sealing = Sealing::new(source.load().await.unwrap());
+    let task = sealing.reload_every(source, std::time::Duration::from_millis(20));
+    std::fs::write(
+        &path,
+        format!("{}\n{}", t2.expose_secret(), t1.expose_secret()),
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sealing.keyring().active() != k2.id() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rotation never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(sealing.keyring().ids(), vec![k2.id(), k1.id()]);
+    task.abort();
+}

@@ -128,8 +128,9 @@
 //! key, or `<log>#<seq>`) and a [`SealProblem`] that says what to do: the
 //! key id a record needs and the ring lacks, a record altered or moved, a
 //! plain-text record refused, a damaged envelope. Nothing is changed on
-//! the way, and the typed stores never overwrite a record they could not
-//! open because of its seal.
+//! the way. It is a variant of its own, not [`Error::Corrupt`]: callers
+//! that start afresh over a damaged record (a client's stored session, say)
+//! do not do so over a record that only lacks its key.
 
 mod envelope;
 mod key;
