@@ -114,6 +114,7 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     }
     logs.extend(standalone_logs());
     let mut log_records = 0u64;
+    let mut sealed_log_records = 0usize;
     let mut logs_checked = 0u64;
     let mut damaged_logs = Vec::new();
     if ctx.has_logs() {
@@ -149,7 +150,10 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
                     });
                 }
                 last = r.seq;
-                match inspect(&at, &r.data) {
+                match ctx
+                    .open_log_record(name, r.seq, &r.data)
+                    .and_then(|plain| inspect(&at, &plain))
+                {
                     Ok(rec) if rec.kind != *kind => findings.push(Finding {
                         key: at,
                         reason: format!("holds a {} record where a {kind} belongs", rec.kind),
@@ -166,6 +170,9 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
                             });
                         }
                     }
+                    Err(e) if crate::sealing::is_sealed_without_keyring(ctx.keys, &e) => {
+                        sealed_log_records += 1;
+                    }
                     Err(e) => findings.push(Finding {
                         key: at,
                         reason: reason(&e),
@@ -175,6 +182,11 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
             }
         }
     }
+    crate::sealing::note_sealed(sealed_log_records);
+    let key_use = match ctx.keys {
+        Some(ring) => Some(crate::sealing::key_use(ctx.store, ring).await?),
+        None => None,
+    };
     // The file backend can also read every segment and file in full,
     // including logs no record names any more.
     for backend in ctx.store.backends() {
@@ -195,18 +207,20 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
     let damaged = findings.iter().filter(|f| !f.newer).count();
     let newer = findings.len() - damaged;
     if ctx.json {
-        print_json(
-            out,
-            &json!({
-                "store": ctx.store.label,
-                "records": records,
-                "logs": logs_checked,
-                "log_records": log_records,
-                "damaged": findings.iter().map(|f| json!({
-                    "key": f.key, "reason": f.reason, "newer_schema": f.newer,
-                })).collect::<Vec<_>>(),
-            }),
-        )?;
+        let mut value = json!({
+            "store": ctx.store.label,
+            "records": records,
+            "logs": logs_checked,
+            "log_records": log_records,
+            "damaged": findings.iter().map(|f| json!({
+                "key": f.key, "reason": f.reason, "newer_schema": f.newer,
+            })).collect::<Vec<_>>(),
+        });
+        if let Some(keys) = key_use {
+            // Only with --keyring: the records under each key id.
+            value["sealing_keys"] = keys;
+        }
+        print_json(out, &value)?;
     } else {
         if !findings.is_empty() {
             let mut table = Table::new(&["KEY", "PROBLEM"]);
@@ -223,6 +237,9 @@ pub(crate) async fn check(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<Option<
                 ctx.store.label,
                 damaged_logs.join(" ")
             )?;
+        }
+        if let Some(keys) = &key_use {
+            writeln!(out, "{}", crate::sealing::key_use_line(keys))?;
         }
         writeln!(
             out,

@@ -121,7 +121,7 @@ struct Summary {
     verify_logs: Vec<(String, Vec<LogRecord>)>,
 }
 
-fn progress(total: u64, quiet: bool) -> ProgressBar {
+pub(crate) fn progress(total: u64, quiet: bool) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }

@@ -9,8 +9,8 @@ use serde_json::json;
 pub(crate) const EXIT_CODES: &str = "\
 Exit codes:
     0  success
-    1  `check` found damaged records or logs, a store's file is damaged, or `copy` could not
-       verify everything it copied
+    1  `check` found damaged records or logs, a store's file is damaged, `copy` could not
+       verify everything it copied, or `rekey` left records it could not re-seal
     2  usage: a bad argument or store URL
     3  a store is unreachable or missing (server down, wrong host, no such path, not a store)
     4  a record or store was written by a newer version of mcp-persist: upgrade this tool

@@ -17,6 +17,7 @@ use crate::{
         log_of, standalone_logs, time_at,
     },
     output::{Level, Table, diag, or_dash, print_json},
+    sealing,
     target::Store,
 };
 
@@ -28,6 +29,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) ttl: TtlPolicy,
     /// JSON instead of a table.
     pub(crate) json: bool,
+    /// The keyring that opens sealed records, if given.
+    pub(crate) keys: Option<&'a mcp_persist::seal::Keyring>,
 }
 
 /// A record read and decoded, or why not.
@@ -40,6 +43,8 @@ pub(crate) struct Read {
     pub(crate) version: u64,
     /// The decoded record, or the reason it is damaged.
     pub(crate) record: Result<Inspected, mcp_persist::Error>,
+    /// How it is sealed, when it is.
+    pub(crate) sealed: Option<mcp_persist::seal::SealInfo>,
 }
 
 impl Ctx<'_> {
@@ -48,12 +53,17 @@ impl Ctx<'_> {
         let backend = self.store.backend_for(key);
         match backend.kv.get(&crate::model::key(key)?).await {
             Ok(None) => Ok(None),
-            Ok(Some(entry)) => Ok(Some(Read {
-                key: key.to_owned(),
-                bytes: entry.value.len(),
-                version: entry.version.get(),
-                record: inspect(key, &entry.value),
-            })),
+            Ok(Some(entry)) => {
+                let (bytes, version) = (entry.value.len(), entry.version.get());
+                let (opened, sealed) = sealing::open_value(self.keys, key, entry.value);
+                Ok(Some(Read {
+                    key: key.to_owned(),
+                    bytes,
+                    version,
+                    record: opened.and_then(|plain| inspect(key, &plain)),
+                    sealed,
+                }))
+            }
             Err(
                 e @ (mcp_persist::Error::Corrupt { .. } | mcp_persist::Error::NewerSchema { .. }),
             ) => Ok(Some(Read {
@@ -61,6 +71,7 @@ impl Ctx<'_> {
                 bytes: 0,
                 version: 0,
                 record: Err(e),
+                sealed: None,
             })),
             Err(e) => Err(backend.fail(e)),
         }
@@ -68,14 +79,33 @@ impl Ctx<'_> {
 
     /// Reads every record under `prefix`, skipping keys that vanished
     /// between the listing and the read.
+    /// Sealed records are left out without a keyring (with a note saying
+    /// so): they are not damage.
     pub(crate) async fn read_all(&self, prefix: &str) -> Result<Vec<Read>, Failure> {
         let mut out = Vec::new();
+        let mut sealed = 0;
         for key in self.store.list(prefix).await? {
             if let Some(read) = self.read(&key).await? {
+                if matches!(&read.record, Err(e) if sealing::is_sealed_without_keyring(self.keys, e))
+                {
+                    sealed += 1;
+                    continue;
+                }
                 out.push(read);
             }
         }
+        sealing::note_sealed(sealed);
         Ok(out)
+    }
+
+    /// Opens record `seq` of `log` (see [`sealing::open_log_record`]).
+    pub(crate) fn open_log_record(
+        &self,
+        log: &str,
+        seq: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, mcp_persist::Error> {
+        sealing::open_log_record(self.keys, log, seq, data)
     }
 
     /// Whether the store holds logs.
@@ -315,7 +345,28 @@ pub(crate) async fn ls_credentials(ctx: &Ctx<'_>, out: &mut impl Write) -> Resul
             }
             Err(e) => return Err(backend.fail(e)),
         };
-        let Ok(creds) = decode::<Credentials>(&key, &entry.value) else {
+        let value = match sealing::open_value(ctx.keys, &key, entry.value) {
+            (Ok(value), _) => value,
+            (Err(e), Some(_)) if sealing::is_sealed_without_keyring(ctx.keys, &e) => {
+                // The key names issuer and resource; the rest is sealed.
+                let parts = components(&key).unwrap_or_default();
+                let part = |i: usize| parts.get(i).cloned().unwrap_or_default();
+                table.row(vec![
+                    part(0),
+                    part(1),
+                    "sealed".into(),
+                    "sealed".into(),
+                    "sealed".into(),
+                ]);
+                rows.push(json!({"issuer": part(0), "resource": part(1), "sealed": true}));
+                continue;
+            }
+            (Err(_), _) => {
+                damaged += 1;
+                continue;
+            }
+        };
+        let Ok(creds) = decode::<Credentials>(&key, &value) else {
             damaged += 1;
             continue;
         };
@@ -431,10 +482,29 @@ pub(crate) async fn ls_keys(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), F
 /// `show KEY`: one record decoded, secrets redacted; or a log's records.
 pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Result<(), Failure> {
     if let Some(read) = ctx.read(key).await? {
+        if let (Err(e), Some(info)) = (&read.record, &read.sealed)
+            && sealing::is_sealed_without_keyring(ctx.keys, e)
+        {
+            let value = sealing::sealed_view(key, read.bytes, read.version, info);
+            if ctx.json {
+                print_json(out, &value)?;
+            } else {
+                writeln!(out, "key:     {key}")?;
+                writeln!(out, "kind:    {}", or_dash(value["kind"].as_str()))?;
+                writeln!(out, "version: {}", read.version)?;
+                writeln!(out, "bytes:   {}", read.bytes)?;
+                writeln!(
+                    out,
+                    "sealed:  with key {}; pass --keyring SOURCE to open it",
+                    info.key_id
+                )?;
+            }
+            return Ok(());
+        }
         let rec = read
             .record
             .map_err(|e| ctx.store.backend_for(key).fail(e))?;
-        let value = json!({
+        let mut value = json!({
             "key": key,
             "kind": rec.kind,
             "schema": rec.schema,
@@ -442,6 +512,9 @@ pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Resu
             "bytes": read.bytes,
             "record": rec.record,
         });
+        if let Some(info) = &read.sealed {
+            value["sealed"] = json!({"key_id": info.key_id.to_string()});
+        }
         if ctx.json {
             print_json(out, &value)?;
         } else {
@@ -449,6 +522,9 @@ pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Resu
             writeln!(out, "kind:    {} (schema {})", rec.kind, rec.schema)?;
             writeln!(out, "version: {}", read.version)?;
             writeln!(out, "bytes:   {}", read.bytes)?;
+            if let Some(info) = &read.sealed {
+                writeln!(out, "sealed:  with key {}", info.key_id)?;
+            }
             print_json(out, &rec.record)?;
         }
         return Ok(());
@@ -464,7 +540,18 @@ pub(crate) async fn show(ctx: &Ctx<'_>, key: &str, out: &mut impl Write) -> Resu
             let mut items = Vec::new();
             for r in records {
                 let name = format!("{key}#{}", r.seq);
-                let decoded = inspect(&name, &r.data).map_err(|e| ctx.store.rest.fail(e))?;
+                let decoded = match ctx.open_log_record(key, r.seq, &r.data) {
+                    Ok(plain) => inspect(&name, &plain),
+                    Err(e) if sealing::is_sealed_without_keyring(ctx.keys, &e) => {
+                        let info = mcp_persist::seal::info(&r.data);
+                        items.push(json!({"seq": r.seq, "sealed": {
+                            "key_id": info.map(|i| i.key_id.to_string()),
+                        }}));
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                }
+                .map_err(|e| ctx.store.rest.fail(e))?;
                 items.push(json!({"seq": r.seq, "kind": decoded.kind, "record": decoded.record}));
             }
             let value = json!({"log": key, "records": items});
@@ -540,8 +627,10 @@ pub(crate) async fn stats(ctx: &Ctx<'_>, out: &mut impl Write) -> Result<(), Fai
                 Ok(records) => {
                     entry.0 += 1;
                     for r in records {
-                        let at = inspect(&name, &r.data)
+                        let at = ctx
+                            .open_log_record(&name, r.seq, &r.data)
                             .ok()
+                            .and_then(|plain| inspect(&name, &plain).ok())
                             .and_then(|i| time_at(&i.record, "/published_at"));
                         entry.1.note(r.data.len(), at);
                     }

@@ -13,11 +13,17 @@
 //! | `rm KEY...`, `gc` | deletes records, sweeps expired state |
 //! | `quarantine STORE LOG...` | sets damaged logs of a file store aside |
 //! | `copy SOURCE DEST` | migrates between backends, resumably |
+//! | `rekey STORE --keyring K` | re-seals every record under the active key, online |
 //!
 //! Stores are named by URL: `sqlite:PATH`, `file:DIR`,
 //! `redis://HOST:PORT`, `redis+cluster://H1:P1,H2:P2`,
 //! `secretsmanager://REGION?prefix=P`, or a split bundle
 //! `credentials=URL;rest=URL`. Token text is never printed.
+//!
+//! Sealed (encrypted) records are shown as sealed, with the id of the key
+//! they need; `--keyring SOURCE` (`env:VAR`, `file:PATH`,
+//! `secretsmanager:SECRET_ID`) opens them, and `check` then reports the
+//! records under keys the ring no longer holds.
 //!
 //! # Features
 //!
@@ -31,6 +37,7 @@ mod inventory;
 mod lock;
 mod model;
 mod output;
+mod sealing;
 mod sweep;
 mod target;
 
@@ -48,7 +55,12 @@ use crate::{
 };
 
 fn after_help() -> String {
-    format!("Store URLs:\n{}\n\n{}", target::forms(), fail::EXIT_CODES)
+    format!(
+        "Store URLs:\n{}\n\n{}\n\n{}",
+        target::forms(),
+        sealing::KEYRING_FORMS,
+        fail::EXIT_CODES
+    )
 }
 
 /// Inspect, check, clean and migrate the state mcp-persist keeps for MCP
@@ -72,6 +84,13 @@ struct Cli {
     /// The servers' event retention, the TTL copied event logs get.
     #[arg(long, global = true, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     event_retention: Duration,
+
+    /// Where the sealing keys are (`env:VAR`, `file:PATH`,
+    /// `secretsmanager:SECRET_ID`): sealed records are then opened, and
+    /// `check` reports those under keys the ring does not hold. Without it,
+    /// sealed records are shown as sealed.
+    #[arg(long, global = true, value_name = "SOURCE")]
+    keyring: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -173,6 +192,28 @@ enum Command {
         #[arg(long)]
         create_dirs: bool,
     },
+    /// Re-seal every record under the active key of --keyring (the first
+    /// key), while servers and clients keep running: compare-and-swap, a
+    /// credential only under its refresh lease. Safe to interrupt and run
+    /// again. Logs are append-only and not rewritten: it lists those still
+    /// holding records under old keys, and until when.
+    #[command(after_help = sealing::KEYRING_FORMS)]
+    Rekey {
+        /// The store URL.
+        store: String,
+        /// Seal every kind, as applications built with `seal_everything`
+        /// do (by default plain records are sealed only for kinds with
+        /// secrets).
+        #[arg(long)]
+        seal_everything: bool,
+        /// The clients' refresh lease TTL: a credential whose lease stays
+        /// taken this long is re-sealed anyway (the holder is gone).
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+        lease_ttl: Duration,
+        /// Skip every key up to this one (where an interrupted run stopped).
+        #[arg(long, value_name = "KEY")]
+        start_after: Option<String>,
+    },
 }
 
 /// Prints a failure on standard error: text, or one JSON object under
@@ -259,6 +300,7 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
         event_retention: cli.event_retention,
         pending_authorization: Duration::from_secs(10 * 60),
     };
+    let keys = sealing::load(cli.keyring.as_deref()).await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let json = cli.json;
@@ -269,6 +311,7 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
                 store: &store,
                 ttl,
                 json,
+                keys: keys.as_ref(),
             };
             let listed = match kind {
                 LsKind::Sessions => inventory::ls_sessions(&ctx, &mut out).await,
@@ -290,6 +333,7 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
                 store: &store,
                 ttl,
                 json,
+                keys: keys.as_ref(),
             };
             let shown = inventory::show(&ctx, &key, &mut out).await;
             closing(store, shown).await?;
@@ -301,6 +345,7 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
                 store: &store,
                 ttl,
                 json,
+                keys: keys.as_ref(),
             };
             let counted = inventory::stats(&ctx, &mut out).await;
             if counted.is_ok() {
@@ -315,6 +360,7 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
                 store: &store,
                 ttl,
                 json,
+                keys: keys.as_ref(),
             };
             let checked = check::check(&ctx, &mut out).await;
             if checked.is_ok() {
@@ -389,6 +435,26 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
             )
             .await;
             closing(source, copied).await?
+        }
+        Command::Rekey {
+            store,
+            seal_everything,
+            lease_ttl,
+            start_after,
+        } => {
+            let Some(ring) = keys else {
+                return Err(fail::usage(
+                    "rekey needs --keyring SOURCE: the keyring the applications use, the active key first",
+                ));
+            };
+            let store = open(&store, Access::Write).await?;
+            let args = sealing::RekeyArgs {
+                everything: seal_everything,
+                lease_ttl,
+                start_after,
+            };
+            let rekeyed = sealing::rekey(&store, ring, args, json, &mut out).await;
+            closing(store, rekeyed).await?
         }
     };
     out.flush()?;

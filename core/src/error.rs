@@ -124,6 +124,17 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// A sealed record cannot be opened: the keyring lacks its key, it was
+    /// altered or moved from another record, or it is plain text where plain
+    /// text is refused ([`seal`](crate::seal)). Nothing was changed.
+    #[error("record `{key}` {problem}")]
+    Sealing {
+        /// The record: its key, or `<log>#<seq>` for a log record.
+        key: String,
+        /// What is wrong, and what to do about it.
+        problem: crate::seal::SealProblem,
+    },
+
     /// The caller's OAuth refresh failed (the authorization server refused or
     /// was unreachable). The stored credential is unchanged.
     #[error("refreshing the credential failed: {source}")]

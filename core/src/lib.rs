@@ -46,6 +46,13 @@
 //! and `-store-vault` add durable ones. A [`Stores`] bundle routes each kind
 //! of state to a backend.
 //!
+//! # Encryption at rest
+//!
+//! [`Stores::encrypted`] seals records with AES-256-GCM before they reach
+//! any backend (those with secrets by default, or all of them), with keys
+//! from an environment variable, a file or a secrets manager, rotated while
+//! the fleet runs: see [`seal`].
+//!
 //! # Example
 //!
 //! ```
@@ -113,6 +120,7 @@ pub mod memory;
 pub mod records;
 pub mod registry;
 pub mod retry;
+pub mod seal;
 mod secret;
 pub mod stores;
 mod types;

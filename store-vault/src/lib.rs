@@ -87,6 +87,12 @@
 //!   keys (public identifiers) and sizes, never values. A test captures every
 //!   trace line, the AWS SDK's included, at every level, and finds no token.
 //!
+//! # Sealing keys
+//!
+//! [`SecretsManagerKeys`] reads the keyring that seals records at rest
+//! ([`mcp_persist_core::seal`]) from one secret; writing a new version of it
+//! rotates the keys for every process that reloads.
+//!
 //! # No logs
 //!
 //! ```compile_fail,E0277
@@ -114,6 +120,7 @@ use mcp_persist_core::{Error, KvStore, LogStore, Result, Stores};
 
 mod error;
 mod gate;
+mod keysource;
 mod names;
 mod opener;
 mod stamp;
@@ -124,6 +131,7 @@ pub use aws_config;
 /// The Secrets Manager client this crate was built with, to build one explicitly.
 pub use aws_sdk_secretsmanager;
 pub use error::{ServiceError, Throttled};
+pub use keysource::SecretsManagerKeys;
 pub use opener::SecretsManagerOpener;
 
 /// How long ago a record must have expired before

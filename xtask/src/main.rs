@@ -390,6 +390,7 @@ const BENCHES: &[(&str, &str, &str)] = &[
     // (name, package, example)
     ("file", "mcp-persist-store-file", "bench_file"),
     ("sqlite", "mcp-persist-store-sqlite", "bench_sqlite"),
+    ("sealing", "mcp-persist-store-sqlite", "bench_sealing"),
     ("redis", "mcp-persist-store-redis", "bench_redis"),
     ("postgres", "mcp-persist-store-postgres", "bench_postgres"),
     ("server", "mcp-persist-transport-http", "bench_server"),

@@ -4,7 +4,10 @@ use super::{
     AuthStore, BusRetention, ClientStateStore, EventLog, EventLogConfig, InstanceLeases,
     NotificationBus, ServerSessionStore, SharedKeyStore, TaskStore,
 };
-use crate::{Error, KvStore, LogStore, Result};
+use crate::{
+    Error, KvStore, LogStore, Result,
+    seal::{Sealed, Sealing},
+};
 
 /// Which backend holds which kind of state.
 ///
@@ -24,12 +27,18 @@ use crate::{Error, KvStore, LogStore, Result};
 /// bundle without a log store for an [`EventLog`] is
 /// [`Error::Unsupported`], and a backend that is no [`LogStore`] cannot be
 /// passed where logs go at all.
+///
+/// [`encrypted`](Stores::encrypted) seals records before they reach any of
+/// the backends (see [`seal`](crate::seal)).
 #[derive(Clone, Debug)]
 pub struct Stores {
     client_state: Arc<dyn KvStore>,
     credentials: Arc<dyn KvStore>,
     sessions: Arc<dyn KvStore>,
     events: Option<(Arc<dyn KvStore>, Arc<dyn LogStore>)>,
+    /// The seal, and the event log behind it (made once: its writer
+    /// position must be one per process).
+    sealing: Option<(Sealing, Option<Arc<dyn LogStore>>)>,
 }
 
 impl Stores {
@@ -47,7 +56,59 @@ impl Stores {
             credentials: kv.clone(),
             sessions: kv.clone(),
             events: log.map(|log| (kv, log)),
+            sealing: None,
         }
+    }
+
+    /// Seals records before they reach any backend of the bundle, those
+    /// routed later included: by default the records whose kind has secret
+    /// fields (see [`Sealing`] for more), with the keyring's active key.
+    /// Calling it again replaces the seal, never seals twice.
+    ///
+    /// ```
+    /// use mcp_persist_core::{MemoryStore, Stores, seal::{Keyring, SealKey, Sealing}};
+    /// let (key, _) = SealKey::generate()?;
+    /// let stores = Stores::new(MemoryStore::new())
+    ///     .encrypted(Sealing::new(Keyring::new(key)).seal_everything());
+    /// assert!(stores.sealing().is_some());
+    /// # Ok::<_, mcp_persist_core::Error>(())
+    /// ```
+    pub fn encrypted(mut self, sealing: impl Into<Sealing>) -> Self {
+        let sealing = sealing.into();
+        let ring = sealing.keyring();
+        tracing::info!(active = %ring.active(), keys = ring.ids().len(), scope = ?sealing.scope(), "records are sealed before they reach the backends");
+        let log = self.sealed_log(&sealing);
+        self.sealing = Some((sealing, log));
+        self
+    }
+
+    /// The seal, when [`encrypted`](Stores::encrypted).
+    pub fn sealing(&self) -> Option<&Sealing> {
+        self.sealing.as_ref().map(|(s, _)| s)
+    }
+
+    fn sealed_log(&self, sealing: &Sealing) -> Option<Arc<dyn LogStore>> {
+        self.events.as_ref().map(|(_, log)| {
+            Arc::new(Sealed::new(log.clone(), sealing.clone())) as Arc<dyn LogStore>
+        })
+    }
+
+    /// `kv` as the typed stores see it: behind the seal, if any.
+    fn kv(&self, kv: &Arc<dyn KvStore>) -> Arc<dyn KvStore> {
+        match &self.sealing {
+            Some((sealing, _)) => Arc::new(Sealed::new(kv.clone(), sealing.clone())),
+            None => kv.clone(),
+        }
+    }
+
+    /// The event log's key-value and log stores as the typed stores see them.
+    fn events_parts(&self) -> Option<(Arc<dyn KvStore>, Arc<dyn LogStore>)> {
+        let (kv, log) = self.events.as_ref()?;
+        let log = match &self.sealing {
+            Some((_, Some(sealed))) => sealed.clone(),
+            _ => log.clone(),
+        };
+        Some((self.kv(kv), log))
     }
 
     /// Routes credentials (tokens, client secrets, pending authorizations)
@@ -72,35 +133,39 @@ impl Stores {
     /// Routes the event log to `log`, with stream metadata in `kv`.
     pub fn with_events(mut self, kv: Arc<dyn KvStore>, log: Arc<dyn LogStore>) -> Self {
         self.events = Some((kv, log));
+        if let Some(sealing) = self.sealing().cloned() {
+            let log = self.sealed_log(&sealing);
+            self.sealing = Some((sealing, log));
+        }
         self
     }
 
     /// The client state store.
     pub fn client_state(&self) -> ClientStateStore {
-        ClientStateStore::new(self.client_state.clone())
+        ClientStateStore::new(self.kv(&self.client_state))
     }
 
     /// The credential store.
     pub fn credentials(&self) -> AuthStore {
-        AuthStore::new(self.credentials.clone())
+        AuthStore::new(self.kv(&self.credentials))
     }
 
     /// Secret keys shared by a server fleet, kept where credentials are.
     pub fn shared_keys(&self) -> SharedKeyStore {
-        SharedKeyStore::new(self.credentials.clone())
+        SharedKeyStore::new(self.kv(&self.credentials))
     }
 
     /// The server session store, with sessions expiring after `idle_ttl`.
     pub fn sessions(&self, idle_ttl: Duration) -> ServerSessionStore {
-        ServerSessionStore::new(self.sessions.clone(), idle_ttl)
+        ServerSessionStore::new(self.kv(&self.sessions), idle_ttl)
     }
 
     /// The durable task store, kept where the event log is (records in its
     /// key-value store, inboxes in its log store), or
     /// [`Error::Unsupported`] when no log store is routed.
     pub fn tasks(&self) -> Result<TaskStore> {
-        match &self.events {
-            Some((kv, log)) => Ok(TaskStore::new(kv.clone(), log.clone())),
+        match self.events_parts() {
+            Some((kv, log)) => Ok(TaskStore::new(kv, log)),
             None => Err(Error::Unsupported {
                 operation: "durable tasks",
                 backend: self.client_state.backend_name(),
@@ -111,8 +176,8 @@ impl Stores {
     /// The fleet notification bus, in the event log's log store, or
     /// [`Error::Unsupported`] when no log store is routed.
     pub fn bus(&self, retention: BusRetention) -> Result<NotificationBus> {
-        match &self.events {
-            Some((_, log)) => Ok(NotificationBus::new(log.clone(), retention)),
+        match self.events_parts() {
+            Some((_, log)) => Ok(NotificationBus::new(log, retention)),
             None => Err(Error::Unsupported {
                 operation: "the fleet notification bus",
                 backend: self.client_state.backend_name(),
@@ -125,17 +190,17 @@ impl Stores {
     /// [`InstanceLeases`] for both rules); an instance is dead once it has
     /// been silent for `grace`.
     pub fn instance_leases(&self, grace: Duration) -> InstanceLeases {
-        let leases = InstanceLeases::new(self.sessions.clone(), grace);
-        match &self.events {
-            Some((_, log)) => leases.with_heartbeats(log.clone()),
+        let leases = InstanceLeases::new(self.kv(&self.sessions), grace);
+        match self.events_parts() {
+            Some((_, log)) => leases.with_heartbeats(log),
             None => leases,
         }
     }
 
     /// The event store, or [`Error::Unsupported`] when no log store is routed.
     pub fn events(&self, config: EventLogConfig) -> Result<EventLog> {
-        match &self.events {
-            Some((kv, log)) => Ok(EventLog::new(kv.clone(), log.clone(), config)),
+        match self.events_parts() {
+            Some((kv, log)) => Ok(EventLog::new(kv, log, config)),
             None => Err(Error::Unsupported {
                 operation: "event logs",
                 backend: self.client_state.backend_name(),
