@@ -131,3 +131,57 @@ fn every_record_type_is_declared() {
         );
     }
 }
+
+/// No key prefix of a declared kind is written as a string anywhere in the
+/// workspace's Rust code but in the declarations and core's own tests: every
+/// key is built from its declaration, so a change of layout cannot leave a
+/// copy behind.
+#[test]
+fn no_key_prefix_is_written_outside_the_declarations() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("core is in the workspace")
+        .to_path_buf();
+    let prefixes: Vec<String> = declare::ALL
+        .iter()
+        .map(|d| format!("\"{}", d.prefix))
+        .collect();
+    let allowed = |path: &Path| {
+        let rel = path.strip_prefix(&root).unwrap_or(path);
+        rel.starts_with("core/src/declare.rs")
+            || rel.starts_with("core/tests")
+            || rel.starts_with("target")
+            || rel.components().any(|c| {
+                let c = c.as_os_str();
+                c == "target" || c == ".cache" || c == ".git" || c == "node_modules"
+            })
+    };
+    let mut found = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if allowed(&path) {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                for (n, line) in text.lines().enumerate() {
+                    if prefixes.iter().any(|p| line.contains(p.as_str())) {
+                        found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "key prefixes written outside core's declarations:\n{}",
+        found.join("\n")
+    );
+}

@@ -213,7 +213,7 @@ impl RekeyReport {
 ///     .run(|p| progress = (p.done, p.total))
 ///     .await?;
 /// assert_eq!(report.resealed, 1);
-/// assert_eq!(progress, (2, 2)); // the record, and the (empty) fleet bus log
+/// assert_eq!(progress, (3, 3)); // the record, and the (empty) bus and heartbeat logs
 /// // ...and once rekey has run, the old key can go.
 /// assert_eq!(check(&backend, None, &sealing, |_| {}).await?.in_use(), vec![id2]);
 /// sealing.set_keyring(sealing.keyring().without(id1));

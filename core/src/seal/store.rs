@@ -78,7 +78,7 @@ impl Writer {
 /// use mcp_persist_core::{seal::*, *};
 /// let (key, _) = SealKey::generate()?;
 /// let store = Sealed::wrap(MemoryStore::new(), Sealing::new(Keyring::new(key)).seal_everything());
-/// let log = Key::new("server/events/s1")?;
+/// let log = declare::EVENT.key(&["s1"]);
 /// let seqs = store.append(&log, vec![b"one".to_vec(), b"two".to_vec()], None).await?;
 /// let read = store.read_after(&log, 0, 10).await?;
 /// assert_eq!(read.iter().map(|r| r.data.clone()).collect::<Vec<_>>(), vec![b"one".to_vec(), b"two".to_vec()]);
