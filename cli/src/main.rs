@@ -251,6 +251,25 @@ fn parse() -> Result<Cli, ExitCode> {
     }
 }
 
+/// With `MCP_PERSIST_LOG` set (a `tracing` filter such as `debug` or
+/// `mcp_persist_store_sqlite=trace`), what the stores do is written to
+/// standard error, for an operator who wants to see it. Secrets never
+/// appear there: no store logs one.
+fn trace_to_stderr() {
+    let Ok(filter) = std::env::var("MCP_PERSIST_LOG") else {
+        return;
+    };
+    let Ok(filter) = tracing_subscriber::EnvFilter::try_new(&filter) else {
+        eprintln!("note: MCP_PERSIST_LOG={filter:?} is not a log filter; nothing is logged");
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = match parse() {
         Ok(cli) => cli,
@@ -258,6 +277,7 @@ fn main() -> ExitCode {
     };
     let json = cli.json;
     output::set_json(json);
+    trace_to_stderr();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

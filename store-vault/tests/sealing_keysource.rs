@@ -66,7 +66,11 @@ async fn a_secret_holds_the_ring_and_a_new_version_rotates_it() {
         .unwrap();
     assert_eq!(again.active.secret, ring.active.secret);
     stores.shared_keys().rotate("request-state").await.unwrap();
-    let key = backend.list(mcp_persist_core::declare::SHARED_KEY_RING.prefix).await.unwrap().remove(0);
+    let key = backend
+        .list(mcp_persist_core::declare::SHARED_KEY_RING.prefix)
+        .await
+        .unwrap()
+        .remove(0);
     let raw = backend.get(&key).await.unwrap().unwrap().value;
     assert_eq!(mcp_persist_core::seal::info(&raw).unwrap().key_id, k2.id());
 

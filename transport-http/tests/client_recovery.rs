@@ -181,7 +181,10 @@ async fn bad_state_case(
     let server = client_support::start_server(1).await;
     let store = Arc::new(MemoryStore::new());
     run_client(&server.url, &store, 1).await;
-    let keys = store.list(mcp_persist_core::declare::LEGACY_SESSION.prefix).await.expect("list");
+    let keys = store
+        .list(mcp_persist_core::declare::LEGACY_SESSION.prefix)
+        .await
+        .expect("list");
     assert_eq!(keys.len(), 1);
     let entry = store.get(&keys[0]).await.expect("get").expect("entry");
     let envelope: serde_json::Value = serde_json::from_slice(&entry.value).expect("json");

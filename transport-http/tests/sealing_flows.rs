@@ -296,8 +296,18 @@ async fn flows_leave_no_secret_on(backend: Backend) {
     );
 
     // Sessions and streams are there, and the credential reads back.
-    assert!(!kv.list(mcp_persist_core::declare::SERVER_SESSION.prefix).await.unwrap().is_empty());
-    assert!(!kv.list(mcp_persist_core::declare::EVENT_STREAM.prefix).await.unwrap().is_empty());
+    assert!(
+        !kv.list(mcp_persist_core::declare::SERVER_SESSION.prefix)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !kv.list(mcp_persist_core::declare::EVENT_STREAM.prefix)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let resource = canonical_url("resource", &world.mcp_url).unwrap();
     let creds = stores
         .credentials()

@@ -568,7 +568,9 @@ mod tests {
         let mut record = TaskRecord::new(id, None, owner);
         let before = record.clone();
         match record.take_over("me", Timestamp::now()) {
-            Err(Error::Corrupt { key, .. }) => assert_eq!(key, crate::declare::TASK.key(&["at/the-limit"]).to_string()),
+            Err(Error::Corrupt { key, .. }) => {
+                assert_eq!(key, crate::declare::TASK.key(&["at/the-limit"]).to_string())
+            }
             other => panic!("expected Corrupt, got {other:?}"),
         }
         assert_eq!(record, before);
