@@ -5,7 +5,7 @@
 mod support;
 
 use mcp_persist_core::{
-    KvStore, LogStore, PutOptions,
+    PutOptions,
     conformance::samples::{self, PLANTED},
     declare::Space,
 };
