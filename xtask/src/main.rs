@@ -382,83 +382,140 @@ fn check_features() -> Result<()> {
     }
 }
 
-/// Benchmarks: each is a program of its crate, built in release mode, that
-/// measures itself against a baseline in the same process: a `[[bench]]`
-/// target (`benches/NAME.rs`, run with `cargo bench`) where the crate has
-/// one, else an example.
-const BENCHES: &[(&str, &str, &str)] = &[
-    // (name, package, example)
-    ("file", "mcp-persist-store-file", "bench_file"),
-    ("sqlite", "mcp-persist-store-sqlite", "bench_sqlite"),
-    ("sealing", "mcp-persist-store-sqlite", "bench_sealing"),
-    ("redis", "mcp-persist-store-redis", "bench_redis"),
-    ("postgres", "mcp-persist-store-postgres", "bench_postgres"),
-    ("server", "mcp-persist-transport-http", "bench_server"),
-    ("client", "mcp-persist-transport-http", "bench_client"),
-    ("tasks", "mcp-persist-transport-http", "bench_tasks"),
-    ("bus", "mcp-persist-transport-http", "bench_bus"),
+/// A service a benchmark measures against, started by xtask for the run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Redis,
+    Postgres,
+    Moto,
+}
+
+/// A benchmark: a `[[bench]]` target (`harness = false`) of its crate,
+/// `benches/NAME.rs`, that measures itself against a baseline in the same
+/// process and prints an `aim:` line per aim. Examples are only what users
+/// read.
+struct Bench {
+    /// What `cargo xtask bench NAME` selects it by.
+    name: &'static str,
+    package: &'static str,
+    /// The `[[bench]]` target.
+    target: &'static str,
+    /// Services it needs (their URLs go to it in the environment).
+    services: &'static [Service],
+}
+
+const BENCHES: &[Bench] = &[
+    Bench {
+        name: "file",
+        package: "mcp-persist-store-file",
+        target: "bench_file",
+        services: &[],
+    },
+    Bench {
+        name: "sqlite",
+        package: "mcp-persist-store-sqlite",
+        target: "bench_sqlite",
+        services: &[],
+    },
+    Bench {
+        name: "sealing",
+        package: "mcp-persist-store-sqlite",
+        target: "bench_sealing",
+        services: &[],
+    },
+    Bench {
+        name: "redis",
+        package: "mcp-persist-store-redis",
+        target: "bench_redis",
+        services: &[Service::Redis],
+    },
+    Bench {
+        name: "postgres",
+        package: "mcp-persist-store-postgres",
+        target: "bench_postgres",
+        services: &[Service::Postgres],
+    },
+    Bench {
+        name: "dynamodb",
+        package: "mcp-persist-store-dynamodb",
+        target: "bench_dynamodb",
+        services: &[Service::Moto],
+    },
+    Bench {
+        name: "server",
+        package: "mcp-persist-transport-http",
+        target: "bench_server",
+        services: &[Service::Redis],
+    },
+    Bench {
+        name: "client",
+        package: "mcp-persist-transport-http",
+        target: "bench_client",
+        services: &[],
+    },
+    Bench {
+        name: "tasks",
+        package: "mcp-persist-transport-http",
+        target: "bench_tasks",
+        services: &[Service::Redis],
+    },
+    Bench {
+        name: "bus",
+        package: "mcp-persist-transport-http",
+        target: "bench_bus",
+        services: &[Service::Redis],
+    },
 ];
 
-/// Benchmarks that are `[[bench]]` targets (`harness = false`) run against
-/// `moto_server`: (name, package, bench).
-const MOTO_BENCHES: &[(&str, &str, &str)] =
-    &[("dynamodb", "mcp-persist-store-dynamodb", "bench_dynamodb")];
-
+/// `cargo xtask bench [NAME...]`: the named benchmarks (all without names),
+/// each run as `cargo bench -p PACKAGE --bench TARGET` with the services it
+/// needs started first, once for the whole run.
 fn bench(args: &[String]) -> Result<()> {
-    let redis = redis::start().context("starting Redis for the benchmarks")?;
-    let wants_postgres = args.is_empty() || args.iter().any(|a| a == "postgres");
-    let postgres = if wants_postgres {
+    if let Some(unknown) = args
+        .iter()
+        .find(|a| !BENCHES.iter().any(|b| b.name == a.as_str()))
+    {
+        let names: Vec<&str> = BENCHES.iter().map(|b| b.name).collect();
+        bail!(
+            "no benchmark named {unknown:?}; the benchmarks are: {}",
+            names.join(", ")
+        );
+    }
+    let selected: Vec<&Bench> = BENCHES
+        .iter()
+        .filter(|b| args.is_empty() || args.iter().any(|a| a == b.name))
+        .collect();
+    let needs = |service: Service| selected.iter().any(|b| b.services.contains(&service));
+    let redis = if needs(Service::Redis) {
+        Some(redis::start().context("starting Redis for the benchmarks")?)
+    } else {
+        None
+    };
+    let postgres = if needs(Service::Postgres) {
         Some(postgres::start().context("starting Postgres for the benchmarks")?)
     } else {
         None
     };
+    let moto = if needs(Service::Moto) {
+        Some(moto::start().context("starting moto_server for the benchmarks")?)
+    } else {
+        None
+    };
     let mut failed = Vec::new();
-    let wanted = |name: &str| args.is_empty() || args.iter().any(|a| a == name);
-    if MOTO_BENCHES.iter().any(|(name, ..)| wanted(name)) {
-        let moto = moto::start().context("starting moto_server for the benchmarks")?;
-        for (name, package, bench) in MOTO_BENCHES.iter().filter(|(name, ..)| wanted(name)) {
-            println!("\n==> bench {name}");
-            let mut cmd = cargo();
-            cmd.args(["bench", "--quiet", "-p", package, "--bench", bench]);
-            cmd.envs(moto.env());
-            if !cmd.status().is_ok_and(|s| s.success()) {
-                failed.push(*name);
-            }
-        }
-    }
-    for (name, package, example) in BENCHES {
-        if !args.is_empty() && !args.iter().any(|a| a == name) {
-            continue;
-        }
-        println!("\n==> bench {name}");
+    for b in selected {
+        println!("\n==> bench {}", b.name);
         let mut cmd = cargo();
-        let folder = package.strip_prefix("mcp-persist-").unwrap_or(package);
-        let bench_target = root()
-            .join(folder)
-            .join("benches")
-            .join(format!("{example}.rs"));
-        if bench_target.is_file() {
-            cmd.args(["bench", "--quiet", "-p", package, "--bench", example]);
-        } else {
-            cmd.args([
-                "run",
-                "--release",
-                "--quiet",
-                "-p",
-                package,
-                "--example",
-                example,
-            ]);
-        }
-        for (k, v) in redis
-            .env()
-            .into_iter()
-            .chain(postgres.iter().flat_map(|p| p.env()))
-        {
-            cmd.env(k, v);
+        cmd.args(["bench", "--quiet", "-p", b.package, "--bench", b.target]);
+        for service in b.services {
+            let env = match service {
+                Service::Redis => redis.as_ref().map(|s| s.env()),
+                Service::Postgres => postgres.as_ref().map(|s| s.env()),
+                Service::Moto => moto.as_ref().map(|s| s.env()),
+            };
+            cmd.envs(env.into_iter().flatten());
         }
         if !cmd.status().is_ok_and(|s| s.success()) {
-            failed.push(*name);
+            failed.push(b.name);
         }
     }
     if failed.is_empty() {

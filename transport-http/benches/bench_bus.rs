@@ -1,6 +1,6 @@
 //! Benchmark of the fleet notification bus, against an in-process broadcast
 //! channel in the same run. Run in release mode: `cargo xtask bench bus`, or
-//! `cargo run --release -p mcp-persist-transport-http --example bench_bus`.
+//! `cargo bench -p mcp-persist-transport-http --bench bench_bus`.
 //!
 //! Two instances share one store, each through its own handle (its own
 //! connection and, for SQLite, its own writer thread, as two processes

@@ -11,7 +11,7 @@
 //! line gives the cost of opening a sealed record alone.
 //!
 //! Run it in release mode: `cargo xtask bench sealing`, or
-//! `cargo run --release -p mcp-persist-store-sqlite --example bench_sealing`.
+//! `cargo bench -p mcp-persist-store-sqlite --bench bench_sealing`.
 
 use std::{
     sync::Arc,

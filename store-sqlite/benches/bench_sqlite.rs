@@ -12,7 +12,7 @@
 //! same records) next to the store's read throughput.
 //!
 //! Run it in release mode: `cargo xtask bench`, or
-//! `cargo run --release -p mcp-persist-store-sqlite --example bench_sqlite`.
+//! `cargo bench -p mcp-persist-store-sqlite --bench bench_sqlite`.
 //! Each measurement stops at a count or a time limit, whichever comes
 //! first; the whole run takes well under a minute.
 

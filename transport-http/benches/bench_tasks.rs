@@ -1,6 +1,6 @@
 //! Benchmarks of durable tasks, against rmcp's in-memory `TaskManager` in
 //! the same run. Run in release mode: `cargo xtask bench tasks`, or
-//! `cargo run --release -p mcp-persist-transport-http --example bench_tasks`.
+//! `cargo bench -p mcp-persist-transport-http --bench bench_tasks`.
 //!
 //! Both runtimes sit behind the same rmcp handler and HTTP server, and are
 //! driven by raw 2026-07-28 requests over loopback:

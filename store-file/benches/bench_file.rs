@@ -3,7 +3,7 @@
 //! the fsyncs they cannot avoid.
 //!
 //! ```text
-//! cargo run --release -p mcp-persist-store-file --example bench_file
+//! cargo bench -p mcp-persist-store-file --bench bench_file
 //! ```
 //!
 //! Works in a temporary directory under `MCP_PERSIST_BENCH_DIR` if set, else

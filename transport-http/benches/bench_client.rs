@@ -20,7 +20,7 @@
 //! round trips show. The process itself is not restarted: loading the binary
 //! costs both clients the same.
 //!
-//! `cargo run --release -p mcp-persist-transport-http --example bench_client`
+//! `cargo bench -p mcp-persist-transport-http --bench bench_client`
 //! (bounded: about 30 seconds).
 
 use std::{

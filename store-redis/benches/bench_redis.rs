@@ -28,7 +28,7 @@
 //! `cargo xtask bench` provides both. Run in release mode:
 //!
 //! ```text
-//! cargo run --release -p mcp-persist-store-redis --example bench_redis
+//! cargo bench -p mcp-persist-store-redis --bench bench_redis
 //! ```
 
 use mcp_persist_core::conformance::key;

@@ -1,6 +1,6 @@
 //! Benchmarks of the durable server, each against its baseline in the same
 //! run. Run in release mode: `cargo xtask bench`, or
-//! `cargo run --release -p mcp-persist-transport-http --example bench_server`.
+//! `cargo bench -p mcp-persist-transport-http --bench bench_server`.
 //!
 //! * **Progress events per second** delivered end to end (tool handler to
 //!   rmcp client, over HTTP and SSE) by rmcp's in-memory defaults, by the
@@ -30,7 +30,7 @@
 //!   opt-out), per backend. `-- sessions` runs this measurement alone.
 #![allow(deprecated)] // The demo server's sampling tool; see server.rs.
 
-#[path = "server.rs"]
+#[path = "../examples/server.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod demo;
 
