@@ -42,9 +42,7 @@
 //! assert_eq!(kind.parse(&key), Some(vec!["abc/def".to_owned()]));
 //! ```
 
-use serde::de::DeserializeOwned;
-
-use crate::{Error, Key, Result, records::Record};
+use crate::{Error, Key, Result};
 
 /// How operator tools group kinds (`mcp-persist ls sessions`, `copy --kinds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -176,7 +174,6 @@ pub struct Declaration {
     pub owns_log: Option<&'static Declaration>,
     /// One line for humans.
     pub summary: &'static str,
-    decode: fn(&str, &[u8]) -> Result<serde_json::Value>,
 }
 
 impl PartialEq for Declaration {
@@ -299,26 +296,10 @@ impl Declaration {
         let refs: Vec<&str> = components.iter().map(String::as_str).collect();
         log.try_key(&refs).ok().map(|k| (k, log))
     }
-
-    /// Decodes `bytes` read from `key` as this kind, into JSON with every
-    /// secret replaced by [`REDACTED`](crate::stores::inspect::REDACTED).
-    pub(crate) fn decode_redacted(&self, key: &str, bytes: &[u8]) -> Result<serde_json::Value> {
-        (self.decode)(key, bytes)
-    }
-}
-
-/// Decodes as `T` and renders it as JSON with its secrets redacted.
-fn redacted<T: Record + DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<serde_json::Value> {
-    let record = crate::records::decode::<T>(key, bytes)?;
-    crate::secret::redacting(|| serde_json::to_value(&record)).map_err(|e| Error::Corrupt {
-        key: key.to_owned(),
-        reason: format!("{} record does not serialize back", T::KIND),
-        source: Some(Box::new(e)),
-    })
 }
 
 macro_rules! declare {
-    ($(#[$doc:meta])* $name:ident: $ty:ty {
+    ($(#[$doc:meta])* $name:ident {
         kind: $kind:literal, schema: $schema:literal, family: $family:ident, space: $space:ident,
         role: $role:ident, prefix: $prefix:literal, components: [$($comp:literal),*],
         secrets: [$($secret:literal),*], written: [$($written:literal),*],
@@ -340,24 +321,13 @@ macro_rules! declare {
             lifetime: Lifetime::$lifetime,
             owns_log: $log,
             summary: $summary,
-            decode: redacted::<$ty>,
         };
     };
 }
 
-use crate::records::{
-    Credentials, EventRecord, InFlightRequest, LegacySession, PendingAuthorization, ServerProfile,
-    ServerSession, StreamMeta,
-};
-use crate::stores::{
-    BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
-    credentials::ResourceIssuer, liveness::Heartbeat, tasks::InboxRecord,
-    tool_lock::ToolLockRecord,
-};
-
 declare!(
     /// What a client knows about a server: era, version, `server/discover`.
-    SERVER_PROFILE: ServerProfile {
+    SERVER_PROFILE {
         kind: "server_profile", schema: 1, family: Clients, space: Kv, role: ClientState,
         prefix: "client/profile/", components: ["profile", "endpoint"],
         secrets: [], written: ["/verdict_at"], created: ["/verdict_at"],
@@ -367,7 +337,7 @@ declare!(
 );
 declare!(
     /// A client's legacy session with a server.
-    LEGACY_SESSION: LegacySession {
+    LEGACY_SESSION {
         kind: "legacy_session", schema: 1, family: Clients, space: Kv, role: ClientState,
         prefix: "client/session/", components: ["profile", "endpoint"],
         secrets: [], written: ["/updated_at"], created: ["/created_at"],
@@ -377,7 +347,7 @@ declare!(
 );
 declare!(
     /// A request sent and not yet answered.
-    IN_FLIGHT_REQUEST: InFlightRequest {
+    IN_FLIGHT_REQUEST {
         kind: "in_flight_request", schema: 1, family: Clients, space: Kv, role: ClientState,
         prefix: "client/inflight/", components: ["profile", "endpoint", "session", "request"],
         secrets: [], written: ["/sent_at"], created: ["/sent_at"],
@@ -387,7 +357,7 @@ declare!(
 );
 declare!(
     /// OAuth credentials per issuer and resource.
-    CREDENTIALS: Credentials {
+    CREDENTIALS {
         kind: "credentials", schema: 1, family: Credentials, space: Kv, role: Credentials,
         prefix: "cred/token/", components: ["issuer", "resource"],
         secrets: ["/access_token", "/refresh_token", "/client/client_secret"],
@@ -398,7 +368,7 @@ declare!(
 );
 declare!(
     /// The lease that lets one process refresh a credential.
-    REFRESH_LEASE: LeaseRecord {
+    REFRESH_LEASE {
         kind: "refresh_lease", schema: 1, family: Credentials, space: Kv, role: Credentials,
         prefix: "cred/lease/", components: ["issuer", "resource"],
         secrets: [], written: ["/taken_at"], created: ["/taken_at"],
@@ -408,7 +378,7 @@ declare!(
 );
 declare!(
     /// Which issuer a resource was last authorized with.
-    RESOURCE_ISSUER: ResourceIssuer {
+    RESOURCE_ISSUER {
         kind: "resource_issuer", schema: 1, family: Credentials, space: Kv, role: Credentials,
         prefix: "cred/issuer/", components: ["resource"],
         secrets: [], written: ["/updated_at"], created: ["/updated_at"],
@@ -418,7 +388,7 @@ declare!(
 );
 declare!(
     /// An authorization the user has not finished.
-    PENDING_AUTHORIZATION: PendingAuthorization {
+    PENDING_AUTHORIZATION {
         kind: "pending_authorization", schema: 1, family: Credentials, space: Kv, role: Credentials,
         prefix: "cred/pending/", components: ["state hash"],
         secrets: ["/pkce_verifier", "/state"], written: ["/created_at"], created: ["/created_at"],
@@ -428,7 +398,7 @@ declare!(
 );
 declare!(
     /// A server's legacy session.
-    SERVER_SESSION: ServerSession {
+    SERVER_SESSION {
         kind: "server_session", schema: 1, family: Sessions, space: Kv, role: Sessions,
         prefix: "server/session/", components: ["session id"],
         secrets: [], written: ["/last_seen"], created: ["/created_at"],
@@ -438,7 +408,7 @@ declare!(
 );
 declare!(
     /// One SSE event of a stream (a log record).
-    EVENT: EventRecord {
+    EVENT {
         kind: "event", schema: 1, family: Events, space: Log, role: Events,
         prefix: "server/events/", components: ["stream id"],
         secrets: [], written: [], created: [],
@@ -448,7 +418,7 @@ declare!(
 );
 declare!(
     /// An SSE stream's owner and token.
-    EVENT_STREAM: StreamMeta {
+    EVENT_STREAM {
         kind: "event_stream", schema: 1, family: Events, space: Kv, role: Events,
         prefix: "server/stream/", components: ["stream id"],
         secrets: ["/token"], written: ["/created_at"], created: ["/created_at"],
@@ -458,7 +428,7 @@ declare!(
 );
 declare!(
     /// Keys a fleet shares.
-    SHARED_KEY_RING: KeyRing {
+    SHARED_KEY_RING {
         kind: "shared_key_ring", schema: 1, family: Keys, space: Kv, role: Credentials,
         prefix: "server/key/", components: ["name"],
         secrets: ["/active/secret", "/previous/secret"],
@@ -469,7 +439,7 @@ declare!(
 );
 declare!(
     /// Wake-ups for the instance running a task (a log record).
-    TASK_INBOX: InboxRecord {
+    TASK_INBOX {
         kind: "task_inbox", schema: 1, family: Tasks, space: Log, role: Events,
         prefix: "server/task-inbox/", components: ["task id"],
         secrets: [], written: [], created: [],
@@ -479,7 +449,7 @@ declare!(
 );
 declare!(
     /// A durable task.
-    TASK: TaskRecord {
+    TASK {
         kind: "task", schema: 1, family: Tasks, space: Kv, role: Events,
         prefix: "server/task/", components: ["task id"],
         secrets: [], written: ["/last_updated_at"], created: ["/created_at"],
@@ -489,7 +459,7 @@ declare!(
 );
 declare!(
     /// A notice on the fleet bus (a log record).
-    FLEET_NOTICE: BusMessage {
+    FLEET_NOTICE {
         kind: "fleet_notice", schema: 1, family: Bus, space: Log, role: Events,
         prefix: "server/bus", components: [],
         secrets: [], written: ["/published_at"], created: ["/published_at"],
@@ -499,7 +469,7 @@ declare!(
 );
 declare!(
     /// A server instance's liveness lease.
-    INSTANCE_LEASE: InstanceLease {
+    INSTANCE_LEASE {
         kind: "instance_lease", schema: 1, family: Instances, space: Kv, role: Sessions,
         prefix: "server/instance/", components: ["instance id"],
         secrets: [], written: ["/renewed_at"], created: ["/started_at"],
@@ -510,7 +480,7 @@ declare!(
 
 declare!(
     /// One heartbeat of a server instance (a log record).
-    HEARTBEAT: Heartbeat {
+    HEARTBEAT {
         kind: "instance_heartbeat", schema: 1, family: Instances, space: Log, role: Sessions,
         prefix: "server/heartbeats", components: [],
         secrets: [], written: [], created: [],
@@ -520,7 +490,7 @@ declare!(
 );
 declare!(
     /// A lock an operator tool holds while it works on a store.
-    TOOL_LOCK: ToolLockRecord {
+    TOOL_LOCK {
         kind: "tool_lock", schema: 1, family: Tools, space: Kv, role: Sessions,
         prefix: "tool/lock/", components: ["name"],
         secrets: [], written: ["/taken_at"], created: ["/taken_at"],

@@ -437,7 +437,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         name: "dynamodb",
-        package: "mcp-persist-store-dynamodb",
+        package: "mcp-persist-lambda-example",
         target: "bench_dynamodb",
         services: &[Service::Moto],
     },
