@@ -25,10 +25,14 @@
 //!   answer only after the commit that holds its append. A batch the
 //!   database refuses is retried one append at a time, so a bad append
 //!   fails alone.
-//! * **Sequence numbers never repeat** within a store: they come from one
-//!   sequence of the schema, drawn while the log's row is locked, so they
-//!   grow in commit order within a log, and go on above the old ones after a
-//!   `trim`, an expiry or a `delete_log`.
+//! * **Sequence numbers are per log and contiguous** (1, 2, 3, …), as on
+//!   every other backend, so `mcp-persist copy` moves a log between backends
+//!   with its event ids unchanged: the log's row holds its last number, taken
+//!   and moved on while the row is locked, so numbers grow in commit order.
+//!   They go on above the old ones after a `trim`, an expiry or a
+//!   `delete_log`, until the sweep reclaims the log
+//!   ([`SWEEP_MARGIN`](mcp_persist_core::kit::SWEEP_MARGIN) after it ended);
+//!   a log appended to after that starts again at 1, as the contract allows.
 //! * **Unsynced appends** commit with `SET LOCAL synchronous_commit = off`:
 //!   visible to every process at once and kept through a crash of the
 //!   writer, but a crash of the database server may lose the last of them

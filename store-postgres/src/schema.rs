@@ -105,11 +105,14 @@ CREATE SEQUENCE {s}.kv_version AS bigint;
 CREATE TABLE {s}.logs (
     id         bigint PRIMARY KEY,
     name       text COLLATE "C" NOT NULL UNIQUE,
-    expires_at timestamptz
+    expires_at timestamptz,
+    -- The last sequence number the log issued: numbers are per log and
+    -- contiguous, as on every other backend, so `mcp-persist copy` moves a
+    -- log between backends with its event ids unchanged.
+    head       bigint NOT NULL DEFAULT 0
 );
 CREATE INDEX logs_expiry ON {s}.logs (expires_at) WHERE expires_at IS NOT NULL;
 CREATE SEQUENCE {s}.log_id AS bigint;
-CREATE SEQUENCE {s}.log_seq AS bigint;
 CREATE TABLE {s}.log_records (
     log_id bigint NOT NULL,
     seq    bigint NOT NULL,
@@ -163,7 +166,7 @@ DECLARE
     v_name text;
     v_id bigint;
     v_exp timestamptz;
-    v_seq bigint;
+    v_head bigint;
     v_seqs bigint[] := '{}';
     i int;
     k int;
@@ -175,7 +178,7 @@ BEGIN
     END IF;
     -- Lock every log of the batch first, in one order, so that batches
     -- never deadlock; appends to one log are serialized up to commit, and
-    -- numbers drawn under the lock grow in commit order.
+    -- numbers taken from the log's head under the lock grow in commit order.
     FOR v_name IN SELECT DISTINCT x FROM unnest(names) AS x ORDER BY 1 LOOP
         LOOP
             PERFORM 1 FROM {s}.logs WHERE name = v_name FOR UPDATE;
@@ -185,7 +188,7 @@ BEGIN
         END LOOP;
     END LOOP;
     FOR i IN 1 .. coalesce(array_length(names, 1), 0) LOOP
-        SELECT id, expires_at INTO v_id, v_exp FROM {s}.logs WHERE name = names[i];
+        SELECT id, expires_at, head INTO v_id, v_exp, v_head FROM {s}.logs WHERE name = names[i];
         IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN
             -- An expired log starts again empty (its numbers go on).
             DELETE FROM {s}.log_records WHERE log_id = v_id;
@@ -193,10 +196,12 @@ BEGIN
         END IF;
         FOR k IN 1 .. counts[i] LOOP
             j := j + 1;
-            v_seq := nextval('{s}.log_seq');
-            INSERT INTO {s}.log_records (log_id, seq, data) VALUES (v_id, v_seq, datas[j]);
-            v_seqs := v_seqs || v_seq;
+            v_head := v_head + 1;
+            INSERT INTO {s}.log_records (log_id, seq, data) VALUES (v_id, v_head, datas[j]);
+            v_seqs := v_seqs || v_head;
         END LOOP;
+        -- The same log may come again later in the batch: it reads this head.
+        UPDATE {s}.logs SET head = v_head WHERE id = v_id;
         IF ttls[i] IS NOT NULL THEN
             UPDATE {s}.logs SET expires_at = clock_timestamp() + ttls[i] * interval '1 millisecond'
              WHERE id = v_id;
@@ -208,13 +213,15 @@ END
 $f$;
 
 -- Deletes a log: its header first (waiting for an append in progress), then
--- its records, seen by a fresh snapshot.
+-- its records, seen by a fresh snapshot. The header stays, expired, until
+-- the sweep reclaims it, so a log appended to again before then goes on
+-- above its old numbers.
 CREATE FUNCTION {s}.delete_log(n text) RETURNS void LANGUAGE plpgsql AS $f$
 DECLARE
     v_id bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared({lock}, 1);
-    DELETE FROM {s}.logs WHERE name = n RETURNING id INTO v_id;
+    UPDATE {s}.logs SET expires_at = clock_timestamp() WHERE name = n RETURNING id INTO v_id;
     IF FOUND THEN
         DELETE FROM {s}.log_records WHERE log_id = v_id;
     END IF;

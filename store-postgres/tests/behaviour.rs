@@ -225,3 +225,38 @@ async fn expiry_follows_the_servers_clock() {
         .expect("update");
     assert!(store.get(&key("k")).await.expect("get").is_none());
 }
+
+/// Numbers are per log and contiguous, whatever other logs append in
+/// between, as on every other backend: `mcp-persist copy` moves a log to
+/// another backend with the same numbers, so the same event ids.
+#[tokio::test]
+async fn numbers_are_per_log_and_contiguous() {
+    let store = common::open(&common::unique_schema("contiguous")).await;
+    let (a, b) = (key("a"), key("b"));
+    let mut issued = Vec::new();
+    for round in 0..3u8 {
+        issued.extend(
+            store
+                .append(&a, vec![vec![round], vec![round]], None)
+                .await
+                .expect("append"),
+        );
+        store
+            .append(&b, vec![vec![round]], None)
+            .await
+            .expect("append");
+    }
+    assert_eq!(
+        issued,
+        [1, 2, 3, 4, 5, 6],
+        "log a, with log b appended in between"
+    );
+    let read: Vec<u64> = store
+        .read_after(&b, 0, 10)
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(read, [1, 2, 3]);
+}
