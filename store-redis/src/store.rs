@@ -1,5 +1,8 @@
 //! [`RedisStore`]: both backend traits over Redis or Redis Cluster.
 
+mod kv;
+mod log;
+
 use std::{
     fmt,
     future::Future,
@@ -7,23 +10,16 @@ use std::{
     time::Duration,
 };
 
-use async_trait::async_trait;
-use mcp_persist_core::{
-    Backend, Error, Key, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Result,
-    Version, backend::DEFAULT_MAX_VALUE_BYTES, kit::check_value,
-};
+use mcp_persist_core::{Error, LogRecord, Result};
 use redis::Value;
-use tracing::{Instrument, debug, debug_span, info};
+use tracing::{debug, info};
 
 use crate::{
-    batch::{AppendJob, Appender},
-    conn::{Conn, Target, Timeouts, scan_all},
-    error::{self, BACKEND},
+    batch::Appender,
+    conn::{Conn, Target, Timeouts},
+    error::{self},
     keys::{DEFAULT_PREFIX, KeyLayout},
-    scripts::{self, DELETE, PUT},
-    wire::{
-        bytes_of, millis, parse_entries, parse_id, parse_record, parse_u64, status_of, unexpected,
-    },
+    wire::{bytes_of, parse_entries, parse_id, unexpected},
 };
 
 /// How long the version of a deleted or expired key is remembered exactly
@@ -389,327 +385,11 @@ fn check_url(url: &str) -> Result<()> {
         .map_err(|e| Error::invalid("Redis URL", e.to_string()))
 }
 
-#[async_trait]
-impl Backend for RedisStore {
-    fn backend_name(&self) -> &'static str {
-        BACKEND
-    }
-}
-
-#[async_trait]
-impl KvStore for RedisStore {
-    async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
-        let record = self.inner.layout.record(key);
-        let work = async {
-            let reply: Value = redis::cmd("GET")
-                .arg(&record)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|e| error::map(e, key))?;
-            match reply {
-                Value::Nil => Ok(None),
-                Value::BulkString(raw) => parse_record(key, raw).map(Some),
-                _ => Err(unexpected(key, "GET did not return a string")),
-            }
-        };
-        self.bounded("get", work)
-            .instrument(debug_span!("redis.get", key = key.as_str()))
-            .await
-    }
-
-    async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
-        let PutOptions { mode, ttl, .. } = options;
-        check_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
-        let layout = &self.inner.layout;
-        let (record, version) = (layout.record(key), layout.version(key));
-        let (mode_arg, expected) = match mode {
-            PutMode::Overwrite => ("o", String::new()),
-            PutMode::Create => ("c", String::new()),
-            PutMode::Update(v) => ("u", v.get().to_string()),
-        };
-        let ttl_ms = ttl.map(millis);
-        let ttl_arg = ttl_ms.map(|t| t.to_string()).unwrap_or_default();
-        let companion_arg = ttl_ms
-            .map(|t| t.saturating_add(millis(VERSION_MEMORY)).to_string())
-            .unwrap_or_default();
-        let work = async {
-            let reply = PUT
-                .run(
-                    &mut self.conn(),
-                    &[&record, &version],
-                    &[
-                        mode_arg.as_bytes(),
-                        expected.as_bytes(),
-                        &value,
-                        ttl_arg.as_bytes(),
-                        companion_arg.as_bytes(),
-                    ],
-                )
-                .await
-                .map_err(|e| error::map(e, key))?;
-            match status_of(key, &reply)? {
-                (scripts::OK, Some(v)) => bytes_of(v)
-                    .and_then(parse_u64)
-                    .map(Version::new)
-                    .ok_or_else(|| unexpected(key, "version is not a number")),
-                (scripts::EXISTS, _) => Err(Error::AlreadyExists {
-                    key: key.to_string(),
-                }),
-                (scripts::CONFLICT, _) => Err(Error::Conflict {
-                    key: key.to_string(),
-                }),
-                (scripts::CORRUPT, _) => Err(error::corrupt(
-                    key,
-                    "the stored record has no valid version header; delete it to write the key again",
-                )),
-                _ => Err(unexpected(key, "unknown script status")),
-            }
-        };
-        self.bounded("put", work)
-            .instrument(debug_span!("redis.put", key = key.as_str(), ?mode))
-            .await
-    }
-
-    async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
-        let layout = &self.inner.layout;
-        let (record, version) = (layout.record(key), layout.version(key));
-        let expected = if_version.map(|v| v.get().to_string()).unwrap_or_default();
-        let grace = millis(VERSION_MEMORY).to_string();
-        let work = async {
-            let reply = DELETE
-                .run(
-                    &mut self.conn(),
-                    &[&record, &version],
-                    &[expected.as_bytes(), grace.as_bytes()],
-                )
-                .await
-                .map_err(|e| error::map(e, key))?;
-            match status_of(key, &reply)? {
-                (scripts::OK, Some(Value::Int(deleted))) => Ok(*deleted == 1),
-                (scripts::CONFLICT, _) => Err(Error::Conflict {
-                    key: key.to_string(),
-                }),
-                _ => Err(unexpected(key, "unknown script status")),
-            }
-        };
-        self.bounded("delete", work)
-            .instrument(debug_span!("redis.delete", key = key.as_str()))
-            .await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
-        let layout = &self.inner.layout;
-        let pattern = layout.record_pattern(prefix);
-        let work = async {
-            let found = scan_all(&mut self.conn(), &pattern)
-                .await
-                .map_err(|e| error::map(e, prefix))?;
-            // A foreign Redis key that maps to no valid store key is left out.
-            let mut keys: Vec<Key> = found
-                .iter()
-                .filter_map(|k| layout.key_of_record(k))
-                .filter(|k| k.starts_with(prefix))
-                .filter_map(|k| Key::new(k).ok())
-                .collect();
-            keys.sort_unstable();
-            keys.dedup();
-            Ok(keys)
-        };
-        self.bounded("list", work)
-            .instrument(debug_span!("redis.list", prefix))
-            .await
-    }
-}
-
-#[async_trait]
-impl LogStore for RedisStore {
-    async fn append(
-        &self,
-        log: &Key,
-        records: Vec<Vec<u8>>,
-        ttl: Option<Duration>,
-    ) -> Result<Vec<u64>> {
-        for record in &records {
-            check_value(record, DEFAULT_MAX_VALUE_BYTES)?;
-        }
-        if records.is_empty() && ttl.is_none() {
-            return Ok(Vec::new());
-        }
-        let stream = self.inner.layout.log(log);
-        if let [record] = records.as_slice() {
-            // One record and no expiry to set: a single `XADD` is atomic by
-            // itself. With a TTL whose refresh is not due yet, `NOMKSTREAM`
-            // keeps the `XADD` from creating a log without an expiry; if the
-            // log has gone, the script below creates it properly.
-            let if_live = match ttl {
-                None => Some(false),
-                Some(ttl) => self
-                    .inner
-                    .appender
-                    .expiry_covers(&stream, ttl)
-                    .then_some(true),
-            };
-            if let Some(if_live) = if_live {
-                let added = self
-                    .bounded("append", self.xadd(log, &stream, record, if_live))
-                    .await?;
-                if let Some(seq) = added {
-                    return Ok(vec![seq]);
-                }
-                debug!(
-                    log = log.as_str(),
-                    "log gone since its expiry was set; appending with the script"
-                );
-            }
-        }
-        let count = records.len();
-        let work = self.inner.appender.append(|reply| AppendJob {
-            log: log.to_string(),
-            stream,
-            ttl,
-            records,
-            reply,
-        });
-        self.bounded("append", work)
-            .instrument(debug_span!(
-                "redis.append",
-                log = log.as_str(),
-                records = count
-            ))
-            .await
-    }
-
-    async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
-        if limit == 0 || after == u64::MAX {
-            return Ok(Vec::new());
-        }
-        let stream = self.inner.layout.log(log);
-        let work = async {
-            let mut records: Vec<LogRecord> = Vec::new();
-            let mut cursor = after;
-            loop {
-                let want = (limit - records.len()).min(READ_PAGE);
-                let page = self.read_page(log, &stream, cursor, want).await?;
-                let full = page.len() == want;
-                if let Some(last) = page.last() {
-                    cursor = last.seq;
-                }
-                records.extend(page);
-                if !full || records.len() == limit || cursor == u64::MAX {
-                    return Ok(records);
-                }
-            }
-        };
-        // A long log is read in pages; the timeout applies to the whole read.
-        self.bounded("read_after", work)
-            .instrument(debug_span!("redis.read_after", log = log.as_str(), after))
-            .await
-    }
-
-    async fn wait_after(
-        &self,
-        log: &Key,
-        after: u64,
-        limit: usize,
-        timeout: Duration,
-    ) -> Result<Vec<LogRecord>> {
-        let ready = self.read_after(log, after, limit).await?;
-        if !ready.is_empty() || timeout.is_zero() || limit == 0 || after == u64::MAX {
-            return Ok(ready);
-        }
-        let stream = self.inner.layout.log(log);
-        let block_ms = millis(timeout);
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT")
-            .arg(limit.min(u32::MAX as usize))
-            .arg("BLOCK")
-            .arg(block_ms)
-            .arg("STREAMS")
-            .arg(&stream)
-            .arg(format!("0-{after}"));
-        let bound = timeout.saturating_add(self.inner.timeouts.operation);
-        let mut pooled = true;
-        let reply = loop {
-            let (mut conn, was_idle) = self.blocking_conn(pooled).await?;
-            let span = debug_span!("redis.wait_after", log = log.as_str(), after, ?timeout);
-            match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut conn))
-                .instrument(span)
-                .await
-            {
-                Ok(Ok(reply)) => {
-                    self.return_blocking_conn(conn);
-                    break reply;
-                }
-                // An idle connection that died meanwhile (the server was
-                // restarted): a read is safe to try again on a fresh one.
-                Ok(Err(e)) if was_idle && e.is_unrecoverable_error() => {
-                    debug!(error = %e, "dropping a dead idle connection");
-                    pooled = false;
-                }
-                Ok(Err(e)) => return Err(error::map(e, log)),
-                Err(_) => return Err(error::no_reply("wait_after", bound)),
-            }
-        };
-        match reply {
-            Value::Nil => Ok(Vec::new()),
-            Value::Array(mut streams) => {
-                let Some(Value::Array(mut stream)) = streams.pop() else {
-                    return Err(unexpected(log, "XREAD reply has no stream"));
-                };
-                let entries = stream
-                    .pop()
-                    .ok_or_else(|| unexpected(log, "XREAD reply has no entries"))?;
-                parse_entries(log, entries)
-            }
-            Value::Map(mut streams) => {
-                let (_, entries) = streams
-                    .pop()
-                    .ok_or_else(|| unexpected(log, "XREAD reply has no stream"))?;
-                parse_entries(log, entries)
-            }
-            _ => Err(unexpected(log, "XREAD did not return streams")),
-        }
-    }
-
-    async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
-        if before <= 1 {
-            return Ok(0);
-        }
-        let stream = self.inner.layout.log(log);
-        let work = async {
-            let dropped: u64 = redis::cmd("XTRIM")
-                .arg(&stream)
-                .arg("MINID")
-                .arg(format!("0-{before}"))
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|e| error::map(e, log))?;
-            Ok(dropped)
-        };
-        self.bounded("trim", work)
-            .instrument(debug_span!("redis.trim", log = log.as_str(), before))
-            .await
-    }
-
-    async fn delete_log(&self, log: &Key) -> Result<()> {
-        let stream = self.inner.layout.log(log);
-        let work = async {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(&stream)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|e| error::map(e, log))?;
-            Ok(())
-        };
-        self.bounded("delete", work)
-            .instrument(debug_span!("redis.delete_log", log = log.as_str()))
-            .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::parse_record;
+    use mcp_persist_core::Version;
 
     #[test]
     fn records_parse_and_bad_headers_are_corrupt() {
