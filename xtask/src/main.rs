@@ -255,7 +255,9 @@ fn test(_args: &[String]) -> Result<()> {
     let postgres = postgres::start().context("starting Postgres for the tests")?;
 
     let mut tests = cargo();
-    tests.args(["test", "--workspace", "--all-features"]);
+    // Every test binary runs even after one fails, so one run shows every
+    // failure.
+    tests.args(["test", "--workspace", "--all-features", "--no-fail-fast"]);
     for (k, v) in redis
         .env()
         .into_iter()
