@@ -11,7 +11,8 @@
 //! on that store, a reference phase of R sessions, then N sessions of the
 //! realistic mix with the fleet bus announcing meanwhile, one instance killed
 //! with SIGKILL when 40 % have started and started again, and the store
-//! measured from the backend. It prints the capacity table and writes every
+//! measured from the backend, then the R sessions again on the full store.
+//! It prints the capacity table and writes every
 //! figure to `.cache/load/<backend>.json`. It fails when an event was lost
 //! or duplicated.
 //!

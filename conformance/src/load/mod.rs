@@ -7,9 +7,10 @@
 //! other instances, 30 % 2026-07-28 task clients; see [`scripts`]) with the
 //! fleet bus announcing meanwhile, kills one instance with SIGKILL when 40 %
 //! of them have started and starts it again a second later, and then
-//! measures what the store holds ([`measure`]). It prints a table and, with
-//! `--json`, writes every figure. It fails when any event was lost or
-//! duplicated.
+//! measures what the store holds ([`measure`]) and runs the reference phase
+//! again on the store now full, so that what the store holds is told apart
+//! from how busy the fleet is. It prints a table and, with `--json`, writes
+//! every figure. It fails when any event was lost or duplicated.
 
 pub mod fleet;
 pub mod measure;
@@ -46,7 +47,7 @@ usage: mcp-persist-load drive --store URL [--sessions N] [--instances M] [--seco
   --instances M      server processes, at least 2 (default 4)
   --seconds S        no session starts after S seconds of the main phase (default 240)
   --concurrency C    sessions running at once (default 64)
-  --reference R      sessions of the reference phase run first (default 100; 0: none)
+  --reference R      sessions of the reference phase, run first and again last (default 100; 0: none)
   --dir DIR          where the instances' logs go (default: a folder under the system's temp)
   --json PATH        also write every figure as JSON
 ";
@@ -118,6 +119,9 @@ pub struct Report {
     pub concurrency: usize,
     /// The reference phase, when run.
     pub reference: Option<Summary>,
+    /// The reference phase run again after the main phase, on the store
+    /// holding its sessions, when run.
+    pub after: Option<Summary>,
     /// The main phase.
     pub main: Summary,
     /// When the instance was killed and how long it took to serve again,
@@ -164,7 +168,11 @@ pub async fn run(args: Vec<String>) -> Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    verdict(&report.main, report.reference.as_ref())
+    verdict(&report.main, report.reference.as_ref())?;
+    match &report.after {
+        Some(after) => verdict(after, None),
+        None => Ok(()),
+    }
 }
 
 /// Fails when a phase lost or duplicated an event: both must be 0.
@@ -239,12 +247,31 @@ async fn drive(options: &Options, fleet: Arc<Fleet>) -> Result<Report> {
             None
         }
     };
+    // The reference load again, on a store now holding the main phase's
+    // sessions: the same work on the same fleet, so what differs is what
+    // the store holds (the main phase also differs in how busy it is).
+    let after = if options.reference > 0 {
+        println!(
+            "reference phase again: {} sessions, on the full store",
+            options.reference
+        );
+        let ctx = Ctx {
+            fleet: fleet.clone(),
+            wire: ctx.wire.clone(),
+            stats: Arc::new(Stats::default()),
+        };
+        phase(&ctx, 2_000_000_000, options.reference, options, None).await;
+        Some(ctx.stats.summary())
+    } else {
+        None
+    };
     Ok(Report {
         backend: scheme(&options.store).to_owned(),
         instances: options.instances,
         sessions: options.sessions,
         concurrency: options.concurrency,
         reference,
+        after,
         main,
         kill,
         per_session: store.as_ref().and_then(Usage::per_session),
@@ -406,21 +433,27 @@ fn print_report(r: &Report) {
             "\nreference phase ({} sessions first, same fleet and concurrency):",
             reference.counter(scripts::SESSIONS) + reference.counter(scripts::TASKS_DONE)
         );
+        let mut against = vec![("in the main phase", main)];
+        if let Some(after) = &r.after {
+            against.push(("again on the full store", after));
+        }
         for name in [RESTORE, REPLAY] {
-            if let (Some(small), Some(big)) =
-                (reference.latencies.get(name), main.latencies.get(name))
-            {
-                let ratio = if small.p99 > 0.0 {
-                    big.p99 / small.p99
-                } else {
-                    0.0
-                };
-                println!(
-                    "  {name:<16} p99 {:>7.1} ms here, {:>7.1} ms in the main phase: x{ratio:.2}{}",
-                    small.p99,
-                    big.p99,
-                    if ratio <= 2.0 { "" } else { "  (over 2x)" }
-                );
+            for (label, other) in &against {
+                if let (Some(small), Some(big)) =
+                    (reference.latencies.get(name), other.latencies.get(name))
+                {
+                    let ratio = if small.p99 > 0.0 {
+                        big.p99 / small.p99
+                    } else {
+                        0.0
+                    };
+                    println!(
+                        "  {name:<16} p99 {:>7.1} ms first, {:>7.1} ms {label}: x{ratio:.2}{}",
+                        small.p99,
+                        big.p99,
+                        if ratio <= 2.0 { "" } else { "  (over 2x)" }
+                    );
+                }
             }
         }
     }
