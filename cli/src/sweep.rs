@@ -95,13 +95,11 @@ pub(crate) async fn rm(
     let mut deleted = 0u64;
     let mut deleted_logs = 0u64;
     for key in &present {
-        if let (Some((log, _)), Some(log_store)) = (log_of(key), store.log()) {
-            log_store
-                .delete_log(&crate::model::key(&log)?)
-                .await
-                .map_err(|e| store.rest.fail(e))?;
-            deleted_logs += 1;
-        }
+        // The record first, then its log: a record that outlived its log
+        // (an interruption in between) would let a writer start the log
+        // again under what the record says, such as an event stream's
+        // token, so that an old cursor named a new record. A log without
+        // its record is unreachable, and expires.
         let backend = store.backend_for(key);
         if backend
             .kv
@@ -110,6 +108,13 @@ pub(crate) async fn rm(
             .map_err(|e| backend.fail(e))?
         {
             deleted += 1;
+        }
+        if let (Some((log, _)), Some(log_store)) = (log_of(key), store.log()) {
+            log_store
+                .delete_log(&crate::model::key(&log)?)
+                .await
+                .map_err(|e| store.rest.fail(e))?;
+            deleted_logs += 1;
         }
     }
     if json {

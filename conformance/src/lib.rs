@@ -13,13 +13,20 @@
 //!   on), or rmcp's own transport with `--transport stock`. Authorization
 //!   scenarios go through mcp-persist's OAuth credential storage ([`auth`]).
 //!
-//! Both print what they do through `tracing` (`RUST_LOG` picks the level).
+//! * `mcp-persist-load`: a fleet of durable servers on one store under a
+//!   realistic mix of sessions, with one instance killed with SIGKILL
+//!   mid-run; it prints what the store holds per session, stream and event
+//!   and the latency of restore, replay, `tasks/get` and bus delivery
+//!   ([`load`]). `cargo xtask load` runs it.
+//!
+//! They print what they do through `tracing` (`RUST_LOG` picks the level).
 //! The package is not published.
 
 pub mod auth;
 pub mod client;
 pub mod fixtures;
 mod literal;
+pub mod load;
 mod mrtr;
 mod scratch;
 mod stateless;
@@ -30,6 +37,18 @@ pub mod tasks;
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+/// Like [`init_tracing`], with `warn` as the default level: a fleet of
+/// servers under load would otherwise write a line per request.
+pub fn init_tracing_quiet() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -555,6 +555,16 @@ pub(crate) struct StreamMeta {
     /// The JSON-RPC id of the request the stream answers, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) request: Option<serde_json::Value>,
+    /// The highest sequence number of the stream's log its writers had
+    /// seen under `token` when this record was last written (0: none, as in
+    /// records written before it was kept). An append that gets a number
+    /// not above it found the log started again, and the token changes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) last_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Record for StreamMeta {
@@ -632,6 +642,7 @@ mod tests {
             dropped_through: 0,
             writer: None,
             request: None,
+            last_seq: 0,
         })
         .unwrap();
         assert!(matches!(

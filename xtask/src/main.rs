@@ -5,6 +5,9 @@
 //!   runs exactly this.
 //! * `cargo xtask bench`: every benchmark, each against a baseline measured
 //!   in the same run.
+//! * `cargo xtask load`: a fleet of server processes on one store under a
+//!   realistic mix of sessions, one of them SIGKILLed mid-run; prints what a
+//!   session, a stream and an event cost in the store.
 
 use std::{
     env,
@@ -18,6 +21,7 @@ use anyhow::{Context, Result, bail};
 mod conformance;
 mod demo;
 mod interop;
+mod load;
 mod moto;
 mod postgres;
 mod redis;
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(&args[1..]),
         Some("conformance") => conformance::run(&args[1..]),
         Some("interop") => interop::run(&args[1..]),
+        Some("load") => load::run(&args[1..]),
         Some("features") => check_features(),
         Some("services") => services(),
         _ => {
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
                  demo       a client and a server killed with SIGKILL and restarted, carrying on\n  \
                  conformance  the official MCP conformance suite against our client and server\n  \
                  interop    the TypeScript SDK client and the MCP Inspector CLI against two server instances\n  \
+                 load       a fleet on one store under load: latencies and store bytes per session (--quick: the smoke test)\n  \
                  features   check that each feature of each published crate builds alone\n  \
                  services   start the test services and print their environment, until Enter"
             );
@@ -273,6 +279,12 @@ fn test(_args: &[String]) -> Result<()> {
 
     // The product end to end: processes killed with SIGKILL and restarted.
     run_task_step(&mut steps, "cargo xtask demo", || demo::run(&[]));
+
+    // A small fleet under load on the Redis Cluster, one instance SIGKILLed
+    // mid-run: fails on any lost or duplicated event.
+    run_task_step(&mut steps, "cargo xtask load --quick", || {
+        load::run(&["--quick".to_owned()])
+    });
 
     // The official MCP conformance suite, both directions and revisions.
     // Outside CI a machine without npm skips it, saying so; under CI it runs.

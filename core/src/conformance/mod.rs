@@ -343,6 +343,7 @@ macro_rules! log_conformance {
                 event_replay_never_crosses_streams,
                 event_replay_after_reopen,
                 forged_event_id_is_rejected,
+                restarted_event_log_never_serves_old_ids,
                 pipelined_events_replay_whole_and_refuse_lost_ids,
             );
             $crate::__conformance_tests!(tasks, $fixture;

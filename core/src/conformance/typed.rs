@@ -939,6 +939,140 @@ pub async fn forged_event_id_is_rejected(f: &dyn LogFixture) {
     assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
 }
 
+/// A stream whose log expired while its metadata lived on, and was then
+/// written again, never serves an event under an id sent before: those ids
+/// are refused, the new events get ids no earlier event had, and they
+/// replay among themselves. Synchronous events are written again by their
+/// first writer and by a fresh instance; pipelined ones (one writer at a
+/// time) by a fresh instance continuing the stream. (Backends that number a
+/// log afresh after it expires would otherwise hand out the same ids for
+/// other events.)
+pub async fn restarted_event_log_never_serves_old_ids(f: &dyn LogFixture) {
+    let retention = Duration::from_secs(2);
+    // One after the other, pipelined first: a pipelined writer numbers its
+    // stream itself, and on a backend whose numbers are shared by every log
+    // appends elsewhere in between would tell it other numbers.
+    let pipelined = RestartedLog::write(f, retention, crate::EventDurability::PIPELINED).await;
+    let synced = RestartedLog::write(f, retention, crate::EventDurability::Synced).await;
+    // The logs have expired (a log lives at most a sixteenth past its TTL);
+    // the streams' metadata is kept longer than the logs, so it may still be
+    // here.
+    tokio::time::sleep(retention + retention / 4).await;
+    pipelined.write_again(f).await;
+    synced.write_again(f).await;
+}
+
+/// A stream written before its log expires, for
+/// [`restarted_event_log_never_serves_old_ids`].
+struct RestartedLog {
+    config: EventLogConfig,
+    writer: EventLog,
+    session: SessionId,
+    stream: String,
+    old: Vec<crate::EventId>,
+}
+
+impl RestartedLog {
+    async fn write(
+        f: &dyn LogFixture,
+        retention: Duration,
+        durability: crate::EventDurability,
+    ) -> Self {
+        let config = EventLogConfig::new(retention, 1000).with_durability(durability);
+        let writer = EventLog::new(f.open_kv().await, f.open_log().await, config);
+        let session = SessionId::new("sess-restart").expect("id");
+        let name = match durability {
+            crate::EventDurability::Synced => "restarted-synced",
+            _ => "restarted-pipelined",
+        };
+        let stream = name.to_owned();
+        let mut old = Vec::new();
+        for n in 0..3 {
+            old.push(
+                writer
+                    .append(&stream, Some(&session), &serde_json::json!({ "old": n }))
+                    .await
+                    .expect("append"),
+            );
+        }
+        // Stored (and, pipelined, committed) before the log expires.
+        let first = writer
+            .replay_after(&old[0].to_string(), Some(&session))
+            .await
+            .expect("replay before expiry");
+        assert_eq!(first.len(), 2, "{durability:?}");
+        RestartedLog {
+            config,
+            writer,
+            session,
+            stream,
+            old,
+        }
+    }
+
+    /// Writes the stream again after its log expired: a synchronous one by
+    /// its first writer and by a fresh instance, a pipelined one (one writer
+    /// at a time) by a fresh instance continuing it.
+    async fn write_again(&self, f: &dyn LogFixture) {
+        let RestartedLog {
+            config,
+            writer,
+            session,
+            stream,
+            old,
+        } = self;
+        let durability = config.durability;
+        let sid = Some(session);
+        let fresh = EventLog::new(f.open_kv().await, f.open_log().await, *config);
+        let mut new = Vec::new();
+        if durability == crate::EventDurability::Synced {
+            new.push(
+                writer
+                    .append(stream, sid, &serde_json::json!({ "new": 0 }))
+                    .await
+                    .expect("append after expiry"),
+            );
+        }
+        for n in new.len()..2 {
+            new.push(
+                fresh
+                    .append(stream, sid, &serde_json::json!({ "new": n }))
+                    .await
+                    .expect("append by another instance"),
+            );
+        }
+        let sent: std::collections::HashSet<String> = old.iter().map(ToString::to_string).collect();
+        for id in &new {
+            assert!(
+                !sent.contains(&id.to_string()),
+                "{durability:?}: a new event got the id {id} an old one was sent with"
+            );
+        }
+        // Replayed where the new events were written last (a pipelined one
+        // is committed by then), then anywhere.
+        let replayed = fresh
+            .replay_after(&new[0].to_string(), sid)
+            .await
+            .expect("replay of the new events");
+        assert_eq!(
+            replayed
+                .iter()
+                .map(|e| (e.id.clone(), e.payload.clone()))
+                .collect::<Vec<_>>(),
+            vec![(new[1].clone(), serde_json::json!({ "new": 1 }))],
+            "{durability:?}"
+        );
+        for store in [writer, &fresh] {
+            for id in old {
+                match store.replay_after(&id.to_string(), sid).await {
+                    Err(Error::NotFound { .. }) => {}
+                    other => panic!("{durability:?}: the old id {id} was not refused: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
 /// A refresh lease whose holder died is taken over only after the waiter
 /// itself watched it unchanged for the lease TTL (no clock is compared, so
 /// no clock step can hand it out early), and the dead holder's late release

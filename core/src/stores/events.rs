@@ -136,6 +136,18 @@ struct Pipe {
     /// The metadata of a stream this instance started, written with its
     /// first commit.
     meta: Option<StreamMeta>,
+    /// The session owning the stream.
+    session: Option<SessionId>,
+}
+
+/// How a pipelined append goes on.
+enum PipelinedStart {
+    /// Numbered by this instance, under this token; with the metadata of a
+    /// stream it starts, written with the first commit.
+    Numbered([u8; 16], Option<StreamMeta>),
+    /// Stored at once (the log started again under an existing stream),
+    /// given the stream's token and the last number known under it.
+    Restarted(([u8; 16], u64)),
 }
 
 /// Who writes a stream and what it answers, as recorded by its writer.
@@ -153,6 +165,10 @@ struct StreamCache {
     token: [u8; 16],
     meta_refreshed: tokio::time::Instant,
     appends_since_trim: u64,
+    /// The highest sequence number this instance knows the log reached
+    /// under `token`: an append given a number not above it found the log
+    /// started again (it expired, or was deleted, meanwhile).
+    last_seq: u64,
 }
 
 impl std::fmt::Debug for EventLog {
@@ -268,53 +284,152 @@ impl EventLog {
         streams.insert(stream.to_owned(), entry);
     }
 
-    async fn stream_token(&self, stream: &str, session: Option<&SessionId>) -> Result<[u8; 16]> {
+    /// The token of an existing `stream` and the highest sequence number
+    /// known under it, from the cache or the stream's metadata (whose TTL
+    /// this refreshes, with the number); `None` for a stream without
+    /// metadata, whose first append creates it.
+    async fn stream_token(&self, stream: &str) -> Result<Option<([u8; 16], u64)>> {
         let now = tokio::time::Instant::now();
         if let Some(c) = self.cached(stream)
             && now.duration_since(c.meta_refreshed) < self.config.retention / 4
         {
-            return Ok(c.token);
+            return Ok(Some((c.token, c.last_seq)));
         }
         let key = &meta_key(stream)?;
         retry_cas(key, 8, move || async move {
+            let Some(Stored {
+                mut record,
+                version,
+            }) = read::<StreamMeta>(&*self.kv, key).await?
+            else {
+                return Ok(None);
+            };
+            let token = parse_token(key, record.token.expose_secret())?;
+            let cached = self.cached(stream).filter(|c| c.token == token);
+            let mut last_seq = record.last_seq.max(cached.map_or(0, |c| c.last_seq));
+            if last_seq == 0 {
+                // A record written before the number was kept: the log's
+                // first event bounds it; an empty log has expired (or never
+                // held anything), so the next append takes a new token.
+                last_seq = match self.log.read_after(&log_name(stream)?, 0, 1).await?.first() {
+                    Some(first) => first.seq,
+                    None => u64::MAX,
+                };
+            }
+            if last_seq != u64::MAX {
+                record.last_seq = last_seq;
+            }
+            // Refresh the metadata's TTL along with the log's; if another
+            // writer refreshed it meanwhile, theirs does.
+            match write(
+                &*self.kv,
+                key,
+                &record,
+                PutMode::Update(version),
+                Some(self.meta_ttl()),
+            )
+            .await
+            {
+                Ok(_) | Err(Error::Conflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            self.cache(
+                stream,
+                StreamCache {
+                    token,
+                    meta_refreshed: now,
+                    appends_since_trim: cached.map_or(0, |c| c.appends_since_trim),
+                    last_seq,
+                },
+            );
+            Ok(Some((token, last_seq)))
+        })
+        .await
+    }
+
+    /// The token `seq` (just appended to `stream`) is sent under, given what
+    /// was `known` of the stream before the append:
+    ///
+    /// * a number above the last known: the known token;
+    /// * a number not above it: the log started again (it expired or was
+    ///   deleted while its metadata lived on), so the stream gets a new
+    ///   token and no id sent before names an event of the new log;
+    /// * no metadata before: it is created now, after the first append, with
+    ///   the number, so that a later writer can tell a restarted log.
+    async fn settle(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        known: Option<([u8; 16], u64)>,
+        seq: u64,
+    ) -> Result<[u8; 16]> {
+        match known {
+            Some((token, last)) if seq > last => {
+                let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = streams.get_mut(stream)
+                    && c.token == token
+                {
+                    c.last_seq = c.last_seq.max(seq);
+                }
+                Ok(token)
+            }
+            Some((token, last)) => {
+                warn!(
+                    stream,
+                    seq, last, "the event log started again; the stream gets a new token"
+                );
+                self.renew(stream, session, Some(token), seq).await
+            }
+            None => self.renew(stream, session, None, seq).await,
+        }
+    }
+
+    /// Gives `stream` a new token valid from `seq` on, unless another writer
+    /// already did (its metadata no longer holds `stale`, or exists although
+    /// `stale` is `None`): then that writer's token, which covers `seq` too.
+    async fn renew(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        stale: Option<[u8; 16]>,
+        seq: u64,
+    ) -> Result<[u8; 16]> {
+        let key = &meta_key(stream)?;
+        let now = tokio::time::Instant::now();
+        let token = retry_cas(key, 8, move || async move {
             match read::<StreamMeta>(&*self.kv, key).await? {
-                Some(Stored { record, version }) => {
+                Some(Stored { record, .. })
+                    if stale.is_none_or(|s| {
+                        parse_token(key, record.token.expose_secret()).is_ok_and(|t| t != s)
+                    }) =>
+                {
+                    // Another writer started (or restarted) the stream since:
+                    // this append went to the same log after it.
                     let token = parse_token(key, record.token.expose_secret())?;
-                    // Refresh the metadata's TTL along with the log's; if
-                    // another writer refreshed it meanwhile, theirs does.
-                    match write(
+                    Ok((token, record.last_seq.max(seq)))
+                }
+                Some(Stored {
+                    mut record,
+                    version,
+                }) => {
+                    let token = random_token()?;
+                    record.token = Secret::new(hex(&token));
+                    record.last_seq = seq;
+                    record.dropped_through = 0;
+                    record.created_at = Timestamp::now();
+                    write(
                         &*self.kv,
                         key,
                         &record,
                         PutMode::Update(version),
                         Some(self.meta_ttl()),
                     )
-                    .await
-                    {
-                        Ok(_) | Err(Error::Conflict { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
-                    let appends = self.cached(stream).map_or(0, |c| c.appends_since_trim);
-                    self.cache(
-                        stream,
-                        StreamCache {
-                            token,
-                            meta_refreshed: now,
-                            appends_since_trim: appends,
-                        },
-                    );
-                    Ok(token)
+                    .await?;
+                    Ok((token, seq))
                 }
                 None => {
                     let token = random_token()?;
-                    let meta = StreamMeta {
-                        session: session.cloned(),
-                        token: Secret::new(hex(&token)),
-                        created_at: Timestamp::now(),
-                        dropped_through: 0,
-                        writer: self.writer.as_deref().map(str::to_owned),
-                        request: None,
-                    };
+                    let meta = self.new_meta(session, &token, seq);
                     // Losing the race to create it: the next attempt reads
                     // the winner's token.
                     write(
@@ -326,19 +441,34 @@ impl EventLog {
                     )
                     .await?;
                     debug!(stream, "new event stream");
-                    self.cache(
-                        stream,
-                        StreamCache {
-                            token,
-                            meta_refreshed: now,
-                            appends_since_trim: 0,
-                        },
-                    );
-                    Ok(token)
+                    Ok((token, seq))
                 }
             }
         })
-        .await
+        .await?;
+        let appends = self.cached(stream).map_or(0, |c| c.appends_since_trim);
+        self.cache(
+            stream,
+            StreamCache {
+                token: token.0,
+                meta_refreshed: now,
+                appends_since_trim: appends,
+                last_seq: token.1,
+            },
+        );
+        Ok(token.0)
+    }
+
+    fn new_meta(&self, session: Option<&SessionId>, token: &[u8; 16], last_seq: u64) -> StreamMeta {
+        StreamMeta {
+            session: session.cloned(),
+            token: Secret::new(hex(token)),
+            created_at: Timestamp::now(),
+            dropped_through: 0,
+            writer: self.writer.as_deref().map(str::to_owned),
+            request: None,
+            last_seq,
+        }
     }
 
     /// Stores one event of `stream` (owned by `session`, when the server has
@@ -354,11 +484,35 @@ impl EventLog {
             payload: payload.clone(),
         })?;
         if let EventDurability::Pipelined { window } = self.config.durability {
-            let (token, new_meta) = self.pipelined_token(stream, session).await?;
-            let seq = self.pipeline(stream, data, window, new_meta).await?;
-            return Ok(EventId::new(token, seq, stream));
+            match self.pipelined_token(stream, session).await? {
+                PipelinedStart::Numbered(token, new_meta) => {
+                    let seq = self
+                        .pipeline(stream, data, session, window, new_meta)
+                        .await?;
+                    return Ok(EventId::new(token, seq, stream));
+                }
+                // The first event of a log that started again is stored at
+                // once, as a synchronous one is: its number is the
+                // backend's, which may start again or go on above the old
+                // ones, and the stream's next events are numbered on from it.
+                PipelinedStart::Restarted(known) => {
+                    return self.append_now(stream, session, Some(known), data).await;
+                }
+            }
         }
-        let token = self.stream_token(stream, session).await?;
+        let known = self.stream_token(stream).await?;
+        self.append_now(stream, session, known, data).await
+    }
+
+    /// Stores one event of `stream` at once, given what was `known` of the
+    /// stream before (see [`settle`](Self::settle)).
+    async fn append_now(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        known: Option<([u8; 16], u64)>,
+        data: Vec<u8>,
+    ) -> Result<EventId> {
         let log = log_name(stream)?;
         let retention = Some(self.config.retention);
         let seqs = if self.config.durability == EventDurability::Written {
@@ -374,6 +528,7 @@ impl EventLog {
                 "append returned no sequence number",
             )
         })?;
+        let token = self.settle(stream, session, known, seq).await?;
         self.after_append(stream).await;
         Ok(EventId::new(token, seq, stream))
     }
@@ -386,40 +541,44 @@ impl EventLog {
         &self,
         stream: &str,
         session: Option<&SessionId>,
-    ) -> Result<([u8; 16], Option<StreamMeta>)> {
-        let known = self
-            .pipes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(stream);
-        if known || self.cached(stream).is_some() {
-            return Ok((self.stream_token(stream, session).await?, None));
-        }
-        if read::<StreamMeta>(&*self.kv, &meta_key(stream)?)
-            .await?
-            .is_some()
-        {
-            return Ok((self.stream_token(stream, session).await?, None));
+    ) -> Result<PipelinedStart> {
+        if let Some((token, last)) = self.stream_token(stream).await? {
+            let piped = self
+                .pipes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(stream);
+            if piped {
+                // This instance numbers the stream; a log that started again
+                // under it is found by the commit (stored under lower
+                // numbers than sent).
+                return Ok(PipelinedStart::Numbered(token, None));
+            }
+            // This instance continues a stream another one (or an earlier
+            // run) wrote, numbering on from what is stored: a log holding
+            // less than the token is known to have reached expired or was
+            // deleted while the metadata lived on, and numbering on from
+            // what it holds would hand the old token's numbers to new
+            // events.
+            let stored = self.last_stored_seq(stream).await?;
+            if stored < last {
+                return Ok(PipelinedStart::Restarted((token, last)));
+            }
+            return Ok(PipelinedStart::Numbered(token, None));
         }
         let token = random_token()?;
-        let meta = StreamMeta {
-            session: session.cloned(),
-            token: Secret::new(hex(&token)),
-            created_at: Timestamp::now(),
-            dropped_through: 0,
-            writer: self.writer.as_deref().map(str::to_owned),
-            request: None,
-        };
+        let meta = self.new_meta(session, &token, 0);
         self.cache(
             stream,
             StreamCache {
                 token,
                 meta_refreshed: tokio::time::Instant::now(),
                 appends_since_trim: 0,
+                last_seq: 0,
             },
         );
         debug!(stream, "new pipelined event stream");
-        Ok((token, Some(meta)))
+        Ok(PipelinedStart::Numbered(token, Some(meta)))
     }
 
     /// Assigns the next number of `stream` to `data` and schedules its
@@ -428,8 +587,9 @@ impl EventLog {
         &self,
         stream: &str,
         data: Vec<u8>,
+        session: Option<&SessionId>,
         window: Duration,
-        new_meta: Option<StreamMeta>,
+        mut new_meta: Option<StreamMeta>,
     ) -> Result<u64> {
         let known = self
             .pipes
@@ -439,7 +599,7 @@ impl EventLog {
         if !known {
             // First event of this stream here: continue after what is stored
             // (nothing, for a stream that starts now).
-            let last = match new_meta {
+            let last = match &new_meta {
                 Some(_) => 0,
                 None => self.last_stored_seq(stream).await?,
             };
@@ -465,7 +625,8 @@ impl EventLog {
                     committed_through: last,
                     flushing: false,
                     committed: Arc::default(),
-                    meta: new_meta,
+                    meta: new_meta.take(),
+                    session: session.cloned(),
                 });
         }
         let (seq, schedule) = {
@@ -473,6 +634,12 @@ impl EventLog {
             let pipe = pipes.get_mut(stream).ok_or_else(|| {
                 Error::backend(self.log.backend_name(), "pipeline state vanished")
             })?;
+            if known && let Some(meta) = new_meta {
+                // The stream's metadata went (it expired or was deleted)
+                // while this instance kept writing: the next commit writes
+                // the new token's.
+                pipe.meta = Some(meta);
+            }
             let seq = pipe.next_seq;
             pipe.next_seq = seq
                 .checked_add(1)
@@ -520,22 +687,13 @@ impl EventLog {
                     pipe.committed.notify_waiters();
                     return;
                 }
-                (std::mem::take(&mut pipe.pending), pipe.meta.take())
-            };
-            let (batch, meta) = batch;
-            if let Some(meta) = meta
-                && let Ok(key) = meta_key(stream)
-                && let Err(e) = write(
-                    &*self.kv,
-                    &key,
-                    &meta,
-                    PutMode::Create,
-                    Some(self.meta_ttl()),
+                (
+                    std::mem::take(&mut pipe.pending),
+                    pipe.meta.take(),
+                    pipe.session.clone(),
                 )
-                .await
-            {
-                warn!(stream, error = %e, "writing a pipelined stream's metadata failed; its events cannot be resumed");
-            }
+            };
+            let (batch, meta, session) = batch;
             let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
             let last = expected.last().copied().unwrap_or_default();
             let data: Vec<Vec<u8>> = batch.into_iter().map(|(_, d)| d).collect();
@@ -547,6 +705,53 @@ impl EventLog {
                 }
                 Err(e) => Err(e),
             };
+            let stored = outcome
+                .as_ref()
+                .ok()
+                .and_then(|seqs| Some((*seqs.first()?, *seqs.last()?)));
+            // A new stream's metadata follows its first events, carrying the
+            // last number, as a synchronous append's does.
+            if let Some(mut meta) = meta
+                && let Some((_, stored_last)) = stored
+                && let Ok(key) = meta_key(stream)
+            {
+                meta.last_seq = stored_last;
+                if let Err(e) = write(
+                    &*self.kv,
+                    &key,
+                    &meta,
+                    PutMode::Create,
+                    Some(self.meta_ttl()),
+                )
+                .await
+                {
+                    warn!(stream, error = %e, "writing a pipelined stream's metadata failed; its events cannot be resumed");
+                }
+            }
+            // Numbers below those sent: the log started again (it expired
+            // or was deleted meanwhile). The ids sent name events that were
+            // never stored under those numbers; a new token keeps them from
+            // naming the new log's, so they are refused as lost.
+            if let Some((first, stored_last)) = stored
+                && expected.first().is_some_and(|sent| first < *sent)
+                && let Some(cached) = self.cached(stream)
+                && let Err(e) = self
+                    .renew(stream, session.as_ref(), Some(cached.token), stored_last)
+                    .await
+            {
+                warn!(stream, error = %e, "could not give a restarted event log a new token");
+            }
+            // What the log reached, for the metadata's next refresh to keep:
+            // a writer that finds the log below it knows it started again.
+            if let Some((_, stored_last)) = stored
+                && let Some(c) = self
+                    .streams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(stream)
+            {
+                c.last_seq = c.last_seq.max(stored_last);
+            }
             let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
             let Some(pipe) = pipes.get_mut(stream) else {
                 return;
@@ -564,7 +769,11 @@ impl EventLog {
                         "pipelined events were stored under other numbers than sent"
                     );
                     if let Some(stored_last) = seqs.last() {
-                        pipe.next_seq = pipe.next_seq.max(stored_last.saturating_add(1));
+                        pipe.next_seq = if seqs.first() < expected.first() {
+                            stored_last.saturating_add(1)
+                        } else {
+                            pipe.next_seq.max(stored_last.saturating_add(1))
+                        };
                     }
                     pipe.committed_through = pipe.next_seq.saturating_sub(1);
                 }
@@ -729,20 +938,28 @@ impl EventLog {
                 detail: Some("events after this id were dropped by retention".into()),
             });
         }
-        if matches!(self.config.durability, EventDurability::Pipelined { .. }) {
-            // The id's own event must be stored: if it is not, it was sent
-            // but lost with the instance that wrote it.
-            if id.seq() > 0 {
-                let name = log_name(id.stream())?;
-                let found = self.log.read_after(&name, id.seq() - 1, 1).await?;
-                if found.first().is_none_or(|r| r.seq != id.seq()) {
-                    return Err(Error::NotFound {
-                        what: "events",
-                        detail: Some(
-                            "events up to this id were lost: the instance writing them stopped before committing them; re-issue the request".into(),
-                        ),
-                    });
-                }
+        // The id's own event must still be stored: if it is not, the log
+        // expired (or was deleted) while the metadata lived on, and what
+        // follows the id is gone; with pipelined events, it may also have
+        // been sent and lost with the instance that wrote it. Either way the
+        // later events cannot be told complete, so the id is refused rather
+        // than answered with a gap.
+        // (The last event dropped by retention need not be: what follows it
+        // is known complete.)
+        if id.seq() > meta.dropped_through {
+            let name = log_name(id.stream())?;
+            let found = self.log.read_after(&name, id.seq() - 1, 1).await?;
+            if found.first().is_none_or(|r| r.seq != id.seq()) {
+                let detail = if matches!(self.config.durability, EventDurability::Pipelined { .. })
+                {
+                    "events up to this id were lost: the instance writing them stopped before committing them; re-issue the request"
+                } else {
+                    "the events of this stream up to this id have expired"
+                };
+                return Err(Error::NotFound {
+                    what: "events",
+                    detail: Some(detail.into()),
+                });
             }
         }
         Ok(id)
@@ -805,13 +1022,19 @@ impl EventLog {
     }
 
     /// Deletes a stream and its events.
+    ///
+    /// The metadata goes first: interrupted after it, the stream is
+    /// unreachable (its events expire with their log), and its next append
+    /// starts it again under a new token. The other way round, a token whose
+    /// log had gone would outlive it, and its ids would name the events of
+    /// a log numbered afresh.
     pub async fn delete_stream(&self, stream: &str) -> Result<()> {
         self.streams
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(stream);
-        self.log.delete_log(&log_name(stream)?).await?;
         self.kv.delete(&meta_key(stream)?, None).await?;
+        self.log.delete_log(&log_name(stream)?).await?;
         Ok(())
     }
 }
@@ -821,4 +1044,215 @@ fn parse_token(key: &str, token: &str) -> Result<[u8; 16]> {
     id.parse::<EventId>()
         .map(|id| *id.token())
         .map_err(|_| Error::corrupt(key, "stream token is not 32 hex digits"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{Backend, LogRecord, MemoryStore, PutOptions};
+
+    /// A memory log that notes, when a log is deleted, whether the stream's
+    /// metadata was still there.
+    struct Watching {
+        store: MemoryStore,
+        meta_left_at_log_deletion: Mutex<Vec<bool>>,
+    }
+
+    impl Backend for Watching {
+        fn backend_name(&self) -> &'static str {
+            "watching"
+        }
+    }
+
+    #[async_trait]
+    impl LogStore for Watching {
+        async fn append(
+            &self,
+            log: &Key,
+            records: Vec<Vec<u8>>,
+            ttl: Option<Duration>,
+        ) -> Result<Vec<u64>> {
+            self.store.append(log, records, ttl).await
+        }
+
+        async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+            self.store.read_after(log, after, limit).await
+        }
+
+        async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
+            self.store.trim(log, before).await
+        }
+
+        async fn delete_log(&self, log: &Key) -> Result<()> {
+            let stream = declare::EVENT.parse(log).expect("an event log")[0].clone();
+            let left = self.store.get(&meta_key(&stream)?).await?.is_some();
+            self.meta_left_at_log_deletion
+                .lock()
+                .expect("not poisoned")
+                .push(left);
+            self.store.delete_log(log).await
+        }
+    }
+
+    #[tokio::test]
+    async fn deleting_a_stream_drops_its_metadata_before_its_log() {
+        let store = MemoryStore::new();
+        let log = Arc::new(Watching {
+            store: store.clone(),
+            meta_left_at_log_deletion: Mutex::default(),
+        });
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            log.clone(),
+            EventLogConfig::default(),
+        );
+        let first = events
+            .append("s", None, &serde_json::json!(1))
+            .await
+            .expect("append");
+        events.delete_stream("s").await.expect("delete");
+        assert_eq!(
+            *log.meta_left_at_log_deletion.lock().expect("not poisoned"),
+            vec![false],
+            "the log was deleted while the stream's token was still stored"
+        );
+        // Started again, the stream has another token: the old id names nothing.
+        let again = events
+            .append("s", None, &serde_json::json!(2))
+            .await
+            .expect("append");
+        assert_ne!(again.token(), first.token());
+        assert!(matches!(
+            events.replay_after(&first.to_string(), None).await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_last_dropped_event_still_resumes() {
+        let store = MemoryStore::new();
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::new(Duration::from_secs(600), 2),
+        );
+        let mut ids = Vec::new();
+        for n in 1..=6 {
+            ids.push(
+                events
+                    .append("s", None, &serde_json::json!(n))
+                    .await
+                    .expect("append"),
+            );
+        }
+        // Events 1 to 4 were dropped; what follows the 4th is complete.
+        let replayed = events
+            .replay_after(&ids[3].to_string(), None)
+            .await
+            .expect("replay after the last dropped event");
+        assert_eq!(
+            replayed
+                .iter()
+                .map(|e| e.payload.clone())
+                .collect::<Vec<_>>(),
+            vec![serde_json::json!(5), serde_json::json!(6)]
+        );
+        assert!(matches!(
+            events.replay_after(&ids[2].to_string(), None).await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+
+    /// Plants a stream as 0.1 wrote it (metadata without `last_seq`) with
+    /// `events` events in its log; returns its token.
+    async fn plant_v01_stream(store: &MemoryStore, stream: &str, events: u64) -> [u8; 16] {
+        let token = random_token().expect("token");
+        let meta = StreamMeta {
+            session: None,
+            token: Secret::new(hex(&token)),
+            created_at: Timestamp::now(),
+            dropped_through: 0,
+            writer: None,
+            request: None,
+            last_seq: 0,
+        };
+        let bytes = encode(&meta).expect("encode");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("last_seq"),
+            "not the 0.1 form"
+        );
+        store
+            .put(
+                &meta_key(stream).expect("key"),
+                bytes,
+                PutOptions::default(),
+            )
+            .await
+            .expect("put");
+        for n in 1..=events {
+            let data = encode(&EventRecord {
+                payload: serde_json::json!(n),
+            })
+            .expect("encode");
+            store
+                .append(&log_name(stream).expect("name"), vec![data], None)
+                .await
+                .expect("append");
+        }
+        token
+    }
+
+    #[tokio::test]
+    async fn a_stream_written_by_0_1_carries_on_under_its_token() {
+        let store = MemoryStore::new();
+        let token = plant_v01_stream(&store, "s", 3).await;
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::default(),
+        );
+        let next = events
+            .append("s", None, &serde_json::json!(4))
+            .await
+            .expect("append");
+        assert_eq!((*next.token(), next.seq()), (token, 4));
+        let old = EventId::new(token, 2, "s");
+        let replayed = events
+            .replay_after(&old.to_string(), None)
+            .await
+            .expect("an id sent by 0.1 resumes");
+        assert_eq!(
+            replayed
+                .iter()
+                .map(|e| e.payload.clone())
+                .collect::<Vec<_>>(),
+            vec![serde_json::json!(3), serde_json::json!(4)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_written_by_0_1_whose_log_expired_gets_a_new_token() {
+        let store = MemoryStore::new();
+        let token = plant_v01_stream(&store, "s", 0).await;
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::default(),
+        );
+        let next = events
+            .append("s", None, &serde_json::json!(1))
+            .await
+            .expect("append");
+        assert_ne!(*next.token(), token);
+        assert!(matches!(
+            events
+                .replay_after(&EventId::new(token, 1, "s").to_string(), None)
+                .await,
+            Err(Error::NotFound { .. })
+        ));
+    }
 }

@@ -223,6 +223,7 @@ mod tests {
             dropped_through: 0,
             writer: None,
             request: None,
+            last_seq: 0,
         };
         let shown = inspect("m", &encode(&meta).unwrap()).unwrap();
         assert_eq!(shown.kind, "event_stream");
