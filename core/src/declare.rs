@@ -18,6 +18,7 @@
 //! | `refresh_lease` | `cred/lease/…` | issuer, resource |
 //! | `resource_issuer` | `cred/issuer/…` | resource |
 //! | `pending_authorization` | `cred/pending/…` | hash of the OAuth `state` |
+//! | `dpop_key` | `cred/dpop/…` | issuer, resource |
 //! | `server_session` | `server/session/…` | session id |
 //! | `event_stream` | `server/stream/…` | stream id |
 //! | `event` (log) | `server/events/…` | stream id |
@@ -350,7 +351,7 @@ use crate::records::{
     ServerSession, StreamMeta,
 };
 use crate::stores::{
-    BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::LeaseRecord,
+    BusMessage, InstanceLease, KeyRing, TaskRecord, credentials::DpopKey, credentials::LeaseRecord,
     credentials::ResourceIssuer, liveness::Heartbeat, tasks::InboxRecord,
     tool_lock::ToolLockRecord,
 };
@@ -424,6 +425,17 @@ declare!(
         secrets: ["/pkce_verifier", "/state"], written: ["/created_at"], created: ["/created_at"],
         lifetime: PendingAuthorization, owns_log: None,
         summary: "an OAuth authorization in progress (PKCE verifier, state)",
+    }
+);
+declare!(
+    /// A client's DPoP key pair (RFC 9449) for one issuer and resource: the
+    /// key its DPoP-bound tokens (and refresh tokens) are bound to.
+    DPOP_KEY: DpopKey {
+        kind: "dpop_key", schema: 1, family: Credentials, space: Kv, role: Credentials,
+        prefix: "cred/dpop/", components: ["issuer", "resource"],
+        secrets: ["/private_key"], written: ["/created_at"], created: ["/created_at"],
+        lifetime: Kept, owns_log: None,
+        summary: "a client's DPoP key pair for one issuer and resource (RFC 9449)",
     }
 );
 declare!(
@@ -538,6 +550,7 @@ pub const ALL: &[&Declaration] = &[
     &REFRESH_LEASE,
     &RESOURCE_ISSUER,
     &PENDING_AUTHORIZATION,
+    &DPOP_KEY,
     &SERVER_SESSION,
     &EVENT_STREAM,
     &EVENT,
