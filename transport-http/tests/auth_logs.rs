@@ -1,7 +1,9 @@
-//! A full flow with a refresh, under a process-wide `tracing` subscriber at
-//! debug level with the documented directive for rmcp's auth module: no
-//! token, client secret, PKCE verifier, authorization code or `state` value
-//! reaches the logs, `Debug` output or error messages.
+//! A full flow with a refresh, a DPoP flow (with nonces and a refresh) and a
+//! workload identity, under a process-wide `tracing` subscriber at debug
+//! level with the documented directive for rmcp's auth module: no token,
+//! client secret, PKCE verifier, authorization code, `state` value, DPoP
+//! private key or proof, or workload assertion reaches the logs, `Debug`
+//! output or error messages.
 //!
 //! Its own test binary, so that the global subscriber sees every event.
 
@@ -14,11 +16,11 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use auth_support::{World, expire, headless, start};
-use mcp_persist_core::{CredentialKey, Stores, canonical_url};
+use auth_support::{World, expire, headless, start, start_dpop};
+use mcp_persist_core::{CredentialKey, Secret, Stores, canonical_url};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
-    auth::{DurableAuth, DurableAuthBuild, RMCP_AUTH_LOG_DIRECTIVE},
+    auth::{AssertionSource, DurableAuth, DurableAuthBuild, RMCP_AUTH_LOG_DIRECTIVE, Registration},
     client::DurableClientBuilder,
 };
 use rmcp::{ServiceExt, model::CallToolRequestParams};
@@ -42,6 +44,10 @@ async fn run_once(world: &World, stores: &Stores) -> anyhow::Result<()> {
         .await?;
     service.cancel().await?;
     Ok(())
+}
+
+fn resource_of(world: &World) -> String {
+    canonical_url("resource", &world.mcp_url).unwrap()
 }
 
 #[derive(Clone, Default)]
@@ -99,19 +105,74 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
         chain.push_str(&format!(": {s}"));
         source = s.source();
     }
-    let debug_output = format!(
+    let mut debug_output = format!(
         "{client:?} {:?} {creds:?} {error:?} {chain}",
         current.record
     );
     service.cancel().await.unwrap();
 
+    // DPoP, with nonces at both servers, and a refresh with a proof.
+    let dpop = start_dpop(true).await;
+    let dpop_stores = Stores::new(SqliteStore::open_in_memory().await.unwrap());
+    run_once(&dpop, &dpop_stores).await.unwrap();
+    let dpop_issuer = dpop.auth(0).issuer.clone();
+    expire(
+        &dpop_stores.credentials(),
+        &dpop_issuer,
+        &resource_of(&dpop),
+    )
+    .await;
+    run_once(&dpop, &dpop_stores).await.unwrap();
+    assert_eq!(dpop.auth(0).refreshes(), 1);
+    let dpop_key = CredentialKey::new(&dpop_issuer, &resource_of(&dpop)).unwrap();
+    let key_record = dpop_stores
+        .credentials()
+        .load_dpop_key(&dpop_key)
+        .await
+        .unwrap()
+        .expect("a DPoP key is stored")
+        .record;
+    let private_key = key_record.private_key.expose_secret().to_owned();
+    debug_output.push_str(&format!("{key_record:?}"));
+
+    // A workload identity.
+    let assertion = format!("workload-assertion-{}", std::process::id());
+    world.auth(0).accept_assertion(&assertion);
+    let wif_stores = Stores::new(SqliteStore::open_in_memory().await.unwrap());
+    let given = assertion.clone();
+    let wif = auth(&world, &wif_stores).registration(Registration::WorkloadIdentity {
+        client_id: None,
+        assertion: AssertionSource::from_fn(move |_audience| {
+            let given = given.clone();
+            async move { Ok(Secret::new(given)) }
+        }),
+        issuer: None,
+    });
+    let (transport, _handle, wif_client) =
+        DurableClientBuilder::new(world.mcp_url.clone(), &wif_stores)
+            .build_with_auth(&wif)
+            .await
+            .unwrap();
+    wif_client.authorize_workload_identity(None).await.unwrap();
+    let service = ().serve(transport).await.unwrap();
+    service.list_all_tools().await.unwrap();
+    service.cancel().await.unwrap();
+    debug_output.push_str(&format!("{wif:?} {wif_client:?}"));
+
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(logs.contains("refreshed"), "the refresh is logged:\n{logs}");
-    let secrets = world.secrets();
+    let as_proofs = dpop.auth(0).proof_jkts.lock().unwrap().len();
+    let mcp_proofs = dpop.mcp.proofs.lock().unwrap().len();
+    assert!(as_proofs >= 2, "token requests carried proofs");
+    assert!(mcp_proofs >= 3, "MCP requests carried proofs");
+    let mut secrets = world.secrets();
+    secrets.extend(dpop.secrets());
+    secrets.push(private_key);
     assert!(
-        secrets.len() >= 8,
-        "tokens, client secret, verifier, codes and states were issued"
+        secrets.len() >= 8 + as_proofs + mcp_proofs + 2,
+        "tokens, client secret, verifier, codes, states, DPoP proofs, the DPoP private key and the assertion are all checked"
     );
+    assert!(secrets.contains(&assertion));
     for secret in &secrets {
         let leaks: Vec<String> = logs
             .lines()
