@@ -12,7 +12,6 @@ use oauth2::{ClientSecret, RefreshToken};
 use rmcp::transport::auth::enterprise::{
     EmaAuthorizationServer, EmaClientAuthentication, EmaExchangeRequest,
 };
-use serde_json::Value;
 use tracing::info;
 
 use super::{DurableAuthClient, DurableAuthError, Registration, challenge::scope_of_challenge};
@@ -201,7 +200,7 @@ impl<C> DurableAuthClient<C> {
         )
         .with_expires_at(token.expires_in.map(|d| received.plus(d)))
         .with_scopes(granted)
-        .with_server_metadata(self.shared.metadata().map(Value::from))
+        .with_server_metadata(self.shared.metadata())
         .with_obtained_at(received);
         self.shared.set_registration(registration);
         self.shared
