@@ -55,13 +55,13 @@
 //!
 //! # Grants without a user
 //!
-//! * [`DurableAuthClient::authorize_client_credentials`]: the client acts on
-//!   its own behalf (SEP-1046).
-//! * [`DurableAuthClient::authorize_workload_identity`]: a workload presents
+//! * [`DurableAuthClient::authorize_client_credentials`] lets the client act
+//!   on its own behalf (SEP-1046).
+//! * [`DurableAuthClient::authorize_workload_identity`] lets a workload present
 //!   the JWT its platform issued ([`AssertionSource`], a file or a callback)
 //!   with the JWT-bearer grant (SEP-1933); the token is renewed with a fresh
 //!   assertion when it nears expiry, once across processes.
-//! * [`DurableAuthClient::authorize_enterprise`]: enterprise-managed
+//! * [`DurableAuthClient::authorize_enterprise`] runs enterprise-managed
 //!   authorization (SEP-990): the user's assertion at the enterprise identity
 //!   provider is exchanged for an ID-JAG and redeemed at the MCP server's
 //!   authorization server ([`EnterpriseIdentity`]).
@@ -511,9 +511,14 @@ impl DurableAuth {
         self
     }
 
-    /// Lets discovered metadata name hosts at private addresses (an
-    /// authorization server on a corporate network); see rmcp's
-    /// `AuthorizationManager::new_allowing_private_addresses`.
+    /// Lets discovered metadata name hosts that resolve to private addresses
+    /// (an authorization server on a corporate network, such as `sso.corp`
+    /// at `10.0.0.9`); loopback still needs a loopback resource URL, and
+    /// link-local and reserved addresses stay refused. The OAuth requests go
+    /// through this crate's client (it signs DPoP proofs), and rmcp 3.11
+    /// offers no way to pass this choice to its discovery's host check with
+    /// such a client: an authorization server named by a private IP literal
+    /// (`https://10.0.0.9/`) is refused even so; name it by a host name.
     pub fn allow_private_addresses(mut self, allow: bool) -> Self {
         self.allow_private_addresses = allow;
         self
