@@ -42,12 +42,14 @@ fn auth(url: &str, stores: &Stores) -> DurableAuth {
 }
 
 /// The SQLite store at `db`, sealed with the keyring written as `ring`.
+#[allow(clippy::unwrap_used)]
 async fn sealed(db: &Path, ring: &str) -> (Stores, SqliteStore) {
     let backend = SqliteStore::open(db).await.unwrap();
     let keyring = Keyring::parse(ring, "test").unwrap();
     (Stores::new(backend.clone()).encrypted(keyring), backend)
 }
 
+#[allow(clippy::unwrap_used)]
 async fn call_tool(
     url: &str,
     stores: &Stores,
@@ -266,17 +268,20 @@ async fn two_restarted_processes_keep_the_dpop_key_and_spend_the_bound_refresh_t
     assert!(server.is_live_refresh_token(creds.refresh_token.unwrap().expose_secret()));
 }
 
-/// A DPoP key that cannot be read, or is gone while tokens bound to it are
-/// stored, is a typed error at connect time; the damaged record is left as
-/// it was, never replaced by a new key.
+/// A DPoP key that cannot be read (damaged, sealed with a key the keyring
+/// does not hold), or is gone while tokens bound to it are stored, is a typed
+/// error at connect time; the record is left as it was, never replaced by a
+/// new key that would orphan the bound refresh token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_or_missing_key_is_a_typed_error_never_a_new_key() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
     let world = start_dpop(false).await;
-    let backend = SqliteStore::open_in_memory().await.unwrap();
-    let stores = Stores::new(backend.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let (_, ring) = SealKey::generate().unwrap();
+    let (stores, backend) = sealed(&db, ring.expose_secret()).await;
     let (_t, _h, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
         .build_with_auth(&auth(&world.mcp_url, &stores))
         .await
@@ -284,8 +289,30 @@ async fn an_unreadable_or_missing_key_is_a_typed_error_never_a_new_key() {
     client.authorize(None, headless).await.unwrap();
     let resource = canonical_url("resource", &world.mcp_url).unwrap();
     let issuer = world.auth(0).issuer.clone();
+    let key = CredentialKey::new(&issuer, &resource).unwrap();
     let raw_key = declare::DPOP_KEY.key(&[&issuer, &resource]);
+    let stored_key = stores
+        .credentials()
+        .load_dpop_key(&key)
+        .await
+        .unwrap()
+        .expect("authorizing stored a DPoP key")
+        .record;
+    let connect = |stores: Stores| {
+        let url = world.mcp_url.clone();
+        async move { auth(&url, &stores).connect(reqwest::Client::new()).await }
+    };
+    let is_unreadable = |error: &DurableAuthError| {
+        matches!(
+            error,
+            DurableAuthError::DpopKey {
+                problem: DpopKeyProblem::Unreadable,
+                ..
+            }
+        )
+    };
 
+    // Damaged.
     let damaged = b"{\"kind\":\"dpop_key\",\"schema\":1,\"record\":{\"oops\":1}}".to_vec();
     backend
         .put(
@@ -295,26 +322,61 @@ async fn an_unreadable_or_missing_key_is_a_typed_error_never_a_new_key() {
         )
         .await
         .unwrap();
-    let error = auth(&world.mcp_url, &stores)
-        .connect(reqwest::Client::new())
+    let error = connect(stores.clone())
         .await
         .expect_err("a damaged key is refused");
+    assert!(is_unreadable(&error), "{error:?}");
+    let still = backend.get(&raw_key).await.unwrap().unwrap().value;
+    assert_eq!(still, damaged, "the damaged record is kept, not replaced");
+
+    // Sealed with a key this keyring does not hold (the credentials still
+    // open): the key is unreadable, not missing.
+    backend.delete(&raw_key, None).await.unwrap();
+    let (_, other_ring) = SealKey::generate().unwrap();
+    let (foreign, _) = sealed(&db, other_ring.expose_secret()).await;
+    foreign
+        .credentials()
+        .create_dpop_key(&stored_key)
+        .await
+        .unwrap();
+    let sealed_elsewhere = backend.get(&raw_key).await.unwrap().unwrap().value;
+    let error = connect(stores.clone())
+        .await
+        .expect_err("a key sealed with another keyring is refused");
+    assert!(is_unreadable(&error), "{error:?}");
+    assert!(
+        !format!("{error} {error:?}").contains(stored_key.private_key.expose_secret()),
+        "{error:?}"
+    );
+    let still = backend.get(&raw_key).await.unwrap().unwrap().value;
+    assert_eq!(still, sealed_elsewhere, "the sealed record is kept");
+
+    // The whole store opened with the wrong keyring: a typed store error,
+    // and nothing written.
+    let credentials = declare::CREDENTIALS.key(&[&issuer, &resource]);
+    let before = backend.get(&credentials).await.unwrap().unwrap();
+    let (_, wrong_ring) = SealKey::generate().unwrap();
+    let (wrong, _) = sealed(&db, wrong_ring.expose_secret()).await;
+    let error = connect(wrong)
+        .await
+        .expect_err("the wrong keyring is refused");
     assert!(
         matches!(
-            error,
-            DurableAuthError::DpopKey {
-                problem: DpopKeyProblem::Unreadable,
-                ..
+            &error,
+            DurableAuthError::Store {
+                source: mcp_persist_core::Error::Sealing { .. }
             }
         ),
         "{error:?}"
     );
+    let after = backend.get(&credentials).await.unwrap().unwrap();
+    assert_eq!(after.version, before.version, "the credentials are kept");
     let still = backend.get(&raw_key).await.unwrap().unwrap().value;
-    assert_eq!(still, damaged, "the damaged record is kept, not replaced");
+    assert_eq!(still, sealed_elsewhere, "no new key");
 
+    // Missing while bound tokens are stored.
     backend.delete(&raw_key, None).await.unwrap();
-    let error = auth(&world.mcp_url, &stores)
-        .connect(reqwest::Client::new())
+    let error = connect(stores.clone())
         .await
         .expect_err("a missing key is refused");
     assert!(
