@@ -1,6 +1,6 @@
 //! A full flow with a refresh, a DPoP flow (with nonces and a refresh) and a
-//! workload identity, under a process-wide `tracing` subscriber at debug
-//! level with the documented directive for rmcp's auth module: no token,
+//! workload identity, under a process-wide `tracing` subscriber at every
+//! level (`trace`) with the documented directive for rmcp's auth module: no token,
 //! client secret, PKCE verifier, authorization code, `state` value, DPoP
 //! private key or proof, or workload assertion reaches the logs, `Debug`
 //! output or error messages.
@@ -47,7 +47,7 @@ async fn run_once(world: &World, stores: &Stores) -> anyhow::Result<()> {
 }
 
 fn resource_of(world: &World) -> String {
-    canonical_url("resource", &world.mcp_url).unwrap()
+    canonical_url("resource", &world.mcp_url).expect("a valid resource URL")
 }
 
 #[derive(Clone, Default)]
@@ -68,7 +68,7 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(format!("debug,{RMCP_AUTH_LOG_DIRECTIVE}"))
+        .with_env_filter(format!("trace,{RMCP_AUTH_LOG_DIRECTIVE}"))
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
