@@ -1,5 +1,7 @@
-//! DPoP with a durable key, and workload identity, against authorization
-//! and MCP servers written here (`auth_support`): the DPoP server binds
+//! DPoP with a durable key, workload identity and enterprise-managed
+//! authorization, against authorization and MCP servers written here
+//! (`auth_support`, whose authorization server also plays the enterprise
+//! identity provider): the DPoP server binds
 //! access and refresh tokens to the key of the token request's proof and
 //! asks for nonces; the MCP server checks every proof.
 //!
@@ -18,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use auth_support::{World, expire, headless, start, start_dpop};
+use auth_support::{IDP_ISSUER, World, expire, headless, start, start_dpop};
 use mcp_persist_core::{
     CredentialKey, KvStore, PutMode, PutOptions, Stores, canonical_url, declare,
     seal::{Keyring, SealKey},
@@ -27,7 +29,7 @@ use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
     auth::{
         AssertionSource, DpopKeyProblem, DurableAuth, DurableAuthBuild, DurableAuthError,
-        Registration,
+        EnterpriseIdentity, Registration,
     },
     client::DurableClientBuilder,
 };
@@ -476,4 +478,98 @@ async fn a_workload_identity_token_is_stored_and_renewed_with_a_fresh_assertion(
     assert!(!format!("{error} {error:?}").contains("unknown-assertion"));
     // Discovery (metadata) plus the one token request.
     assert!(server.requests() - requests <= 2, "no retry");
+}
+
+/// Enterprise-managed authorization: the user's ID token is exchanged at the
+/// enterprise identity provider for an ID-JAG, redeemed at the resource's
+/// authorization server; the token and its expiry are stored by issuer and
+/// resource, so a restarted process calls the server with no new exchange.
+/// An ID token the provider does not know is a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enterprise_token_is_stored_and_a_restart_needs_no_new_exchange() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    let world: World = start(1).await;
+    let server = world.servers[0].clone();
+    server.pre_register("enterprise-client", "enterprise-secret");
+    server.accept_id_token("user-id-token", "enterprise-client");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let config = |stores: &Stores| {
+        DurableAuth::new(world.mcp_url.clone(), stores.credentials()).pre_registered(
+            "enterprise-client",
+            Some(mcp_persist_core::Secret::new("enterprise-secret")),
+            None,
+        )
+    };
+    let identity = |id_token: &str| {
+        EnterpriseIdentity::with_id_token(
+            IDP_ISSUER,
+            format!("{}/token", server.issuer),
+            "idp-client",
+            mcp_persist_core::Secret::new(id_token),
+        )
+    };
+    {
+        let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+        let (_t, _h, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+            .build_with_auth(&config(&stores))
+            .await
+            .unwrap();
+        client
+            .authorize_enterprise(None, &identity("user-id-token"))
+            .await
+            .unwrap();
+        assert_eq!(server.token_exchanges(), 1);
+        assert_eq!(server.jwt_bearer_grants(), 1);
+    }
+
+    // A new process on the same file: stored, with its expiry, by issuer
+    // and resource; the MCP server is called with it, no exchange made.
+    let stores = Stores::new(SqliteStore::open(&db).await.unwrap());
+    let resource = canonical_url("resource", &world.mcp_url).unwrap();
+    let key = CredentialKey::new(&server.issuer, &resource).unwrap();
+    let stored = stores
+        .credentials()
+        .load(&key)
+        .await
+        .unwrap()
+        .expect("stored by issuer and resource")
+        .record;
+    assert!(stored.expires_at.is_some(), "its expiry is stored");
+    assert!(stored.refresh_token.is_none());
+    let (transport, _h, client) = DurableClientBuilder::new(world.mcp_url.clone(), &stores)
+        .build_with_auth(&config(&stores))
+        .await
+        .unwrap();
+    assert!(client.is_authorized().await);
+    let service = ().serve(transport).await.unwrap();
+    service
+        .call_tool(CallToolRequestParams::new("whoami"))
+        .await
+        .unwrap();
+    service.cancel().await.unwrap();
+    assert_eq!(server.token_exchanges(), 1, "no new exchange");
+    assert_eq!(server.jwt_bearer_grants(), 1, "no new grant");
+    assert_eq!(server.authorizations(), 0, "no user agent");
+
+    // An ID token the provider refuses: typed, with no token text.
+    let error = client
+        .authorize_enterprise(None, &identity("stolen-id-token"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, DurableAuthError::Enterprise { .. }),
+        "{error:?}"
+    );
+    assert!(!format!("{error} {error:?}").contains("stolen-id-token"));
+    let after = stores
+        .credentials()
+        .load(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(after, stored, "the stored token is kept");
 }

@@ -97,6 +97,12 @@ pub struct AuthServer {
     pub assertions: Mutex<HashSet<String>>,
     /// JWT-bearer grants it answered with a token.
     pub jwt_bearer: AtomicUsize,
+    /// Playing an enterprise identity provider: the ID tokens whose owner
+    /// it trades for an ID-JAG (token exchange, SEP-990), and the client id
+    /// at the resource's authorization server its ID-JAGs name.
+    id_tokens: Mutex<HashMap<String, String>>,
+    /// ID-JAGs it issued.
+    pub token_exchanges: AtomicUsize,
 }
 
 impl AuthServer {
@@ -132,12 +138,30 @@ impl AuthServer {
     pub fn jwt_bearer_grants(&self) -> usize {
         self.jwt_bearer.load(Ordering::SeqCst)
     }
+    /// Plays an enterprise identity provider for `id_token`: trades it for
+    /// an ID-JAG naming `client_id` (the client at the authorization server
+    /// the exchange names), which this server then accepts as a JWT-bearer
+    /// assertion.
+    pub fn accept_id_token(&self, id_token: &str, client_id: &str) {
+        self.id_tokens
+            .lock()
+            .unwrap()
+            .insert(id_token.to_owned(), client_id.to_owned());
+        self.secrets.lock().unwrap().push(id_token.to_owned());
+    }
+    pub fn token_exchanges(&self) -> usize {
+        self.token_exchanges.load(Ordering::SeqCst)
+    }
     /// A workload assertion it accepts from now on (and counts as a secret).
     pub fn accept_assertion(&self, assertion: &str) {
         self.assertions.lock().unwrap().insert(assertion.to_owned());
         self.secrets.lock().unwrap().push(assertion.to_owned());
     }
 }
+
+/// The issuer of the enterprise identity provider the test authorization
+/// servers play (`AuthServer::accept_id_token`).
+pub const IDP_ISSUER: &str = "http://127.0.0.1:9/idp";
 
 /// The nonce the test authorization servers ask DPoP proofs for.
 pub const AS_NONCE: &str = "as-nonce-1";
@@ -457,6 +481,46 @@ async fn token(State(s): State<Arc<AuthServer>>, headers: HeaderMap, body: Strin
         jkt = Some(verified.jkt);
     }
     let token_type = if jkt.is_some() { "DPoP" } else { "Bearer" };
+    if form.get("grant_type").map(String::as_str)
+        == Some("urn:ietf:params:oauth:grant-type:token-exchange")
+    {
+        // The enterprise identity provider's side: an ID-JAG for the
+        // authorization server and resource the request names.
+        let subject = form.get("subject_token").cloned().unwrap_or_default();
+        let Some(client_id) = s.id_tokens.lock().unwrap().get(&subject).cloned() else {
+            return json_response(StatusCode::BAD_REQUEST, json!({"error": "invalid_grant"}));
+        };
+        s.token_exchanges.fetch_add(1, Ordering::SeqCst);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut claims = json!({
+            "iss": IDP_ISSUER, "aud": form.get("audience"), "sub": "user-1",
+            "client_id": client_id, "jti": unique("jag"), "iat": now, "exp": now + 300,
+            "resource": form.get("resource"),
+        });
+        if let Some(scope) = form.get("scope") {
+            claims["scope"] = json!(scope);
+        }
+        let header = json!({"alg": "ES256", "typ": "oauth-id-jag+jwt"});
+        let jag = format!(
+            "{}.{}.{}",
+            b64url(header.to_string().as_bytes()),
+            b64url(claims.to_string().as_bytes()),
+            b64url(b"test-signature")
+        );
+        s.assertions.lock().unwrap().insert(jag.clone());
+        s.secrets.lock().unwrap().push(jag.clone());
+        return json_response(
+            StatusCode::OK,
+            json!({
+                "access_token": jag,
+                "issued_token_type": "urn:ietf:params:oauth:token-type:id-jag",
+                "token_type": "N_A",
+            }),
+        );
+    }
     if form.get("grant_type").map(String::as_str)
         == Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
     {
