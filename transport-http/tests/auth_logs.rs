@@ -1,9 +1,9 @@
-//! A full flow with a refresh, a DPoP flow (with nonces and a refresh) and a
-//! workload identity, under a process-wide `tracing` subscriber at every
+//! A full flow with a refresh, a DPoP flow (with nonces and a refresh), a
+//! workload identity and an enterprise-managed authorization, under a process-wide `tracing` subscriber at every
 //! level (`trace`) with the documented directive for rmcp's auth module: no token,
 //! client secret, PKCE verifier, authorization code, `state` value, DPoP
-//! private key or proof, or workload assertion reaches the logs, `Debug`
-//! output or error messages.
+//! private key or proof, workload assertion, enterprise ID token or ID-JAG
+//! reaches the logs, `Debug` output or error messages.
 //!
 //! Its own test binary, so that the global subscriber sees every event.
 
@@ -16,11 +16,14 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use auth_support::{World, expire, headless, start, start_dpop};
+use auth_support::{IDP_ISSUER, World, expire, headless, start, start_dpop};
 use mcp_persist_core::{CredentialKey, Secret, Stores, canonical_url};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
-    auth::{AssertionSource, DurableAuth, DurableAuthBuild, RMCP_AUTH_LOG_DIRECTIVE, Registration},
+    auth::{
+        AssertionSource, DurableAuth, DurableAuthBuild, EnterpriseIdentity,
+        RMCP_AUTH_LOG_DIRECTIVE, Registration,
+    },
     client::DurableClientBuilder,
 };
 use rmcp::{ServiceExt, model::CallToolRequestParams};
@@ -159,6 +162,41 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
     service.cancel().await.unwrap();
     debug_output.push_str(&format!("{wif:?} {wif_client:?}"));
 
+    // Enterprise-managed: the user's ID token for an ID-JAG, redeemed.
+    let id_token = format!("user-id-token-{}", std::process::id());
+    world
+        .auth(0)
+        .pre_register("enterprise-client", "enterprise-secret");
+    world
+        .auth(0)
+        .accept_id_token(&id_token, "enterprise-client");
+    let ema_stores = Stores::new(SqliteStore::open_in_memory().await.unwrap());
+    let ema = DurableAuth::new(world.mcp_url.clone(), ema_stores.credentials()).pre_registered(
+        "enterprise-client",
+        Some(Secret::new("enterprise-secret")),
+        None,
+    );
+    let identity = EnterpriseIdentity::with_id_token(
+        IDP_ISSUER,
+        format!("{}/token", world.auth(0).issuer),
+        "idp-client",
+        Secret::new(id_token.clone()),
+    );
+    let (transport, _handle, ema_client) =
+        DurableClientBuilder::new(world.mcp_url.clone(), &ema_stores)
+            .build_with_auth(&ema)
+            .await
+            .unwrap();
+    ema_client
+        .authorize_enterprise(None, &identity)
+        .await
+        .unwrap();
+    let service = ().serve(transport).await.unwrap();
+    service.list_all_tools().await.unwrap();
+    service.cancel().await.unwrap();
+    assert_eq!(world.auth(0).token_exchanges(), 1);
+    debug_output.push_str(&format!("{ema:?} {ema_client:?} {identity:?}"));
+
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(logs.contains("refreshed"), "the refresh is logged:\n{logs}");
     let as_proofs = dpop.auth(0).proof_jkts.lock().unwrap().len();
@@ -173,6 +211,11 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
         "tokens, client secret, verifier, codes, states, DPoP proofs, the DPoP private key and the assertion are all checked"
     );
     assert!(secrets.contains(&assertion));
+    assert!(secrets.contains(&id_token));
+    assert!(
+        secrets.iter().any(|s| s.ends_with(&b64_signature())),
+        "the ID-JAG is checked"
+    );
     for secret in &secrets {
         let leaks: Vec<String> = logs
             .lines()
@@ -189,4 +232,10 @@ async fn logs_debug_output_and_errors_of_a_full_flow_with_a_refresh_hold_no_secr
             "a secret leaked into Debug"
         );
     }
+}
+
+/// The signature part of the test identity provider's ID-JAGs.
+fn b64_signature() -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"test-signature")
 }
