@@ -392,6 +392,26 @@ async fn an_unreadable_or_missing_key_is_a_typed_error_never_a_new_key() {
         "{error:?}"
     );
     assert!(backend.get(&raw_key).await.unwrap().is_none(), "no new key");
+
+    // With the bound credentials gone too, a new authorization makes a new
+    // key, and the tokens it gets are bound to that one.
+    backend.delete(&credentials, None).await.unwrap();
+    let client = connect(stores.clone())
+        .await
+        .expect("nothing bound is left");
+    client.authorize(None, headless).await.unwrap();
+    let fresh = stores
+        .credentials()
+        .load_dpop_key(&key)
+        .await
+        .unwrap()
+        .expect("a new key")
+        .record;
+    assert_ne!(fresh.thumbprint, stored_key.thumbprint);
+    assert_eq!(
+        client.dpop_thumbprint().await.unwrap().as_deref(),
+        Some(fresh.thumbprint.as_str())
+    );
 }
 
 /// Workload identity: the JWT-bearer grant with an assertion from a

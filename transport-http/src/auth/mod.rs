@@ -314,8 +314,9 @@ pub enum DurableAuthError {
     /// The stored DPoP key pair of an issuer and resource cannot be used.
     /// Tokens bound to it (a public client's refresh token too) are useless
     /// without it, so no new key is made in its place: restore the record
-    /// (or the sealing key that opens it), or delete the credentials and
-    /// authorize again.
+    /// (or the sealing key that opens it), or delete both the credentials
+    /// and the key record (`mcp-persist check` names a damaged one,
+    /// `mcp-persist rm` deletes it) and authorize again.
     #[error("the DPoP key for issuer {issuer} and resource {resource} {problem}")]
     DpopKey {
         /// The issuer.
