@@ -14,12 +14,23 @@
 //! Credentials persist in a SQLite file: a fresh one in a temporary folder,
 //! or the file named by `MCP_PERSIST_AUTH_DB` (so a second run starts from
 //! the credentials of the first).
+//!
+//! DPoP is on (the library's default): where the authorization server
+//! advertises it, tokens are DPoP-bound to a key stored with them. The
+//! scenario context decides the grant: an identity provider's ID token means
+//! enterprise-managed authorization, a workload JWT the JWT-bearer grant
+//! (the JWT handed over in a file, as a platform would), a client id and
+//! secret or key the client-credentials grant in those scenarios, and the
+//! authorization code flow otherwise.
 
 use anyhow::Context;
 use mcp_persist_core::{BoxError, Secret, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
-    auth::{DurableAuth, DurableAuthBuild, DurableAuthClient, Registration, auth_challenge},
+    auth::{
+        AssertionSource, DurableAuth, DurableAuthBuild, DurableAuthClient, EnterpriseIdentity,
+        Registration, auth_challenge,
+    },
     client::DurableClientBuilder,
 };
 use rmcp::{
@@ -77,7 +88,7 @@ async fn exercise(
     url: &str,
     stores: &Stores,
     auth: &DurableAuth,
-    grant: Grant,
+    grant: &Grant,
     retry: bool,
 ) -> anyhow::Result<Result<(), anyhow::Error>> {
     let (transport, _handle, client) = DurableClientBuilder::new(url, stores)
@@ -120,23 +131,29 @@ async fn exercise(
 }
 
 /// How the client gets its tokens.
-#[derive(Clone, Copy)]
 enum Grant {
     /// Authorization code with PKCE, through the (headless) user agent.
     AuthorizationCode,
     /// Client credentials (SEP-1046): the client acts on its own behalf.
     ClientCredentials,
+    /// Enterprise-managed authorization (SEP-990) with the user's ID token
+    /// at the enterprise identity provider.
+    Enterprise(EnterpriseIdentity),
+    /// Workload identity (SEP-1933): the JWT-bearer grant.
+    WorkloadIdentity,
 }
 
 impl Grant {
     async fn authorize(
-        self,
+        &self,
         client: &DurableAuthClient<reqwest::Client>,
         challenge: Option<&str>,
     ) -> Result<(), mcp_persist_transport_http::auth::DurableAuthError> {
         match self {
             Grant::AuthorizationCode => client.authorize(challenge, headless).await,
             Grant::ClientCredentials => client.authorize_client_credentials(challenge).await,
+            Grant::Enterprise(identity) => client.authorize_enterprise(challenge, identity).await,
+            Grant::WorkloadIdentity => client.authorize_workload_identity(challenge).await,
         }
     }
 }
@@ -219,11 +236,22 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
             url: CLIENT_METADATA_URL.to_owned(),
             client_name: "mcp-persist-conformance-client".to_owned(),
         });
+    let text = |name: &str| context.get(name).and_then(Value::as_str);
     let key_client = context
         .get("client_id")
         .and_then(Value::as_str)
         .zip(context.get("private_key_pem").and_then(Value::as_str));
-    if let Some((client_id, pem)) = key_client {
+    if let Some(jwt) = text("valid_jwt") {
+        // The platform's token, handed over in a file the client reads
+        // before every token request.
+        let file = temp.join("workload.jwt");
+        std::fs::write(&file, jwt).with_context(|| format!("writing {}", file.display()))?;
+        auth = auth.registration(Registration::WorkloadIdentity {
+            client_id: text("client_id").map(str::to_owned),
+            assertion: AssertionSource::file(file),
+            issuer: None,
+        });
+    } else if let Some((client_id, pem)) = key_client {
         let algorithm = match context.get("signing_algorithm").and_then(Value::as_str) {
             Some("ES384") => JwtSigningAlgorithm::ES384,
             Some("RS256") => JwtSigningAlgorithm::RS256,
@@ -252,7 +280,19 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
     }
     // The client-credentials scenarios give the client's id and secret and
     // expect it to act on its own behalf.
-    let grant = if scenario.starts_with("auth/client-credentials") {
+    let enterprise = (|| {
+        Some(EnterpriseIdentity::with_id_token(
+            text("idp_issuer")?,
+            text("idp_token_endpoint")?,
+            text("idp_client_id")?,
+            Secret::new(text("idp_id_token")?),
+        ))
+    })();
+    let grant = if let Some(identity) = enterprise {
+        Grant::Enterprise(identity)
+    } else if text("valid_jwt").is_some() {
+        Grant::WorkloadIdentity
+    } else if scenario.starts_with("auth/client-credentials") {
         Grant::ClientCredentials
     } else {
         Grant::AuthorizationCode
@@ -265,7 +305,7 @@ pub async fn run(scenario: &str, url: &str) -> anyhow::Result<()> {
     // takes the third. The suite checks separately against loops.
     let mut last = Ok(());
     for attempt in 1..=3 {
-        last = exercise(url, &stores, &auth, grant, attempt < 3).await?;
+        last = exercise(url, &stores, &auth, &grant, attempt < 3).await?;
         match &last {
             Ok(()) => break,
             Err(e) => tracing::warn!(attempt, error = %e, "MCP session failed"),

@@ -18,6 +18,7 @@
 //! | `refresh_lease` | `cred/lease/…` | issuer, resource |
 //! | `resource_issuer` | `cred/issuer/…` | resource |
 //! | `pending_authorization` | `cred/pending/…` | hash of the OAuth `state` |
+//! | `dpop_key` | `cred/dpop/…` | issuer, resource |
 //! | `server_session` | `server/session/…` | session id |
 //! | `event_stream` | `server/stream/…` | stream id |
 //! | `event` (log) | `server/events/…` | stream id |
@@ -397,6 +398,17 @@ declare!(
     }
 );
 declare!(
+    /// A client's DPoP key pair (RFC 9449) for one issuer and resource: the
+    /// key its DPoP-bound tokens (and refresh tokens) are bound to.
+    DPOP_KEY {
+        kind: "dpop_key", schema: 1, family: Credentials, space: Kv, role: Credentials,
+        prefix: "cred/dpop/", components: ["issuer", "resource"],
+        secrets: ["/private_key"], written: ["/created_at"], created: ["/created_at"],
+        lifetime: Kept, owns_log: None,
+        summary: "a client's DPoP key pair for one issuer and resource (RFC 9449)",
+    }
+);
+declare!(
     /// A server's legacy session.
     SERVER_SESSION {
         kind: "server_session", schema: 1, family: Sessions, space: Kv, role: Sessions,
@@ -508,6 +520,7 @@ pub const ALL: &[&Declaration] = &[
     &REFRESH_LEASE,
     &RESOURCE_ISSUER,
     &PENDING_AUTHORIZATION,
+    &DPOP_KEY,
     &SERVER_SESSION,
     &EVENT_STREAM,
     &EVENT,

@@ -135,7 +135,7 @@ pub use records::{
 };
 pub use secret::Secret;
 pub use stores::{
-    AuthStore, BusMessage, BusRetention, ClientStateStore, EventDurability, EventLog,
+    AuthStore, BusMessage, BusRetention, ClientStateStore, DpopKey, EventDurability, EventLog,
     EventLogConfig, FleetNotice, InstanceLease, InstanceLeases, KeyRing, Liveness,
     MAX_NOTICE_BYTES, MAX_REQUEST_ID, NotificationBus, OwnLease, RefreshLease, RefreshOutcome,
     ResumableOperation, ServerSessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores,

@@ -118,6 +118,14 @@ pub fn all() -> Vec<Sample> {
                        "resource": endpoint, "redirect_uri": null, "extra": null,
                        "created_at": now}),
             ),
+            "dpop_key" => sample(
+                d,
+                &[issuer, endpoint],
+                json!({"key": {"issuer": issuer, "resource": endpoint}, "algorithm": "ES256",
+                       "private_key": "",
+                       "public_jwk": {"kty": "EC", "crv": "P-256", "x": "AQ", "y": "Ag"},
+                       "thumbprint": "jkt-1", "created_at": now}),
+            ),
             "server_session" => sample(
                 d,
                 &["sess-1"],

@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 use super::{Stored, read, write};
 use crate::retry::Backoff;
 use crate::{
-    BoxError, Error, Key, KvStore, PutMode, Result, Version, declare,
+    BoxError, Error, Key, KvStore, PutMode, Result, Secret, Version, declare,
     records::{CredentialKey, Credentials, PendingAuthorization, Record},
     types::{Timestamp, hex, random_token},
 };
@@ -97,6 +97,61 @@ pub(crate) struct ResourceIssuer {
 
 impl Record for ResourceIssuer {
     const DECLARATION: &'static crate::declare::Declaration = &crate::declare::RESOURCE_ISSUER;
+}
+
+/// A client's DPoP key pair (RFC 9449) for one authorization server
+/// (issuer) and resource.
+///
+/// A DPoP-bound access token, and for a public client its refresh token, is
+/// bound to this key: a client that keeps its tokens but loses its key must
+/// authorize again. So the key is created once, with compare-and-swap
+/// ([`AuthStore::create_dpop_key`]: the first writer wins and every process
+/// uses that key), kept beside the credentials and sealed like them when the
+/// store encrypts (its private key is a declared secret field).
+///
+/// Core stores it and does no cryptography: the HTTP layer generates the
+/// pair and signs proofs. `Debug` prints no key material.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DpopKey {
+    /// The issuer and resource the key is used with.
+    pub key: CredentialKey,
+    /// The JWS algorithm of its proofs (`ES256`).
+    pub algorithm: String,
+    /// The private key, in the encoding the signer chose (PKCS#8 DER in
+    /// base64url for `ES256`).
+    pub private_key: Secret,
+    /// The public key as a JWK, without any private member.
+    pub public_jwk: serde_json::Value,
+    /// The RFC 7638 SHA-256 thumbprint of `public_jwk`, base64url: the `jkt`
+    /// that tokens bound to this key carry.
+    pub thumbprint: String,
+    /// When the pair was created.
+    pub created_at: Timestamp,
+}
+
+impl DpopKey {
+    /// A key pair created now for `key`.
+    pub fn new(
+        key: CredentialKey,
+        algorithm: impl Into<String>,
+        private_key: Secret,
+        public_jwk: serde_json::Value,
+        thumbprint: impl Into<String>,
+    ) -> Self {
+        DpopKey {
+            key,
+            algorithm: algorithm.into(),
+            private_key,
+            public_jwk,
+            thumbprint: thumbprint.into(),
+            created_at: Timestamp::now(),
+        }
+    }
+}
+
+impl Record for DpopKey {
+    const DECLARATION: &'static crate::declare::Declaration = &crate::declare::DPOP_KEY;
 }
 
 impl AuthStore {
@@ -373,6 +428,47 @@ impl AuthStore {
             .map(|s: Stored<PendingAuthorization>| s.record))
     }
 
+    /// The DPoP key pair stored for `key`, with its version.
+    ///
+    /// A record that cannot be read (damaged, sealed with a key the ring no
+    /// longer has, written by a newer version) is an error, never `None`: a
+    /// caller that created a new pair instead would orphan every token bound
+    /// to the old one.
+    pub async fn load_dpop_key(&self, key: &CredentialKey) -> Result<Option<Stored<DpopKey>>> {
+        read(
+            &*self.kv,
+            &declare::DPOP_KEY.try_key(&[&key.issuer, &key.resource])?,
+        )
+        .await
+    }
+
+    /// Stores `dpop` as the key pair of its issuer and resource unless one is
+    /// stored already (a compare-and-swap `Create`), and returns the pair in
+    /// force: `dpop` itself, or the one another process stored first. Every
+    /// process sharing the store therefore signs with the same key.
+    pub async fn create_dpop_key(&self, dpop: &DpopKey) -> Result<Stored<DpopKey>> {
+        let key = declare::DPOP_KEY.try_key(&[&dpop.key.issuer, &dpop.key.resource])?;
+        match write(&*self.kv, &key, dpop, PutMode::Create, None).await {
+            Ok(version) => {
+                info!(issuer = %dpop.key.issuer, resource = %dpop.key.resource, "stored a new DPoP key pair");
+                Ok(Stored {
+                    record: dpop.clone(),
+                    version,
+                })
+            }
+            Err(Error::AlreadyExists { .. }) => read(&*self.kv, &key).await?.ok_or_else(|| {
+                Error::NotFound {
+                    what: "DPoP key",
+                    detail: Some(format!(
+                        "created by another process and deleted again, for issuer {} and resource {}",
+                        dpop.key.issuer, dpop.key.resource
+                    )),
+                }
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The name of the backend holding credentials.
     pub fn backend_name(&self) -> &'static str {
         self.kv.backend_name()
@@ -388,6 +484,29 @@ impl AuthStore {
 mod tests {
     use super::*;
     use crate::MemoryStore;
+
+    #[tokio::test]
+    async fn the_first_dpop_key_stored_is_the_one_every_caller_gets() {
+        let store = AuthStore::new(Arc::new(MemoryStore::new()));
+        let key = CredentialKey::new("https://as.example", "https://mcp.example/mcp").unwrap();
+        assert!(store.load_dpop_key(&key).await.unwrap().is_none());
+        let jwk = serde_json::json!({"kty": "EC", "crv": "P-256", "x": "AQ", "y": "Ag"});
+        let first = DpopKey::new(
+            key.clone(),
+            "ES256",
+            Secret::new("first"),
+            jwk.clone(),
+            "t1",
+        );
+        let second = DpopKey::new(key.clone(), "ES256", Secret::new("second"), jwk, "t2");
+        let stored = store.create_dpop_key(&first).await.unwrap();
+        assert_eq!(stored.record, first);
+        let raced = store.create_dpop_key(&second).await.unwrap();
+        assert_eq!(raced.record, first, "the later pair is not stored");
+        let loaded = store.load_dpop_key(&key).await.unwrap().unwrap();
+        assert_eq!(loaded.record.private_key.expose_secret(), "first");
+        assert!(!format!("{loaded:?}").contains("first"));
+    }
 
     #[tokio::test]
     async fn the_issuer_in_force_is_per_resource_and_replaced() {

@@ -12,7 +12,7 @@ use crate::{
     },
     stores::{
         bus::BusMessage,
-        credentials::{LeaseRecord, ResourceIssuer},
+        credentials::{DpopKey, LeaseRecord, ResourceIssuer},
         keys::KeyRing,
         liveness::{Heartbeat, InstanceLease},
         tasks::{InboxRecord, TaskRecord},
@@ -38,6 +38,7 @@ fn decoder(declaration: &Declaration) -> Option<Decoder> {
         entry::<Credentials>(),
         entry::<LeaseRecord>(),
         entry::<ResourceIssuer>(),
+        entry::<DpopKey>(),
         entry::<PendingAuthorization>(),
         entry::<ServerSession>(),
         entry::<EventRecord>(),

@@ -7,7 +7,7 @@
 //! | store | kinds |
 //! |---|---|
 //! | [`ClientStateStore`] | [`SERVER_PROFILE`](crate::declare::SERVER_PROFILE), [`LEGACY_SESSION`](crate::declare::LEGACY_SESSION), [`IN_FLIGHT_REQUEST`](crate::declare::IN_FLIGHT_REQUEST) |
-//! | [`AuthStore`] | [`CREDENTIALS`](crate::declare::CREDENTIALS), [`REFRESH_LEASE`](crate::declare::REFRESH_LEASE), [`RESOURCE_ISSUER`](crate::declare::RESOURCE_ISSUER), [`PENDING_AUTHORIZATION`](crate::declare::PENDING_AUTHORIZATION) |
+//! | [`AuthStore`] | [`CREDENTIALS`](crate::declare::CREDENTIALS), [`REFRESH_LEASE`](crate::declare::REFRESH_LEASE), [`RESOURCE_ISSUER`](crate::declare::RESOURCE_ISSUER), [`PENDING_AUTHORIZATION`](crate::declare::PENDING_AUTHORIZATION), [`DPOP_KEY`](crate::declare::DPOP_KEY) |
 //! | [`ServerSessionStore`] | [`SERVER_SESSION`](crate::declare::SERVER_SESSION) |
 //! | [`EventLog`] | [`EVENT_STREAM`](crate::declare::EVENT_STREAM), [`EVENT`](crate::declare::EVENT) |
 //! | [`SharedKeyStore`] | [`SHARED_KEY_RING`](crate::declare::SHARED_KEY_RING) |
@@ -32,7 +32,7 @@ pub(crate) mod tool_lock;
 pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
 pub use client::{ClientStateStore, MAX_REQUEST_ID};
-pub use credentials::{AuthStore, RefreshLease, RefreshOutcome};
+pub use credentials::{AuthStore, DpopKey, RefreshLease, RefreshOutcome};
 pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};
 pub use keys::{KeyRing, SharedKey, SharedKeyStore};
 pub use liveness::{Heartbeat, InstanceLease, InstanceLeases, Liveness, OwnLease};

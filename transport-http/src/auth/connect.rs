@@ -1,7 +1,7 @@
 //! Loading an authenticated client from the store, and building a durable
 //! transport over it.
 
-use std::{sync::Arc, time::Duration};
+use std::{any::Any, sync::Arc, time::Duration};
 
 use rmcp::transport::{
     AuthClient, AuthorizationManager, auth::AuthorizationMetadata,
@@ -13,7 +13,8 @@ use super::{
     AuthenticatedTransport, DurableAuth, DurableAuthBuild, DurableAuthClient, DurableAuthError,
     discovery::configure,
     oauth,
-    shared::Shared,
+    oauth_http::OAuthHttp,
+    shared::{Shared, is_dpop},
     store::{DurableCredentialStore, DurableStateStore},
 };
 use crate::client::{ClientError, DurableClientBuilder};
@@ -25,9 +26,15 @@ impl DurableAuth {
     /// With stored credentials and metadata this makes no network request:
     /// the stored metadata is installed instead of discovering it again, and
     /// the stored registration (with its secret) configures the client.
+    ///
+    /// MCP requests with a DPoP-bound token go through `http` itself when it
+    /// is a `reqwest::Client`, else through a default one (a nonce arrives
+    /// in a response header that rmcp's client trait does not pass on).
+    /// Stored DPoP-bound credentials whose key cannot be read fail here, with
+    /// [`DurableAuthError::DpopKey`].
     pub async fn connect<C>(&self, http: C) -> Result<DurableAuthClient<C>, DurableAuthError>
     where
-        C: StreamableHttpClient + Sync,
+        C: StreamableHttpClient + Sync + 'static,
     {
         let resource = mcp_persist_core::canonical_url("resource URL", &self.resource)
             .map_err(|source| DurableAuthError::InvalidResource { source })?;
@@ -43,11 +50,47 @@ impl DurableAuth {
             self.pending_ttl,
             issuer.clone(),
         ));
-        let mut manager = if self.allow_private_addresses {
-            AuthorizationManager::new_allowing_private_addresses(self.resource.as_str()).await
-        } else {
-            AuthorizationManager::new(self.resource.as_str()).await
-        }
+        let resource_url =
+            reqwest::Url::parse(&self.resource).map_err(|e| DurableAuthError::InvalidResource {
+                source: mcp_persist_core::Error::invalid("resource URL", e.to_string()),
+            })?;
+        let http_error = |e: reqwest::Error| DurableAuthError::Client {
+            source: ClientError::Http {
+                source: Box::new(e),
+            },
+        };
+        let oauth_http = Arc::new(
+            OAuthHttp::new(
+                &resource_url,
+                self.allow_private_addresses,
+                shared.clone(),
+                self.dpop,
+            )
+            .map_err(http_error)?,
+        );
+        let oauth_http_plain = Arc::new(
+            OAuthHttp::new(
+                &resource_url,
+                self.allow_private_addresses,
+                shared.clone(),
+                false,
+            )
+            .map_err(http_error)?,
+        );
+        let dpop_http = match (&http as &dyn Any).downcast_ref::<reqwest::Client>() {
+            Some(client) => client.clone(),
+            None => reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(http_error)?,
+        };
+        // rmcp's OAuth requests go through this crate's client: the same
+        // address policy as rmcp's own, plus DPoP proofs on token requests.
+        let mut manager = AuthorizationManager::new_with_oauth_http_client(
+            self.resource.as_str(),
+            oauth_http.clone(),
+        )
+        .await
         .map_err(oauth("client setup"))?;
         if !self.refresh_scopes.is_empty() {
             manager.set_refresh_scopes(self.refresh_scopes.iter().cloned());
@@ -83,6 +126,11 @@ impl DurableAuth {
                     }
                 }
                 shared.set_registration(record.client.clone());
+                if is_dpop(&record) {
+                    // Bound tokens need their key: a key that cannot be
+                    // read fails now, not at the first request.
+                    shared.dpop_signer(issuer, false).await?;
+                }
                 if manager
                     .initialize_from_store()
                     .await
@@ -104,6 +152,9 @@ impl DurableAuth {
             shared,
             config: Arc::new(self.clone()),
             refreshing: Arc::new(tokio::sync::Mutex::new(())),
+            oauth_http,
+            oauth_http_plain,
+            dpop_http,
         })
     }
 }

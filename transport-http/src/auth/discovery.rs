@@ -77,6 +77,9 @@ impl<C> DurableAuthClient<C> {
             (Registration::PreRegisteredKey { .. }, _) => {
                 return Err(DurableAuthError::KeyClientNeedsClientCredentials);
             }
+            (Registration::WorkloadIdentity { .. }, _) => {
+                return Err(DurableAuthError::WorkloadIdentityNeedsJwtBearer);
+            }
             (
                 Registration::PreRegistered {
                     issuer: Some(expected),

@@ -13,7 +13,10 @@ use rmcp::{
     },
 };
 
-use super::DurableAuthClient;
+use super::{DurableAuthClient, shared::is_dpop};
+
+/// rmcp's default bound of one SSE event.
+const DEFAULT_MAX_SSE_EVENT_SIZE: usize = 16 * 1024 * 1024;
 
 impl<C> StreamableHttpClient for DurableAuthClient<C>
 where
@@ -29,7 +32,19 @@ where
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
+        if let Some(credentials) = self.ensure_fresh().await.filter(is_dpop) {
+            let limits = StreamableHttpResponseLimits::default();
+            return self
+                .dpop_post(
+                    &credentials,
+                    uri,
+                    message,
+                    session_id,
+                    custom_headers,
+                    limits,
+                )
+                .await;
+        }
         self.inner
             .post_message(uri, message, session_id, auth_header, custom_headers)
             .await
@@ -44,7 +59,20 @@ where
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
+        if let Some(credentials) = self.ensure_fresh().await.filter(is_dpop) {
+            let mut limits = StreamableHttpResponseLimits::default();
+            limits.max_sse_event_size = max_sse_event_size;
+            return self
+                .dpop_post(
+                    &credentials,
+                    uri,
+                    message,
+                    session_id,
+                    custom_headers,
+                    limits,
+                )
+                .await;
+        }
         self.inner
             .post_message_with_max_sse_event_size(
                 uri,
@@ -66,7 +94,18 @@ where
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
+        if let Some(credentials) = self.ensure_fresh().await.filter(is_dpop) {
+            return self
+                .dpop_post(
+                    &credentials,
+                    uri,
+                    message,
+                    session_id,
+                    custom_headers,
+                    limits,
+                )
+                .await;
+        }
         self.inner
             .post_message_with_response_limits(
                 uri,
@@ -86,7 +125,11 @@ where
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<Self::Error>> {
-        self.ensure_fresh().await;
+        if let Some(credentials) = self.ensure_fresh().await.filter(is_dpop) {
+            return self
+                .dpop_delete(&credentials, uri, session_id, custom_headers)
+                .await;
+        }
         self.inner
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await
@@ -103,7 +146,18 @@ where
         futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
         StreamableHttpError<Self::Error>,
     > {
-        self.ensure_fresh().await;
+        if let Some(credentials) = self.ensure_fresh().await.filter(is_dpop) {
+            return self
+                .dpop_get(
+                    &credentials,
+                    uri,
+                    session_id,
+                    last_event_id,
+                    custom_headers,
+                    DEFAULT_MAX_SSE_EVENT_SIZE,
+                )
+                .await;
+        }
         self.inner
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
@@ -121,7 +175,18 @@ where
         futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
         StreamableHttpError<Self::Error>,
     > {
-        self.ensure_fresh().await;
+        if let Some(credentials) = self.ensure_fresh().await.filter(is_dpop) {
+            return self
+                .dpop_get(
+                    &credentials,
+                    uri,
+                    session_id,
+                    last_event_id,
+                    custom_headers,
+                    max_sse_event_size,
+                )
+                .await;
+        }
         self.inner
             .get_stream_with_max_sse_event_size(
                 uri,

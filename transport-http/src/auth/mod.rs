@@ -30,9 +30,44 @@
 //! * **Pending authorizations** (PKCE verifier, `state`, expected issuer)
 //!   are stored for a short TTL (10 minutes by default), under a hash of the
 //!   `state`, and removed once used: a redirect may reach another process.
-//! * **Secrets never print.** Tokens, client secrets and PKCE verifiers are
-//!   core [`Secret`]s; no `Debug`, log line or
+//! * **Secrets never print.** Tokens, client secrets, PKCE verifiers, DPoP
+//!   private keys and proofs, and identity assertions are core [`Secret`]s
+//!   or never leave the request they are made for; no `Debug`, log line or
 //!   error of this module carries their text.
+//!
+//! # DPoP (RFC 9449)
+//!
+//! Where the authorization server advertises `ES256` in
+//! `dpop_signing_alg_values_supported` (and [`DurableAuth::dpop`] is not
+//! turned off), token requests carry a DPoP proof, and the DPoP-bound token
+//! they return is presented with `Authorization: DPoP` and a fresh proof
+//! (`htm`, `htu`, `iat`, `jti`, `ath`) on every MCP request. A public
+//! client's refresh token is bound to the same key, so the key is as durable
+//! as the token: one ES256 key pair per issuer and resource, created once
+//! (compare-and-swap: every process sharing the store signs with the first
+//! one stored) and kept in the credential store, sealed at rest when the
+//! store encrypts. A stored key that cannot be read is
+//! [`DurableAuthError::DpopKey`], never a silent new key that would orphan
+//! the refresh token. A server's `DPoP-Nonce` is kept per origin (in
+//! memory), and a `use_dpop_nonce` refusal is retried once with it. The
+//! shared refresh works as for bearer tokens, the proof signed with the
+//! stored key.
+//!
+//! # Grants without a user
+//!
+//! * [`DurableAuthClient::authorize_client_credentials`] lets the client act
+//!   on its own behalf (SEP-1046).
+//! * [`DurableAuthClient::authorize_workload_identity`] lets a workload present
+//!   the JWT its platform issued ([`AssertionSource`], a file or a callback)
+//!   with the JWT-bearer grant (SEP-1933); the token is renewed with a fresh
+//!   assertion when it nears expiry, once across processes.
+//! * [`DurableAuthClient::authorize_enterprise`] runs enterprise-managed
+//!   authorization (SEP-990): the user's assertion at the enterprise identity
+//!   provider is exchanged for an ID-JAG and redeemed at the MCP server's
+//!   authorization server ([`EnterpriseIdentity`]).
+//!
+//! Every grant's tokens and their expiry are stored by issuer and resource
+//! alike, so a restarted process uses them without asking again.
 //!
 //! # How rmcp's unkeyed credential slot is mapped
 //!
@@ -90,16 +125,23 @@
 //! # fn read_redirect_from_the_browser() -> String { String::new() }
 //! ```
 
+mod address;
 mod challenge;
 mod client_credentials;
 mod code_flow;
 mod connect;
 mod discovery;
+mod dpop;
+mod dpop_http;
+mod enterprise;
 mod http;
 mod lease;
+mod oauth_http;
 mod refresh;
 mod shared;
 mod store;
+mod token;
+mod workload;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -110,8 +152,11 @@ use tracing::warn;
 use self::shared::Shared;
 pub use self::{
     challenge::auth_challenge,
+    dpop::DpopKeyProblem,
+    enterprise::EnterpriseIdentity,
     shared::UNNAMED_ISSUER,
     store::{DurableCredentialStore, DurableStateStore},
+    workload::AssertionSource,
 };
 use crate::client::{ClientError, ClientHandle, DurableTransport};
 
@@ -180,6 +225,19 @@ pub enum Registration {
         algorithm: JwtSigningAlgorithm,
         /// The issuer the registration belongs to; when set, the client
         /// refuses to present it to any other authorization server.
+        issuer: Option<String>,
+    },
+    /// A workload that proves its identity with a JWT its platform issues
+    /// (SEP-1933): the JWT-bearer grant
+    /// ([`DurableAuthClient::authorize_workload_identity`]).
+    WorkloadIdentity {
+        /// The client id sent with the grant, where the authorization server
+        /// knows the workload by one.
+        client_id: Option<String>,
+        /// Where each fresh assertion comes from.
+        assertion: AssertionSource,
+        /// The issuer the workload is trusted by; when set, no other
+        /// authorization server gets its assertions.
         issuer: Option<String>,
     },
     /// A client id metadata document (its HTTPS URL is the client id), used
@@ -253,6 +311,79 @@ pub enum DurableAuthError {
         "a client registered with a signing key uses the client-credentials grant; call authorize_client_credentials"
     )]
     KeyClientNeedsClientCredentials,
+    /// The stored DPoP key pair of an issuer and resource cannot be used.
+    /// Tokens bound to it (a public client's refresh token too) are useless
+    /// without it, so no new key is made in its place: restore the record
+    /// (or the sealing key that opens it), or delete both the credentials
+    /// and the key record (`mcp-persist check` names a damaged one,
+    /// `mcp-persist rm` deletes it) and authorize again.
+    #[error("the DPoP key for issuer {issuer} and resource {resource} {problem}")]
+    DpopKey {
+        /// The issuer.
+        issuer: String,
+        /// The resource.
+        resource: String,
+        /// What is wrong with it.
+        problem: DpopKeyProblem,
+        /// The store's error, when reading failed.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The workload's assertion source failed or gave nothing.
+    #[error("the workload identity assertion could not be obtained")]
+    Assertion {
+        /// Its error.
+        #[source]
+        source: BoxError,
+    },
+    /// [`DurableAuthClient::authorize_workload_identity`] needs
+    /// [`Registration::WorkloadIdentity`].
+    #[error(
+        "the JWT-bearer grant needs a workload identity; configure Registration::WorkloadIdentity"
+    )]
+    NotWorkloadIdentity,
+    /// A workload identity authorizes only with the JWT-bearer grant; use
+    /// [`DurableAuthClient::authorize_workload_identity`].
+    #[error("a workload identity uses the JWT-bearer grant; call authorize_workload_identity")]
+    WorkloadIdentityNeedsJwtBearer,
+    /// The authorization server refused a token request of this crate's own
+    /// grants (it is not retried).
+    #[error("the {grant} token request was refused with HTTP {status}{}", error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    TokenRequest {
+        /// The grant type.
+        grant: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The OAuth error code, when the response had one.
+        error: Option<String>,
+    },
+    /// A token request of this crate's own grants did not get an answer.
+    #[error("the {grant} token request failed")]
+    TokenTransport {
+        /// The grant type.
+        grant: &'static str,
+        /// The HTTP client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The authorization server's metadata names no token endpoint.
+    #[error("the authorization server's metadata names no usable token endpoint")]
+    NoTokenEndpoint,
+    /// Enterprise-managed authorization needs a client registered beforehand
+    /// with the resource's authorization server
+    /// ([`DurableAuth::pre_registered`]).
+    #[error(
+        "enterprise-managed authorization needs a pre-registered client; configure DurableAuth::pre_registered"
+    )]
+    EnterpriseNeedsPreRegisteredClient,
+    /// An exchange of enterprise-managed authorization failed (rmcp's
+    /// sanitized error: no token or response body in it).
+    #[error("enterprise-managed authorization failed")]
+    Enterprise {
+        /// rmcp's error.
+        #[source]
+        source: rmcp::transport::auth::enterprise::EmaError,
+    },
     /// Building the transport failed.
     #[error("building the durable transport failed")]
     Client {
@@ -282,6 +413,7 @@ pub struct DurableAuth {
     lease_ttl: Duration,
     pending_ttl: Duration,
     allow_private_addresses: bool,
+    dpop: bool,
 }
 
 impl DurableAuth {
@@ -301,6 +433,7 @@ impl DurableAuth {
             lease_ttl: DEFAULT_LEASE_TTL,
             pending_ttl: DEFAULT_PENDING_TTL,
             allow_private_addresses: false,
+            dpop: true,
         }
     }
 
@@ -370,9 +503,23 @@ impl DurableAuth {
         self
     }
 
-    /// Lets discovered metadata name hosts at private addresses (an
-    /// authorization server on a corporate network); see rmcp's
-    /// `AuthorizationManager::new_allowing_private_addresses`.
+    /// Whether token requests carry DPoP proofs (RFC 9449) where the
+    /// authorization server advertises DPoP with `ES256` (on by default).
+    /// Off, the client asks for bearer tokens; a DPoP-bound credential
+    /// already stored is still presented and refreshed with its stored key.
+    pub fn dpop(mut self, enabled: bool) -> Self {
+        self.dpop = enabled;
+        self
+    }
+
+    /// Lets discovered metadata name hosts that resolve to private addresses
+    /// (an authorization server on a corporate network, such as `sso.corp`
+    /// at `10.0.0.9`); loopback still needs a loopback resource URL, and
+    /// link-local and reserved addresses stay refused. The OAuth requests go
+    /// through this crate's client (it signs DPoP proofs), and rmcp 3.11
+    /// offers no way to pass this choice to its discovery's host check with
+    /// such a client: an authorization server named by a private IP literal
+    /// (`https://10.0.0.9/`) is refused even so; name it by a host name.
     pub fn allow_private_addresses(mut self, allow: bool) -> Self {
         self.allow_private_addresses = allow;
         self
@@ -387,6 +534,14 @@ pub struct DurableAuthClient<C> {
     shared: Arc<Shared>,
     config: Arc<DurableAuth>,
     refreshing: Arc<tokio::sync::Mutex<()>>,
+    /// OAuth requests: rmcp's and this crate's (DPoP as configured).
+    oauth_http: Arc<oauth_http::OAuthHttp>,
+    /// OAuth requests that must not carry DPoP proofs (rmcp's
+    /// enterprise-managed exchanges expect bearer tokens).
+    oauth_http_plain: Arc<oauth_http::OAuthHttp>,
+    /// MCP requests with a DPoP-bound token (they need the response
+    /// headers that rmcp's clients do not pass on).
+    dpop_http: reqwest::Client,
 }
 
 impl<C: Clone> Clone for DurableAuthClient<C> {
@@ -396,6 +551,9 @@ impl<C: Clone> Clone for DurableAuthClient<C> {
             shared: self.shared.clone(),
             config: self.config.clone(),
             refreshing: self.refreshing.clone(),
+            oauth_http: self.oauth_http.clone(),
+            oauth_http_plain: self.oauth_http_plain.clone(),
+            dpop_http: self.dpop_http.clone(),
         }
     }
 }
@@ -418,6 +576,22 @@ impl<C> DurableAuthClient<C> {
     /// The issuer whose credentials are in force, if any.
     pub fn issuer(&self) -> Option<String> {
         self.shared.issuer()
+    }
+
+    /// The RFC 7638 thumbprint (the `jkt` bound tokens carry) of the DPoP
+    /// key pair stored for the issuer in force, if one is.
+    pub async fn dpop_thumbprint(&self) -> Result<Option<String>, DurableAuthError> {
+        let Some(issuer) = self.shared.issuer() else {
+            return Ok(None);
+        };
+        match self.shared.dpop_signer(&issuer, false).await {
+            Ok(signer) => Ok(Some(signer.thumbprint().to_owned())),
+            Err(DurableAuthError::DpopKey {
+                problem: DpopKeyProblem::Missing,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether usable credentials are stored for the issuer in force: an

@@ -7,7 +7,7 @@ use std::time::Duration;
 use mcp_persist_core::{BoxError, Credentials, RefreshOutcome};
 use tracing::{info, warn};
 
-use super::{DurableAuthClient, REFRESH_MARGIN};
+use super::{DurableAuthClient, REFRESH_MARGIN, Registration, workload::workload_grant};
 
 /// The margin before expiry at which `credentials` are refreshed:
 /// [`REFRESH_MARGIN`], or half the token's lifetime when that is shorter.
@@ -25,33 +25,43 @@ pub(super) fn refresh_margin(credentials: &Credentials) -> Duration {
 
 impl<C> DurableAuthClient<C> {
     /// Refreshes an expiring stored token once across every process sharing
-    /// the store, before rmcp reads it. Failures are logged and left to
-    /// rmcp's own refresh.
-    pub(super) async fn ensure_fresh(&self) {
-        let Some(issuer) = self.shared.issuer() else {
-            return;
-        };
-        let Ok(key) = self.shared.key(&issuer) else {
-            return;
-        };
+    /// the store, before rmcp reads it, and returns the credentials in force
+    /// afterwards (the refreshed ones, or the stored ones when no refresh
+    /// was due or it failed). A refresh token is spent through rmcp; a
+    /// workload identity gets a new token with a fresh assertion. Failures
+    /// are logged and left to rmcp's own refresh.
+    pub(super) async fn ensure_fresh(&self) -> Option<Credentials> {
+        let issuer = self.shared.issuer()?;
+        let key = self.shared.key(&issuer).ok()?;
         let _one_task = self.refreshing.lock().await;
         let current = match self.shared.store.load(&key).await {
             Ok(Some(c)) => c,
-            Ok(None) => return,
+            Ok(None) => return None,
             Err(e) => {
                 warn!(error = %e, "reading stored credentials failed");
-                return;
+                return None;
             }
         };
-        if current.record.refresh_token.is_none()
+        let workload = match &self.config.registration {
+            Registration::WorkloadIdentity {
+                client_id,
+                assertion,
+                ..
+            } => Some((client_id.clone(), assertion.clone())),
+            _ => None,
+        };
+        let renewable = current.record.refresh_token.is_some() || workload.is_some();
+        if !renewable
             || !current
                 .record
                 .expires_within(refresh_margin(&current.record))
         {
-            return;
+            return Some(current.record);
         }
         let manager = self.inner.auth_manager.clone();
         let shared = self.shared.clone();
+        let oauth_http = self.oauth_http.clone();
+        let refresh_issuer = issuer.clone();
         let outcome = self
             .shared
             .store
@@ -60,6 +70,20 @@ impl<C> DurableAuthClient<C> {
                 current.version,
                 self.shared.lease_ttl,
                 |previous| async move {
+                    if previous.refresh_token.is_none()
+                        && let Some((client_id, assertion)) = workload
+                    {
+                        return workload_grant(
+                            &oauth_http,
+                            &shared,
+                            &refresh_issuer,
+                            client_id.as_deref(),
+                            &assertion,
+                            &previous.scopes,
+                        )
+                        .await
+                        .map_err(|e| Box::new(e) as BoxError);
+                    }
                     let manager = manager.lock().await;
                     shared.begin_capture();
                     let result = manager.refresh_token().await;
@@ -77,15 +101,18 @@ impl<C> DurableAuthClient<C> {
             )
             .await;
         match outcome {
-            Ok(RefreshOutcome::Refreshed(_)) => {
+            Ok(RefreshOutcome::Refreshed(stored)) => {
                 info!(issuer = %issuer, "refresh won: this process refreshed and stored the rotated token");
+                Some(stored.record)
             }
-            Ok(RefreshOutcome::RefreshedByOther(_)) => {
+            Ok(RefreshOutcome::RefreshedByOther(stored)) => {
                 info!(issuer = %issuer, "refresh lost or waited: using the token another process stored");
+                Some(stored.record)
             }
-            Ok(_) => {}
+            Ok(_) => Some(current.record),
             Err(e) => {
-                warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own")
+                warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own");
+                Some(current.record)
             }
         }
     }

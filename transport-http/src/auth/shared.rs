@@ -4,7 +4,8 @@
 //! credentials and core's.
 
 use std::{
-    sync::{Mutex, MutexGuard},
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -14,7 +15,12 @@ use mcp_persist_core::{
 };
 use rmcp::transport::auth::{AuthError, StoredCredentials};
 use serde_json::{Value, json};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
+
+use super::{
+    DurableAuthError,
+    dpop::{DpopKeyProblem, DpopSigner, ES256, Nonces},
+};
 
 /// The issuer recorded for credentials from an authorization server whose
 /// metadata names none (a pre-2025 server reached through fallback URLs).
@@ -28,6 +34,10 @@ pub(crate) struct Shared {
     pub(crate) resource: String,
     pub(crate) lease_ttl: Duration,
     pub(crate) pending_ttl: Duration,
+    /// The latest `DPoP-Nonce` of every origin this client talked to.
+    pub(crate) nonces: Nonces,
+    /// DPoP signers already loaded, by issuer.
+    signers: Mutex<HashMap<String, Arc<DpopSigner>>>,
     state: Mutex<State>,
 }
 
@@ -73,6 +83,8 @@ impl Shared {
             resource,
             lease_ttl,
             pending_ttl,
+            nonces: Nonces::default(),
+            signers: Mutex::default(),
             state: Mutex::new(State {
                 issuer,
                 ..State::default()
@@ -126,6 +138,139 @@ impl Shared {
 
     pub(crate) fn set_metadata(&self, metadata: Value) {
         self.state().metadata = Some(metadata);
+    }
+
+    /// The authorization server metadata of the issuer in force, as
+    /// discovered or stored.
+    pub(crate) fn metadata(&self) -> Option<Value> {
+        self.state().metadata.clone()
+    }
+
+    /// The token endpoint of the issuer in force.
+    pub(crate) fn token_endpoint(&self) -> Option<String> {
+        self.state()
+            .metadata
+            .as_ref()?
+            .get("token_endpoint")?
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Whether the metadata of the issuer in force advertises DPoP with
+    /// `ES256` (`dpop_signing_alg_values_supported`, RFC 9449 section 5.1).
+    pub(crate) fn dpop_supported(&self) -> bool {
+        self.state()
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get("dpop_signing_alg_values_supported"))
+            .and_then(Value::as_array)
+            .is_some_and(|algs| algs.iter().any(|a| a.as_str() == Some(ES256)))
+    }
+
+    /// The DPoP signer of `issuer` for this resource: loaded once from the
+    /// store, or, with `create` and none stored, created and stored (the
+    /// first process to store one wins; every other uses that one).
+    ///
+    /// A stored key that cannot be read or used is an error, never replaced:
+    /// a new key would orphan every token bound to the old one.
+    pub(crate) async fn dpop_signer(
+        &self,
+        issuer: &str,
+        create: bool,
+    ) -> Result<Arc<DpopSigner>, DurableAuthError> {
+        if let Some(signer) = self
+            .signers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(issuer)
+        {
+            return Ok(signer.clone());
+        }
+        let key = self
+            .key(issuer)
+            .map_err(|source| DurableAuthError::Store { source })?;
+        let problem =
+            |problem: DpopKeyProblem, source: Option<StoreError>| DurableAuthError::DpopKey {
+                issuer: issuer.to_owned(),
+                resource: self.resource.clone(),
+                problem,
+                source: source.map(|e| Box::new(e) as mcp_persist_core::BoxError),
+            };
+        let stored = match self.store.load_dpop_key(&key).await {
+            Ok(stored) => stored,
+            // The record is there and is not a usable key record.
+            Err(
+                e @ (StoreError::Corrupt { .. }
+                | StoreError::NewerSchema { .. }
+                | StoreError::Sealing { .. }),
+            ) => return Err(problem(DpopKeyProblem::Unreadable, Some(e))),
+            // The store could not answer (down, timed out): try again later.
+            Err(source) => return Err(DurableAuthError::Store { source }),
+        };
+        let signer = match stored {
+            Some(stored) => {
+                DpopSigner::from_record(&stored.record).map_err(|p| problem(p, None))?
+            }
+            None if !create => return Err(problem(DpopKeyProblem::Missing, None)),
+            None => {
+                let (_, record) = DpopSigner::generate(&key).map_err(|p| problem(p, None))?;
+                let winner = self
+                    .store
+                    .create_dpop_key(&record)
+                    .await
+                    .map_err(|source| DurableAuthError::Store { source })?;
+                DpopSigner::from_record(&winner.record).map_err(|p| problem(p, None))?
+            }
+        };
+        let signer = Arc::new(signer);
+        debug!(issuer, jkt = signer.thumbprint(), "DPoP key ready");
+        self.signers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(issuer.to_owned(), signer.clone());
+        Ok(signer)
+    }
+
+    /// The signer for a token request of grant `grant` to the issuer in
+    /// force, or `None` when it goes without a proof: DPoP is used when
+    /// `enabled` and the issuer advertises it, and always when a DPoP-bound
+    /// refresh token is spent (its key must then exist).
+    pub(crate) async fn token_request_signer(
+        &self,
+        grant: &str,
+        enabled: bool,
+    ) -> Result<Option<Arc<DpopSigner>>, DurableAuthError> {
+        let Some(issuer) = self.issuer() else {
+            return Ok(None);
+        };
+        let bound = if grant == "refresh_token" {
+            let key = self
+                .key(&issuer)
+                .map_err(|source| DurableAuthError::Store { source })?;
+            self.store
+                .load(&key)
+                .await
+                .map_err(|source| DurableAuthError::Store { source })?
+                .is_some_and(|c| is_dpop(&c.record))
+        } else {
+            false
+        };
+        if bound {
+            return self.dpop_signer(&issuer, false).await.map(Some);
+        }
+        if enabled && self.dpop_supported() {
+            return self.dpop_signer(&issuer, true).await.map(Some);
+        }
+        if enabled
+            && let Some(algs) = self
+                .state()
+                .metadata
+                .as_ref()
+                .and_then(|m| m.get("dpop_signing_alg_values_supported"))
+        {
+            warn!(issuer, advertised = %algs, "the authorization server does not offer ES256 for DPoP; requesting a bearer token");
+        }
+        Ok(None)
     }
 
     /// The version `load` last returned (for the compare-and-swap of a
@@ -216,6 +361,7 @@ impl Shared {
         }
         .or_else(|| previous.and_then(|p| p.server_metadata.clone()));
         let token_type = match text("token_type") {
+            Some(t) if t.eq_ignore_ascii_case("dpop") => DPOP.to_owned(),
             Some(t) if !t.eq_ignore_ascii_case("bearer") => t,
             _ => "Bearer".to_owned(),
         };
@@ -229,6 +375,14 @@ impl Shared {
                 .with_obtained_at(Timestamp::from_unix_millis(received * 1000)),
         ))
     }
+}
+
+/// The token type of DPoP-bound tokens (RFC 9449 section 5).
+pub(crate) const DPOP: &str = "DPoP";
+
+/// Whether `credentials` hold a DPoP-bound access token.
+pub(crate) fn is_dpop(credentials: &Credentials) -> bool {
+    credentials.token_type.eq_ignore_ascii_case(DPOP)
 }
 
 fn is_https(s: &str) -> bool {

@@ -11,7 +11,7 @@ use std::{
     collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -80,6 +80,29 @@ pub struct AuthServer {
     pub secrets: Mutex<Vec<String>>,
     /// Client ids presented at its authorization and token endpoints.
     pub client_ids_seen: Mutex<Vec<String>>,
+    /// Whether it advertises DPoP (`ES256`) and issues DPoP-bound tokens to
+    /// token requests with a valid proof.
+    pub dpop: AtomicBool,
+    /// Whether its token endpoint requires its nonce in proofs.
+    pub require_nonce: AtomicBool,
+    /// Authorization requests it received.
+    pub authorizations: AtomicUsize,
+    /// The `jkt` of every valid proof of a token request, in order.
+    pub proof_jkts: Mutex<Vec<String>>,
+    /// Token -> the `jkt` it is bound to (access and refresh tokens).
+    pub bound: Mutex<HashMap<String, String>>,
+    /// Nonce challenges it sent.
+    pub nonce_challenges: AtomicUsize,
+    /// Assertions it accepts with the JWT-bearer grant.
+    pub assertions: Mutex<HashSet<String>>,
+    /// JWT-bearer grants it answered with a token.
+    pub jwt_bearer: AtomicUsize,
+    /// Playing an enterprise identity provider: the ID tokens whose owner
+    /// it trades for an ID-JAG (token exchange, SEP-990), and the client id
+    /// at the resource's authorization server its ID-JAGs name.
+    id_tokens: Mutex<HashMap<String, String>>,
+    /// ID-JAGs it issued.
+    pub token_exchanges: AtomicUsize,
 }
 
 impl AuthServer {
@@ -106,6 +129,138 @@ impl AuthServer {
     pub fn is_live_refresh_token(&self, token: &str) -> bool {
         self.live_refresh.lock().unwrap().contains_key(token)
     }
+    pub fn authorizations(&self) -> usize {
+        self.authorizations.load(Ordering::SeqCst)
+    }
+    pub fn code_exchanges(&self) -> usize {
+        self.code_exchanges.load(Ordering::SeqCst)
+    }
+    pub fn jwt_bearer_grants(&self) -> usize {
+        self.jwt_bearer.load(Ordering::SeqCst)
+    }
+    /// Plays an enterprise identity provider for `id_token`: trades it for
+    /// an ID-JAG naming `client_id` (the client at the authorization server
+    /// the exchange names), which this server then accepts as a JWT-bearer
+    /// assertion.
+    pub fn accept_id_token(&self, id_token: &str, client_id: &str) {
+        self.id_tokens
+            .lock()
+            .unwrap()
+            .insert(id_token.to_owned(), client_id.to_owned());
+        self.secrets.lock().unwrap().push(id_token.to_owned());
+    }
+    pub fn token_exchanges(&self) -> usize {
+        self.token_exchanges.load(Ordering::SeqCst)
+    }
+    /// A workload assertion it accepts from now on (and counts as a secret).
+    pub fn accept_assertion(&self, assertion: &str) {
+        self.assertions.lock().unwrap().insert(assertion.to_owned());
+        self.secrets.lock().unwrap().push(assertion.to_owned());
+    }
+}
+
+/// The issuer of the enterprise identity provider the test authorization
+/// servers play (`AuthServer::accept_id_token`).
+pub const IDP_ISSUER: &str = "http://127.0.0.1:9/idp";
+
+/// The nonce the test authorization servers ask DPoP proofs for.
+pub const AS_NONCE: &str = "as-nonce-1";
+/// The nonce the test MCP server asks DPoP proofs for.
+pub const RS_NONCE: &str = "rs-nonce-1";
+
+fn b64url_decode(s: &str) -> Option<Vec<u8>> {
+    base64_decode(&s.replace('-', "+").replace('_', "/"))
+}
+
+fn b64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n =
+            chunk.iter().fold(0u32, |acc, b| (acc << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A verified DPoP proof.
+pub struct Proof {
+    pub jkt: String,
+    pub claims: Value,
+}
+
+/// Verifies a DPoP proof as RFC 9449 section 4.3 says: the header (`typ`,
+/// `alg`, a public `jwk`), the ES256 signature with that key, `htm`, `htu`
+/// (without query), a recent `iat`, a `jti`, and with `access_token` its
+/// `ath`.
+pub fn verify_proof(
+    proof: &str,
+    method: &str,
+    url: &str,
+    access_token: Option<&str>,
+) -> Result<Proof, String> {
+    let parts: Vec<&str> = proof.split('.').collect();
+    let [header, payload, signature] = parts[..] else {
+        return Err("not a compact JWS".into());
+    };
+    let decode = |p: &str| -> Result<Value, String> {
+        serde_json::from_slice(&b64url_decode(p).ok_or("bad base64url")?).map_err(|e| e.to_string())
+    };
+    let (h, claims) = (decode(header)?, decode(payload)?);
+    if h["typ"] != "dpop+jwt" || h["alg"] != "ES256" {
+        return Err(format!("bad header {h}"));
+    }
+    let jwk = &h["jwk"];
+    if jwk.get("d").is_some() {
+        return Err("private key in the header".into());
+    }
+    let coordinate =
+        |c: &str| b64url_decode(jwk[c].as_str().unwrap_or_default()).unwrap_or_default();
+    let point = [&[4u8][..], &coordinate("x"), &coordinate("y")].concat();
+    let key = aws_lc_rs::signature::UnparsedPublicKey::new(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED,
+        point,
+    );
+    let signature = b64url_decode(signature).ok_or("bad signature encoding")?;
+    key.verify(format!("{header}.{payload}").as_bytes(), &signature)
+        .map_err(|_| "the signature does not verify".to_owned())?;
+    let htu = reqwest::Url::parse(url).map(|mut u| {
+        u.set_query(None);
+        u.to_string()
+    });
+    if claims["htm"] != method || claims["htu"].as_str() != htu.as_deref().ok() {
+        return Err(format!("htm/htu mismatch: {claims}"));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    if claims["jti"].as_str().is_none_or(str::is_empty)
+        || (claims["iat"].as_i64().unwrap_or(0) - now).abs() > 60
+    {
+        return Err(format!("bad jti or iat: {claims}"));
+    }
+    if let Some(token) = access_token {
+        use sha2::Digest;
+        if claims["ath"].as_str() != Some(b64url(&sha2::Sha256::digest(token.as_bytes())).as_str())
+        {
+            return Err("ath does not match the token".into());
+        }
+    }
+    let canonical = format!(
+        r#"{{"crv":"{}","kty":"{}","x":"{}","y":"{}"}}"#,
+        jwk["crv"].as_str().unwrap_or_default(),
+        jwk["kty"].as_str().unwrap_or_default(),
+        jwk["x"].as_str().unwrap_or_default(),
+        jwk["y"].as_str().unwrap_or_default()
+    );
+    use sha2::Digest;
+    Ok(Proof {
+        jkt: b64url(&sha2::Sha256::digest(canonical.as_bytes())),
+        claims,
+    })
 }
 
 /// What the MCP server saw.
@@ -117,6 +272,16 @@ pub struct McpStats {
     /// Method, path and whether a bearer was sent, of every refused request.
     pub refused: Mutex<Vec<String>>,
     pub tool_calls: AtomicUsize,
+    /// The `jkt` of every valid DPoP proof of an authorized request.
+    pub proof_jkts: Mutex<Vec<String>>,
+    /// Every proof jti seen (a replayed one is refused).
+    pub jtis: Mutex<HashSet<String>>,
+    /// Nonce challenges it sent.
+    pub nonce_challenges: AtomicUsize,
+    /// Whether it requires its nonce in proofs.
+    pub require_nonce: AtomicBool,
+    /// Every proof it received (secrets for the log test).
+    pub proofs: Mutex<Vec<String>>,
 }
 
 pub struct World {
@@ -138,11 +303,13 @@ impl World {
     pub fn auth(&self, i: usize) -> &AuthServer {
         &self.servers[i]
     }
-    /// Every secret any authorization server issued or received.
+    /// Every secret any authorization server issued or received, and every
+    /// DPoP proof the MCP server received.
     pub fn secrets(&self) -> Vec<String> {
         self.servers
             .iter()
             .flat_map(|s| s.secrets.lock().unwrap().clone())
+            .chain(self.mcp.proofs.lock().unwrap().clone())
             .collect()
     }
     /// Makes the MCP server name authorization server `i` from now on; it
@@ -171,19 +338,21 @@ fn pairs(s: &str) -> HashMap<String, String> {
 async fn metadata(State(s): State<Arc<AuthServer>>) -> Response {
     s.requests.fetch_add(1, Ordering::SeqCst);
     let i = &s.issuer;
-    json_response(
-        StatusCode::OK,
-        json!({
-            "issuer": i,
-            "authorization_endpoint": format!("{i}/authorize"),
-            "token_endpoint": format!("{i}/token"),
-            "registration_endpoint": format!("{i}/register"),
-            "response_types_supported": ["code"],
-            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
-            "code_challenge_methods_supported": ["S256"],
-            "token_endpoint_auth_methods_supported": ["client_secret_basic"],
-        }),
-    )
+    let mut body = json!({
+        "issuer": i,
+        "authorization_endpoint": format!("{i}/authorize"),
+        "token_endpoint": format!("{i}/token"),
+        "registration_endpoint": format!("{i}/register"),
+        "response_types_supported": ["code"],
+        "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials",
+            "urn:ietf:params:oauth:grant-type:jwt-bearer"],
+        "code_challenge_methods_supported": ["S256"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "none"],
+    });
+    if s.dpop.load(Ordering::SeqCst) {
+        body["dpop_signing_alg_values_supported"] = json!(["ES256"]);
+    }
+    json_response(StatusCode::OK, body)
 }
 
 async fn register(State(s): State<Arc<AuthServer>>, body: String) -> Response {
@@ -208,6 +377,7 @@ async fn register(State(s): State<Arc<AuthServer>>, body: String) -> Response {
 
 async fn authorize(State(s): State<Arc<AuthServer>>, uri: Uri) -> Response {
     s.requests.fetch_add(1, Ordering::SeqCst);
+    s.authorizations.fetch_add(1, Ordering::SeqCst);
     let q = pairs(uri.query().unwrap_or(""));
     let client_id = q.get("client_id").cloned().unwrap_or_default();
     s.client_ids_seen.lock().unwrap().push(client_id.clone());
@@ -283,6 +453,95 @@ fn issue(s: &AuthServer, client_id: &str) -> (String, String) {
 async fn token(State(s): State<Arc<AuthServer>>, headers: HeaderMap, body: String) -> Response {
     s.requests.fetch_add(1, Ordering::SeqCst);
     let form = pairs(&body);
+    // DPoP: a valid proof binds the tokens issued to its key.
+    let mut jkt = None;
+    if s.dpop.load(Ordering::SeqCst)
+        && let Some(proof) = headers.get("dpop").and_then(|v| v.to_str().ok())
+    {
+        s.secrets.lock().unwrap().push(proof.to_owned());
+        let verified = match verify_proof(proof, "POST", &format!("{}/token", s.issuer), None) {
+            Ok(p) => p,
+            Err(e) => {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": "invalid_dpop_proof", "error_description": e}),
+                );
+            }
+        };
+        if s.require_nonce.load(Ordering::SeqCst) && verified.claims["nonce"] != AS_NONCE {
+            s.nonce_challenges.fetch_add(1, Ordering::SeqCst);
+            return Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("DPoP-Nonce", AS_NONCE)
+                .body(Body::from(json!({"error": "use_dpop_nonce"}).to_string()))
+                .unwrap();
+        }
+        s.proof_jkts.lock().unwrap().push(verified.jkt.clone());
+        jkt = Some(verified.jkt);
+    }
+    let token_type = if jkt.is_some() { "DPoP" } else { "Bearer" };
+    if form.get("grant_type").map(String::as_str)
+        == Some("urn:ietf:params:oauth:grant-type:token-exchange")
+    {
+        // The enterprise identity provider's side: an ID-JAG for the
+        // authorization server and resource the request names.
+        let subject = form.get("subject_token").cloned().unwrap_or_default();
+        let Some(client_id) = s.id_tokens.lock().unwrap().get(&subject).cloned() else {
+            return json_response(StatusCode::BAD_REQUEST, json!({"error": "invalid_grant"}));
+        };
+        s.token_exchanges.fetch_add(1, Ordering::SeqCst);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut claims = json!({
+            "iss": IDP_ISSUER, "aud": form.get("audience"), "sub": "user-1",
+            "client_id": client_id, "jti": unique("jag"), "iat": now, "exp": now + 300,
+            "resource": form.get("resource"),
+        });
+        if let Some(scope) = form.get("scope") {
+            claims["scope"] = json!(scope);
+        }
+        let header = json!({"alg": "ES256", "typ": "oauth-id-jag+jwt"});
+        let jag = format!(
+            "{}.{}.{}",
+            b64url(header.to_string().as_bytes()),
+            b64url(claims.to_string().as_bytes()),
+            b64url(b"test-signature")
+        );
+        s.assertions.lock().unwrap().insert(jag.clone());
+        s.secrets.lock().unwrap().push(jag.clone());
+        return json_response(
+            StatusCode::OK,
+            json!({
+                "access_token": jag,
+                "issued_token_type": "urn:ietf:params:oauth:token-type:id-jag",
+                "token_type": "N_A",
+            }),
+        );
+    }
+    if form.get("grant_type").map(String::as_str)
+        == Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
+    {
+        let assertion = form.get("assertion").cloned().unwrap_or_default();
+        if !s.assertions.lock().unwrap().contains(&assertion) {
+            return json_response(StatusCode::BAD_REQUEST, json!({"error": "invalid_grant"}));
+        }
+        s.jwt_bearer.fetch_add(1, Ordering::SeqCst);
+        let (access, _) = issue(&s, "workload");
+        if let Some(jkt) = &jkt {
+            s.bound.lock().unwrap().insert(access.clone(), jkt.clone());
+        }
+        return json_response(
+            StatusCode::OK,
+            json!({
+                "access_token": access,
+                "token_type": token_type,
+                "expires_in": s.expires_in.load(Ordering::SeqCst),
+            }),
+        );
+    }
     let Some((client_id, secret)) = basic_client(&headers) else {
         return json_response(StatusCode::UNAUTHORIZED, json!({"error": "invalid_client"}));
     };
@@ -311,6 +570,15 @@ async fn token(State(s): State<Arc<AuthServer>>, headers: HeaderMap, body: Strin
         }
         Some("refresh_token") => {
             let presented = form.get("refresh_token").cloned().unwrap_or_default();
+            // A bound refresh token works only with a proof of its key.
+            let bound_to = s.bound.lock().unwrap().get(&presented).cloned();
+            if bound_to.is_some() && bound_to != jkt {
+                s.rejected_refreshes.fetch_add(1, Ordering::SeqCst);
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    json!({"error": "invalid_grant", "error_description": "wrong DPoP key"}),
+                );
+            }
             // Rotation: a refresh token works once.
             let owner = s.live_refresh.lock().unwrap().remove(&presented);
             if owner.as_deref() != Some(client_id.as_str()) {
@@ -353,11 +621,16 @@ async fn token(State(s): State<Arc<AuthServer>>, headers: HeaderMap, body: Strin
             );
         }
     };
+    if let Some(jkt) = &jkt {
+        let mut bound = s.bound.lock().unwrap();
+        bound.insert(access.clone(), jkt.clone());
+        bound.insert(refresh.clone(), jkt.clone());
+    }
     json_response(
         StatusCode::OK,
         json!({
             "access_token": access,
-            "token_type": "Bearer",
+            "token_type": token_type,
             "expires_in": expires_in,
             "refresh_token": refresh,
             "scope": "mcp",
@@ -430,6 +703,73 @@ struct Guard {
     current: Arc<AtomicUsize>,
     stats: Arc<McpStats>,
     prm_url: String,
+    mcp_url: String,
+}
+
+/// Checks a DPoP-bound token's proof; the refusal to send otherwise.
+fn dpop_refusal(
+    g: &Guard,
+    server: &AuthServer,
+    request: &Request,
+    token: &str,
+) -> Option<Response> {
+    let refuse = |error: &str| {
+        Some(
+            Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .header(
+                    header::WWW_AUTHENTICATE,
+                    format!(
+                        "DPoP error=\"{error}\", resource_metadata=\"{}\"",
+                        g.prm_url
+                    ),
+                )
+                .body(Body::empty())
+                .unwrap(),
+        )
+    };
+    let bound = server.bound.lock().unwrap().get(token).cloned();
+    let scheme_dpop = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("DPoP "));
+    let Some(bound) = bound else {
+        // A bearer token must be presented as one.
+        return if scheme_dpop {
+            refuse("invalid_token")
+        } else {
+            None
+        };
+    };
+    let Some(proof) = request.headers().get("dpop").and_then(|v| v.to_str().ok()) else {
+        return refuse("invalid_dpop_proof");
+    };
+    g.stats.proofs.lock().unwrap().push(proof.to_owned());
+    let verified = match verify_proof(proof, request.method().as_str(), &g.mcp_url, Some(token)) {
+        Ok(p) => p,
+        Err(_) => return refuse("invalid_dpop_proof"),
+    };
+    if !scheme_dpop || verified.jkt != bound {
+        return refuse("invalid_token");
+    }
+    let jti = verified.claims["jti"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if !g.stats.jtis.lock().unwrap().insert(jti) {
+        return refuse("invalid_dpop_proof");
+    }
+    if g.stats.require_nonce.load(Ordering::SeqCst) && verified.claims["nonce"] != RS_NONCE {
+        g.stats.nonce_challenges.fetch_add(1, Ordering::SeqCst);
+        let mut response = refuse("use_dpop_nonce")?;
+        response
+            .headers_mut()
+            .insert("DPoP-Nonce", http::HeaderValue::from_static(RS_NONCE));
+        return Some(response);
+    }
+    g.stats.proof_jkts.lock().unwrap().push(verified.jkt);
+    None
 }
 
 async fn bearer_check(State(g): State<Guard>, request: Request, next: Next) -> Response {
@@ -437,9 +777,19 @@ async fn bearer_check(State(g): State<Guard>, request: Request, next: Next) -> R
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("DPoP "))
+        })
         .map(str::to_owned);
     let server = &g.servers[g.current.load(Ordering::SeqCst)];
+    if let Some(t) = &token
+        && server.access_tokens.lock().unwrap().contains(t)
+        && let Some(refusal) = dpop_refusal(&g, server, &request, t)
+    {
+        g.stats.unauthorized.fetch_add(1, Ordering::SeqCst);
+        return refusal;
+    }
     match token {
         Some(t) if server.access_tokens.lock().unwrap().contains(&t) => {
             g.stats.bearer.lock().unwrap().push(t);
@@ -463,6 +813,20 @@ async fn bearer_check(State(g): State<Guard>, request: Request, next: Next) -> R
                 .unwrap()
         }
     }
+}
+
+/// Starts one DPoP authorization server (advertising `ES256`, binding
+/// tokens to the key of the token request's proof) and an MCP server that
+/// checks the proofs of DPoP-bound tokens; with `nonces`, both ask for
+/// their nonce first.
+pub async fn start_dpop(nonces: bool) -> World {
+    let world = start(1).await;
+    world.servers[0].dpop.store(true, Ordering::SeqCst);
+    world.servers[0]
+        .require_nonce
+        .store(nonces, Ordering::SeqCst);
+    world.mcp.require_nonce.store(nonces, Ordering::SeqCst);
+    world
 }
 
 /// Starts `auth_servers` authorization servers and a protected MCP server
@@ -494,6 +858,7 @@ pub async fn start(auth_servers: usize) -> World {
         current: current.clone(),
         stats: stats.clone(),
         prm_url,
+        mcp_url: mcp_url.clone(),
     };
     let prm = {
         let servers = servers.clone();
