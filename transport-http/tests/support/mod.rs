@@ -405,10 +405,18 @@ pub async fn raw_resume(
     Ok((status, response.text().await?))
 }
 
-/// The SSE event ids in `body`, in order.
+/// The ids of the SSE events in `body` that carry data, in order: the
+/// priming event that opens a resumed stream (the resumed-from id, empty
+/// data) is not an event of the call.
 pub fn event_ids(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("id:"))
+    body.split("\n\n")
+        .filter(|event| {
+            event.lines().any(|l| {
+                l.strip_prefix("data:")
+                    .is_some_and(|d| !d.trim().is_empty())
+            })
+        })
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("id:")))
         .map(|s| s.trim().to_owned())
         .collect()
 }
