@@ -17,6 +17,7 @@
 //!
 //! Stores are named by URL: `sqlite:PATH`, `file:DIR`,
 //! `redis://HOST:PORT`, `redis+cluster://H1:P1,H2:P2`,
+//! `postgres://USER:PASS@HOST/DB`, `dynamodb://TABLE?region=R`,
 //! `secretsmanager://REGION?prefix=P`, or a split bundle
 //! `credentials=URL;rest=URL`. Token text is never printed.
 //!
