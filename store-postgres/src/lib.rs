@@ -31,7 +31,7 @@
 //!   and moved on while the row is locked, so numbers grow in commit order.
 //!   They go on above the old ones after a `trim`, an expiry or a
 //!   `delete_log`, until the sweep reclaims the log
-//!   ([`SWEEP_MARGIN`](mcp_persist_core::kit::SWEEP_MARGIN) after it ended);
+//!   ([`SWEEP_MARGIN`] after it ended);
 //!   a log appended to after that starts again at 1, as the contract allows.
 //! * **Unsynced appends** commit with `SET LOCAL synchronous_commit = off`:
 //!   visible to every process at once and kept through a crash of the

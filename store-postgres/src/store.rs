@@ -48,7 +48,7 @@ pub struct WriteStats {
     pub queued: usize,
 }
 
-/// A [`KvStore`] and [`LogStore`] in one schema of a Postgres database
+/// A [`KvStore`](mcp_persist_core::KvStore) and [`LogStore`](mcp_persist_core::LogStore) in one schema of a Postgres database
 /// (Postgres 11 or newer).
 ///
 /// Open one with [`PostgresStore::connect`] or [`PostgresStore::builder`].

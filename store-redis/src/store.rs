@@ -32,7 +32,7 @@ const READ_PAGE: usize = 256;
 /// Idle dedicated connections kept for `wait_after`.
 const IDLE_BLOCKING: usize = 8;
 
-/// A [`KvStore`] and [`LogStore`] on Redis 7.0 or newer, standalone or a
+/// A [`KvStore`](mcp_persist_core::KvStore) and [`LogStore`](mcp_persist_core::LogStore) on Redis 7.0 or newer, standalone or a
 /// Redis Cluster.
 ///
 /// Open one with [`RedisStore::standalone`] or [`RedisStore::cluster`]. A
