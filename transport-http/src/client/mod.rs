@@ -145,18 +145,21 @@
 
 mod builder;
 mod decorator;
+mod delegate;
+mod era;
 mod handle;
 mod headers;
 mod health;
 mod ids;
 mod inbox;
 mod journal;
-mod modern;
+mod progress;
 mod recovery;
 mod report;
+mod requests;
 mod session;
-mod state;
-mod verdict;
+mod streams;
+mod tasks;
 mod wire;
 
 pub use self::{
