@@ -17,7 +17,9 @@ use std::{
     time::Duration,
 };
 
-use mcp_persist_core::{ClientStateStore, InFlightRequest, RequestId, ServerKey, Stores};
+use mcp_persist_core::{
+    ClientStateStore, InFlightRequest, RequestId, ServerKey, SessionId, Stores,
+};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::client::{
     DurableClientBuilder, Recovery, RecoveryError, TaskOutcome,
@@ -639,4 +641,106 @@ async fn a_task_of_a_server_without_sessions_is_collected_after_a_restart() {
     );
     assert_eq!(server.handler.calls.load(Ordering::SeqCst), 1);
     client.cancel().await.expect("close");
+}
+
+/// The journal of a server without sessions has always been stored under
+/// the session component `sessionless`. An entry an earlier version left
+/// there (planted here, for a task a plain rmcp client started) is listed
+/// after an upgrade as a task of a server without sessions, not as a
+/// request of a lost session: it stays listed across a restart that does
+/// not collect it, is collected through the running client, and is gone
+/// from the store after that.
+#[tokio::test]
+async fn a_task_journaled_by_an_earlier_version_without_sessions_is_collected() {
+    let server = start_server().await;
+    let stores = Stores::new(SqliteStore::open_in_memory().await.expect("sqlite"));
+    let modern = || rmcp::service::ClientLifecycleMode::Discover {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+    };
+    let plain = rmcp::service::ClientServiceExt::serve_with_lifecycle(
+        tasks_client(),
+        rmcp::transport::StreamableHttpClientTransport::from_uri(server.url.as_str()),
+        modern(),
+    )
+    .await
+    .expect("serve");
+    let CallToolResponse::Task(created) = plain
+        .peer()
+        .call_tool_once(CallToolRequestParams::new("long"))
+        .await
+        .expect("call")
+    else {
+        panic!("expected a task");
+    };
+    plain.cancel().await.expect("close");
+    let key = ServerKey::new(&server.url, "default").expect("key");
+    let mut planted = InFlightRequest::new(
+        RequestId::String("p1f2e3-0".into()),
+        "tools/call",
+        Some(json!({"name": "long"})),
+    );
+    planted.task_id = Some(created.task.task_id.clone());
+    stores
+        .client_state()
+        .record_inflight(
+            &key,
+            &SessionId::new("sessionless").expect("session id"),
+            &planted,
+        )
+        .await
+        .expect("plant");
+
+    // A first process after the upgrade lists it and leaves it.
+    let (first, handle) = DurableClientBuilder::new(&server.url, &stores)
+        .build()
+        .await
+        .expect("build");
+    assert_eq!(handle.interrupted(), vec![planted.clone()]);
+    let Some(Recovery::Task(task)) = handle.recover().into_iter().next() else {
+        panic!("expected a task, not a request of a lost session");
+    };
+    assert!(matches!(
+        task.collect().await,
+        Err(RecoveryError::NeedsClient)
+    ));
+    drop((task, handle, first));
+
+    // The next one lists it again, and collects it.
+    let (transport, handle) = DurableClientBuilder::new(&server.url, &stores)
+        .recovery_timing(Duration::from_secs(10), Duration::from_millis(20))
+        .build()
+        .await
+        .expect("build");
+    assert_eq!(handle.interrupted(), vec![planted]);
+    let client =
+        rmcp::service::ClientServiceExt::serve_with_lifecycle(tasks_client(), transport, modern())
+            .await
+            .expect("serve");
+    let Some(Recovery::Task(task)) = handle.recover().into_iter().next() else {
+        panic!("expected a task");
+    };
+    assert_eq!(task.task_id(), created.task.task_id);
+    let TaskOutcome::Answer(Ok(result)) = task.collect_with(client.peer()).await.expect("collect")
+    else {
+        panic!("expected a result");
+    };
+    assert_eq!(text_of(&result), "long done");
+    handle.flush().await;
+    client.cancel().await.expect("close");
+
+    let (_transport, after) = DurableClientBuilder::new(&server.url, &stores)
+        .build()
+        .await
+        .expect("build");
+    assert!(after.interrupted().is_empty());
+    assert!(
+        stores
+            .client_state()
+            .journal(&key)
+            .await
+            .expect("journal")
+            .is_empty(),
+        "the collected entry left the store"
+    );
+    assert_eq!(server.handler.calls.load(Ordering::SeqCst), 1);
 }

@@ -1,5 +1,6 @@
-//! The builder: reads what is stored for the server once, and wires the
-//! decorator, the handle and the background writer to one shared state.
+//! The builder: reads what is stored for the server once, and wires each
+//! concern of the decorator, the handle and the background writer to the
+//! parts of the client's state it uses.
 
 use std::{ops::Range, sync::Arc, time::Duration};
 
@@ -14,17 +15,23 @@ use rmcp::{
         streamable_http_client::{StreamableHttpClient, StreamableHttpClientTransportConfig},
     },
 };
-use tracing::{info, warn};
+use tracing::{Instrument, Span, info, warn};
 
 use super::{
-    decorator::DurableHttpClient,
+    decorator::{DurableHttpClient, Routes},
+    era::{Era, Verdict},
     handle::{ClientHandle, LastHandle},
     health::Health,
-    journal::{self, STANDALONE_STREAM},
-    recovery::RecoveryConfig,
+    ids::WireIds,
+    inbox::Inbox,
+    journal::{self, JournalScope, STANDALONE_STREAM},
+    progress::ProgressTokens,
+    recovery::{Recoverer, RecoveryConfig},
     report::{ClientError, ClientNotice, StartKind},
-    session::Seed,
-    state::Shared,
+    requests::Requests,
+    session::{Lifecycle, Seed, SessionState},
+    streams::Streams,
+    tasks::TaskWatch,
     wire::WireClient,
 };
 
@@ -172,26 +179,67 @@ impl DurableClientBuilder {
     ) -> Result<(DurableTransport<C>, ClientHandle), ClientError> {
         let key = ServerKey::new(&self.endpoint, &self.profile)
             .map_err(|source| ClientError::InvalidTarget { source })?;
+        let span = client_span(&key);
+        self.build_in_span(key, client, span.clone())
+            .instrument(span)
+            .await
+    }
+
+    /// Wires each concern to the parts of the client's state it uses, and
+    /// reads the store.
+    async fn build_in_span<C: StreamableHttpClient + Sync>(
+        self,
+        key: ServerKey,
+        client: C,
+        span: Span,
+    ) -> Result<(DurableTransport<C>, ClientHandle), ClientError> {
+        let store = self.store;
         let health = Arc::new(Health::new());
         let journal = journal::spawn(
-            self.store.clone(),
+            store.clone(),
             key.clone(),
             health.clone(),
             self.journal_delay,
+            span.clone(),
         );
-        let shared = Arc::new(Shared::new(
+        let verdict = Arc::new(Verdict::new(journal.clone()));
+        let ids = Arc::new(WireIds::new(
             key.clone(),
-            self.store.clone(),
+            store.clone(),
             health.clone(),
-            journal,
             self.id_block,
         ));
+        let session_state = Arc::new(SessionState::default());
+        let progress = Arc::new(ProgressTokens::default());
+        let inbox = Arc::new(Inbox::new());
+        let session = Lifecycle::new(
+            session_state.clone(),
+            ids.clone(),
+            verdict.clone(),
+            journal.clone(),
+            health.clone(),
+        );
+        let tasks = TaskWatch::new(journal.clone(), health.clone());
+        let requests = Requests::new(
+            ids.clone(),
+            progress.clone(),
+            tasks.clone(),
+            journal.clone(),
+            health.clone(),
+        );
+        let streams = Streams::new(
+            session_state,
+            requests.clone(),
+            progress,
+            journal.clone(),
+            inbox.clone(),
+        );
 
-        let start = load(&shared, &self.store).await;
+        let start = load(&key, &store, &verdict, &session, &ids, &health).await;
         let listed = if matches!(start, StartKind::InMemory { .. }) {
             Vec::new()
         } else {
-            read_journal(&self.store, &key, &health).await
+            read_journal(&store, &key, &health).await
         };
         match &start {
             StartKind::FreshAfterBadState { reason } => {
@@ -213,17 +261,34 @@ impl DurableClientBuilder {
             auth_header: config.auth_header.clone(),
         });
         let handle = ClientHandle {
-            shared: shared.clone(),
-            wire,
+            key: key.clone(),
+            health: health.clone(),
             start,
-            interrupted: Arc::new(std::sync::Mutex::new(listed)),
-            recovery: self.recovery,
-            _last: Arc::new(LastHandle(shared.journal().clone())),
+            recoverer: Recoverer {
+                session: session.clone(),
+                journal: journal.clone(),
+                ids,
+                inbox,
+                wire,
+                config: self.recovery,
+                listed: Arc::new(std::sync::Mutex::new(listed)),
+                span: span.clone(),
+            },
+            _last: Arc::new(LastHandle(journal)),
+        };
+        let routes = Routes {
+            key,
+            span,
+            era: Era::new(verdict, health),
+            session,
+            requests,
+            tasks,
+            streams,
         };
         let transport = StreamableHttpClientTransport::with_client(
             DurableHttpClient {
                 inner: client,
-                shared,
+                routes: Arc::new(routes),
             },
             config,
         );
@@ -231,37 +296,56 @@ impl DurableClientBuilder {
     }
 }
 
-/// Reads what is stored for the server and installs it.
-async fn load(shared: &Arc<Shared>, store: &ClientStateStore) -> StartKind {
-    let key = shared.key();
+/// The client's span: entered around everything the client does, so that
+/// every line it logs carries the server and profile. At `WARN`, the level
+/// of the most important lines the client logs, so that a filter that lets
+/// those through keeps the span as well.
+fn client_span(key: &ServerKey) -> Span {
+    tracing::warn_span!(
+        "mcp_persist_client",
+        server = %key.endpoint(),
+        profile = %key.profile()
+    )
+}
+
+/// Reads what is stored for the server and installs it: the era verdict,
+/// and the session with the next block of its request ids.
+async fn load(
+    key: &ServerKey,
+    store: &ClientStateStore,
+    verdict: &Verdict,
+    session: &Lifecycle,
+    ids: &WireIds,
+    health: &Health,
+) -> StartKind {
     match store.profile(key).await {
-        Ok(Some(profile)) => shared.verdict().install(profile),
+        Ok(Some(profile)) => verdict.install(profile),
         Ok(None) => {}
         Err(e) => {
-            warn!(server = %key, error = %e, "stored server profile is unusable; the era will be probed again")
+            warn!(error = %e, "stored server profile is unusable; the era will be probed again")
         }
     }
     let stored = match store.session(key).await {
         Ok(Some(stored)) => stored.record,
         Ok(None) => {
-            info!(server = %key, "no stored session; starting fresh");
+            info!("no stored session; starting fresh");
             return StartKind::Fresh;
         }
         Err(e @ (StoreError::Corrupt { .. } | StoreError::InvalidInput { .. })) => {
-            warn!(server = %key, error = %e, "stored session is unreadable; starting a fresh session");
+            warn!(error = %e, "stored session is unreadable; starting a fresh session");
             return StartKind::FreshAfterBadState {
                 reason: e.to_string(),
             };
         }
         Err(e @ StoreError::NewerSchema { .. }) => {
             // Written by a newer version: neither used nor overwritten.
-            warn!(server = %key, error = %e, "stored session has a newer schema; running in memory without touching it");
+            warn!(error = %e, "stored session has a newer schema; running in memory without touching it");
             return StartKind::InMemory {
                 reason: e.to_string(),
             };
         }
         Err(e) => {
-            warn!(server = %key, error = %e, "client state store cannot be read; running in memory");
+            warn!(error = %e, "client state store cannot be read; running in memory");
             return StartKind::InMemory {
                 reason: format!("the store cannot be read: {e}"),
             };
@@ -270,32 +354,30 @@ async fn load(shared: &Arc<Shared>, store: &ClientStateStore) -> StartKind {
     let seed = match validate(&stored) {
         Ok(seed) => seed,
         Err(reason) => {
-            warn!(server = %key, %reason, "stored session is unusable; starting a fresh session");
+            warn!(%reason, "stored session is unusable; starting a fresh session");
             return StartKind::FreshAfterBadState { reason };
         }
     };
-    let ids = match store.reserve_request_ids(key, shared.ids().block()).await {
+    let ids = match store.reserve_request_ids(key, ids.block()).await {
         Ok(ids) => ids,
         Err(e @ mcp_persist_core::Error::Corrupt { .. }) => {
             // The session has no ids left to continue with without repeating one.
             let reason = e.to_string();
-            warn!(server = %key, %reason, "stored session is unusable; starting a fresh session");
+            warn!(%reason, "stored session is unusable; starting a fresh session");
             return StartKind::FreshAfterBadState { reason };
         }
         Err(e) => {
-            warn!(server = %key, error = %e, "cannot reserve request ids; running in memory");
-            shared
-                .health()
-                .degrade(format!("reserving request ids failed: {e}"));
-            memory_ids(&stored, shared.ids().block())
+            warn!(error = %e, "cannot reserve request ids; running in memory");
+            health.degrade(format!("reserving request ids failed: {e}"));
+            memory_ids(&stored, ids.block())
         }
     };
-    info!(server = %key, session = %stored.session_id, next_id = ids.start, "resuming stored session");
+    info!(session = %stored.session_id, next_id = ids.start, "resuming stored session");
     let session_id = seed.session_id.clone();
-    shared.install_seed(seed, ids);
+    session.install_seed(seed, ids);
     if let Some(event) = stored.last_event_ids.get(STANDALONE_STREAM) {
-        shared
-            .session()
+        session
+            .state()
             .install_standalone_cursor(session_id.clone(), event.clone());
     }
     StartKind::Resumed { session_id }
@@ -309,16 +391,21 @@ async fn read_journal(
     store: &ClientStateStore,
     key: &ServerKey,
     health: &Health,
-) -> Vec<(mcp_persist_core::SessionId, InFlightRequest)> {
+) -> Vec<(JournalScope, InFlightRequest)> {
     match store.journal(key).await {
         Ok(list) => {
             if !list.is_empty() {
-                info!(server = %key, interrupted = list.len(), "requests of earlier processes to collect");
+                info!(
+                    interrupted = list.len(),
+                    "requests of earlier processes to collect"
+                );
             }
-            list
+            list.into_iter()
+                .map(|(session, request)| (JournalScope::from_stored(session), request))
+                .collect()
         }
         Err(e) => {
-            warn!(server = %key, error = %e, "the journal of interrupted requests cannot be read");
+            warn!(error = %e, "the journal of interrupted requests cannot be read");
             health.notify(ClientNotice::BadStoredState {
                 reason: format!("the journal of interrupted requests cannot be read: {e}"),
             });

@@ -4,19 +4,17 @@ use std::sync::Arc;
 
 use mcp_persist_core::{InFlightRequest, ServerKey, SessionId};
 
-pub(crate) use super::recovery::Listed;
 use rmcp::model::InitializeResult;
 use tokio::sync::broadcast;
-use tracing::info;
+use tracing::{Instrument, info};
 
 use super::{
     headers::version_headers,
-    health::lock,
+    health::{Health, lock},
     journal::JournalTx,
-    recovery::{Recoverer, Recovery, RecoveryConfig},
+    recovery::{Recoverer, Recovery},
     report::{ClientError, ClientNotice, StartKind},
-    state::Shared,
-    wire::{Wire, WireError},
+    wire::WireError,
 };
 
 /// The application's view of a durable client: what was stored, what
@@ -26,14 +24,13 @@ use super::{
 /// Cheap to clone; every clone sees the same client.
 #[derive(Clone)]
 pub struct ClientHandle {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) wire: Arc<dyn Wire>,
+    pub(crate) key: ServerKey,
+    pub(crate) health: Arc<Health>,
     pub(crate) start: StartKind,
-    /// The interrupted requests, each with the session it was sent in
-    /// (the [sessionless](super::journal::sessionless) journal for a server
-    /// without sessions).
-    pub(crate) interrupted: Listed,
-    pub(crate) recovery: RecoveryConfig,
+    /// What collecting interrupted requests needs (the session, the
+    /// journal, the wire, the client's span), and the list of them, each
+    /// with the journal it is in.
+    pub(crate) recoverer: Recoverer,
     /// Commits what the journal holds when the last clone is dropped.
     pub(crate) _last: Arc<LastHandle>,
 }
@@ -55,7 +52,7 @@ impl Drop for LastHandle {
 impl std::fmt::Debug for ClientHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientHandle")
-            .field("server", self.shared.key())
+            .field("server", &self.key)
             .field("start", &self.start)
             .finish_non_exhaustive()
     }
@@ -64,7 +61,7 @@ impl std::fmt::Debug for ClientHandle {
 impl ClientHandle {
     /// The server and profile all state is kept under.
     pub fn server_key(&self) -> &ServerKey {
-        self.shared.key()
+        &self.key
     }
 
     /// How this process started: on a stored session, or fresh (and why).
@@ -75,7 +72,9 @@ impl ClientHandle {
     /// gone.
     pub fn start(&self) -> StartKind {
         match &self.start {
-            StartKind::Resumed { session_id } if self.shared.session().expired_here(session_id) => {
+            StartKind::Resumed { session_id }
+                if self.recoverer.session.state().expired_here(session_id) =>
+            {
                 StartKind::Replaced {
                     expired: session_id.clone(),
                     session_id: self.session_id(),
@@ -95,28 +94,32 @@ impl ClientHandle {
     /// server info and instructions. After a restart it is the stored one,
     /// available before any network call.
     pub fn initialize_result(&self) -> Option<InitializeResult> {
-        self.shared.session().current().map(|(_, result)| result)
+        self.recoverer
+            .session
+            .state()
+            .current()
+            .map(|(_, result)| result)
     }
 
     /// The `Mcp-Session-Id` in use, if any.
     pub fn session_id(&self) -> Option<SessionId> {
-        self.shared.session().current().map(|(s, _)| s)
+        self.recoverer.session.state().current().map(|(s, _)| s)
     }
 
     /// Whether the client still writes its store (false once the store
     /// failed and the client went on with in-memory state).
     pub fn persisting(&self) -> bool {
-        self.shared.health().persisting()
+        self.health.persisting()
     }
 
     /// Everything noticed so far, oldest first.
     pub fn notices(&self) -> Vec<ClientNotice> {
-        self.shared.health().notices()
+        self.health.notices()
     }
 
     /// Notices from now on, as they happen.
     pub fn subscribe(&self) -> broadcast::Receiver<ClientNotice> {
-        self.shared.health().subscribe()
+        self.health.subscribe()
     }
 
     /// The requests earlier processes sent and never saw answered, oldest
@@ -126,7 +129,7 @@ impl ClientHandle {
     /// request stays listed (and journaled), across restarts, until its
     /// answer is collected or the application [dismisses](Self::dismiss) it.
     pub fn interrupted(&self) -> Vec<InFlightRequest> {
-        lock(&self.interrupted)
+        lock(&self.recoverer.listed)
             .iter()
             .map(|(_, r)| r.clone())
             .collect()
@@ -140,7 +143,7 @@ impl ClientHandle {
     /// a process that wants a known point, such as before it reports work
     /// as started, or before a `std::process::exit`.
     pub async fn flush(&self) {
-        self.shared.journal().flush().await;
+        self.recoverer.journal.flush().await;
     }
 
     /// The interrupted requests, each as a [`Recovery`] saying how its
@@ -157,16 +160,10 @@ impl ClientHandle {
     /// beside new calls, or both. Spawn it so that new calls do not wait for
     /// old work to finish.
     pub fn recover(&self) -> Vec<Recovery> {
-        let context = Recoverer {
-            shared: self.shared.clone(),
-            wire: self.wire.clone(),
-            config: self.recovery,
-            listed: self.interrupted.clone(),
-        };
-        let requests = lock(&self.interrupted).clone();
+        let requests = lock(&self.recoverer.listed).clone();
         requests
             .into_iter()
-            .map(|(session, request)| Recovery::new(context.clone(), session, request))
+            .map(|(scope, request)| Recovery::new(self.recoverer.clone(), scope, request))
             .collect()
     }
 
@@ -175,10 +172,10 @@ impl ClientHandle {
     /// [`Recovery::Task`] whose result is in). A resumed request leaves the
     /// journal by itself when its answer is read.
     pub fn dismiss(&self, request: &InFlightRequest) {
-        let mut listed = lock(&self.interrupted);
-        listed.retain(|(session, r)| {
+        let mut listed = lock(&self.recoverer.listed);
+        listed.retain(|(scope, r)| {
             if r.id == request.id {
-                self.shared.journal().complete(session, r.id.clone());
+                self.recoverer.journal.complete(scope.clone(), r.id.clone());
                 false
             } else {
                 true
@@ -194,23 +191,30 @@ impl ClientHandle {
     /// after closing the rmcp client; while the rmcp client runs, dropping
     /// or closing it keeps the session for the next process.
     pub async fn end_session(&self) -> Result<(), ClientError> {
-        let Some((session, result)) = self.shared.session().current() else {
-            // Already gone (the server answered 404): only make sure the
-            // store has forgotten it too.
+        let span = self.recoverer.span.clone();
+        async {
+            let session = &self.recoverer.session;
+            let Some((id, result)) = session.state().current() else {
+                // Already gone (the server answered 404): only make sure the
+                // store has forgotten it too.
+                self.flush().await;
+                return Ok(());
+            };
+            session.state().set_ending(true);
+            let sent = self
+                .recoverer
+                .wire
+                .delete(Arc::from(id.as_str()), version_headers(&result))
+                .await;
+            session.ended(&id);
             self.flush().await;
-            return Ok(());
-        };
-        self.shared.session().set_ending(true);
-        let sent = self
-            .wire
-            .delete(Arc::from(session.as_str()), version_headers(&result))
-            .await;
-        self.shared.on_ended(&session);
-        self.flush().await;
-        info!(server = %self.shared.key(), session = %session, "session ended by the application");
-        match sent {
-            Ok(()) | Err(WireError::SessionGone) | Err(WireError::EventsGone) => Ok(()),
-            Err(WireError::Other(source)) => Err(ClientError::EndSession { source }),
+            info!(session = %id, "session ended by the application");
+            match sent {
+                Ok(()) | Err(WireError::SessionGone) | Err(WireError::EventsGone) => Ok(()),
+                Err(WireError::Other(source)) => Err(ClientError::EndSession { source }),
+            }
         }
+        .instrument(span)
+        .await
     }
 }

@@ -4,8 +4,8 @@
 use std::{collections::HashMap, ops::Range, sync::Arc, sync::Mutex};
 
 use mcp_persist_core::{ClientStateStore, ServerKey, SessionId};
-use rmcp::model::{NumberOrString, ProgressToken};
-use tracing::warn;
+use rmcp::model::NumberOrString;
+use tracing::{Instrument, warn};
 
 use super::health::{Health, lock};
 
@@ -34,9 +34,6 @@ impl IdBlocks {
 struct IdMap {
     wire_to_local: HashMap<i64, NumberOrString>,
     local_to_wire: HashMap<NumberOrString, i64>,
-    /// The progress token the application knows, by the wire id of the
-    /// request whose wire token is that id.
-    progress: HashMap<i64, ProgressToken>,
 }
 
 /// The wire ids of one client: reserved blocks, and which rmcp id each
@@ -121,14 +118,17 @@ impl WireIds {
             let me = self.clone();
             let session = session.clone();
             let above = blocks.end;
-            tokio::spawn(async move {
-                let range = me.reserve(above).await;
-                let mut blocks = me.blocks.lock().await;
-                blocks.fetching = false;
-                if blocks.session.as_ref() == Some(&session) {
-                    blocks.prefetched = Some(range);
+            tokio::spawn(
+                async move {
+                    let range = me.reserve(above).await;
+                    let mut blocks = me.blocks.lock().await;
+                    blocks.fetching = false;
+                    if blocks.session.as_ref() == Some(&session) {
+                        blocks.prefetched = Some(range);
+                    }
                 }
-            });
+                .in_current_span(),
+            );
         }
         id
     }
@@ -144,7 +144,7 @@ impl WireIds {
             Ok(r) if r.start >= above => r,
             Ok(r) => r.end.max(above)..r.end.max(above),
             Err(e) => {
-                warn!(server = %self.key, error = %e, "reserving request ids failed; continuing in memory");
+                warn!(error = %e, "reserving request ids failed; continuing in memory");
                 self.health
                     .degrade(format!("reserving request ids failed: {e}"));
                 memory
@@ -164,25 +164,9 @@ impl WireIds {
     /// The rmcp id of an answer that went out as `wire`, forgetting the pair.
     pub(crate) fn take_local(&self, wire: i64) -> Option<NumberOrString> {
         let mut map = lock(&self.map);
-        map.progress.remove(&wire);
         let local = map.wire_to_local.remove(&wire)?;
         map.local_to_wire.remove(&local);
         Some(local)
-    }
-
-    /// Remembers that the request sent as `wire` carries the progress token
-    /// `wire` on the wire and `local` in the application.
-    pub(crate) fn map_progress(&self, wire: i64, local: ProgressToken) {
-        lock(&self.map).progress.insert(wire, local);
-    }
-
-    /// The application's progress token for a wire token, if it is one of
-    /// a request in flight.
-    pub(crate) fn local_progress(&self, wire: &ProgressToken) -> Option<ProgressToken> {
-        let NumberOrString::Number(n) = wire.0 else {
-            return None;
-        };
-        lock(&self.map).progress.get(&n).cloned()
     }
 
     /// The wire id rmcp's `local` went out as, if it is in flight.

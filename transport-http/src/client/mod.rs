@@ -111,6 +111,12 @@
 //!   [`ClientHandle::start`] says why. A store that fails at runtime (disk
 //!   full, database locked) turns the client into an in-memory one
 //!   ([`ClientNotice::StoreDegraded`]); MCP calls keep working.
+//! * **Its logs say which client.** Everything a client logs, from the
+//!   builder, the transport, the streams it follows, the journal writer and
+//!   the handle, is inside one `tracing` span per client,
+//!   `mcp_persist_client`, whose fields `server` and `profile` name it; the
+//!   lines themselves do not repeat them. The span is at `WARN` level, so a
+//!   filter that keeps the client's warnings keeps the span too.
 //!
 //! # Example
 //!
@@ -145,18 +151,21 @@
 
 mod builder;
 mod decorator;
+mod delegate;
+mod era;
 mod handle;
 mod headers;
 mod health;
 mod ids;
 mod inbox;
 mod journal;
-mod modern;
+mod progress;
 mod recovery;
 mod report;
+mod requests;
 mod session;
-mod state;
-mod verdict;
+mod streams;
+mod tasks;
 mod wire;
 
 pub use self::{

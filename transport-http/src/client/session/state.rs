@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use mcp_persist_core::SessionId;
 use rmcp::model::InitializeResult;
 
-use super::health::lock;
+use crate::client::health::lock;
 
 /// A stored session ready to answer rmcp's `initialize`.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ struct Slot {
 }
 
 /// The session state of one client, in memory. Store writes are the
-/// caller's ([`Shared`](super::state::Shared) pairs them).
+/// caller's ([`Lifecycle`](super::Lifecycle) pairs them).
 #[derive(Debug, Default)]
 pub(crate) struct SessionState {
     slot: Mutex<Slot>,

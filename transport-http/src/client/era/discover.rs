@@ -1,5 +1,6 @@
-//! The 2026-07-28 era: the stored era verdict, the `server/discover` cache
-//! and the version fallback.
+//! What `server/discover` says: the cached answer a stored verdict gives,
+//! the verdict learned from an answer or a re-probe, and the version
+//! fallback.
 
 use mcp_persist_core::{DiscoverCache, ProtocolEra, ProtocolVersion, ServerProfile, Timestamp};
 use rmcp::model::{
@@ -9,7 +10,7 @@ use rmcp::model::{
 use serde_json::Value;
 use tracing::{debug, info};
 
-use super::state::Shared;
+use super::verdict::Verdict;
 
 /// Pre-release codes for UnsupportedProtocolVersion, recognized as -32022.
 const PRE_RELEASE_UNSUPPORTED: [i32; 2] = [-32004, -32001];
@@ -32,26 +33,26 @@ pub(crate) fn requested_version(message: &ClientJsonRpcMessage) -> Option<String
 /// judged legacy (so rmcp goes straight to `initialize`, itself answered
 /// from the stored session when there is one).
 pub(crate) fn cached_discover(
-    shared: &Shared,
+    verdict: &Verdict,
     id: &NumberOrString,
 ) -> Option<ServerJsonRpcMessage> {
-    let profile = shared.verdict().profile()?;
+    let profile = verdict.profile()?;
     match profile.era {
         ProtocolEra::Modern => {
             let cache = profile.discover.as_ref()?;
             if !cache.is_fresh_at(Timestamp::now()) {
-                debug!(server = %shared.key(), "cached server/discover expired; asking the server");
+                debug!("cached server/discover expired; asking the server");
                 return None;
             }
             let result: DiscoverResult = serde_json::from_value(cache.result.clone()).ok()?;
-            info!(server = %shared.key(), "server/discover answered from the cache");
+            info!("server/discover answered from the cache");
             Some(ServerJsonRpcMessage::response(
                 ServerResult::DiscoverResult(result),
                 id.clone(),
             ))
         }
         ProtocolEra::Legacy => {
-            info!(server = %shared.key(), version = %profile.protocol_version,
+            info!(version = %profile.protocol_version,
                 "stored verdict: legacy server; skipping the server/discover probe");
             Some(ServerJsonRpcMessage::error(
                 ErrorData::new(
@@ -71,7 +72,7 @@ pub(crate) fn cached_discover(
 /// result, or turns a pre-release "unsupported version" into what rmcp
 /// understands.
 pub(crate) fn after_discover(
-    shared: &Shared,
+    verdict: &Verdict,
     answer: &mut ServerJsonRpcMessage,
     requested: Option<String>,
 ) {
@@ -94,13 +95,12 @@ pub(crate) fn after_discover(
             let Ok(json) = serde_json::to_value(result) else {
                 return;
             };
-            info!(server = %shared.key(), %version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
+            info!(%version, ttl_ms = result.ttl_ms, "modern server; verdict stored");
             let scope = json
                 .get("cacheScope")
                 .and_then(Value::as_str)
                 .map(str::to_owned);
-            shared
-                .verdict()
+            verdict
                 .set(ServerProfile::new(version.era(), version).with_discover(
                     DiscoverCache::new(json, result.ttl_ms).with_cache_scope(scope),
                 ));
@@ -131,7 +131,10 @@ pub(crate) fn after_discover(
             } else {
                 // Only handshake versions: a legacy server. rmcp falls back
                 // to `initialize`, whose session then stores the verdict.
-                info!(server = %shared.key(), ?supported, "server supports legacy versions only; falling back to initialize");
+                info!(
+                    ?supported,
+                    "server supports legacy versions only; falling back to initialize"
+                );
                 error.error.code = ErrorCode::METHOD_NOT_FOUND;
             }
         }
@@ -177,7 +180,7 @@ pub(crate) enum Reprobe {
 
 /// Learns from the answer to a re-probe and stores the new verdict.
 pub(crate) fn after_reprobe(
-    shared: &Shared,
+    verdict: &Verdict,
     answer: &ServerJsonRpcMessage,
     requested: Option<String>,
 ) -> Reprobe {
@@ -191,7 +194,7 @@ pub(crate) fn after_reprobe(
                 .iter()
                 .any(|v| Some(v.as_str()) == requested.as_deref());
             let mut answer = answer.clone();
-            after_discover(shared, &mut answer, requested);
+            after_discover(verdict, &mut answer, requested);
             if supported {
                 Reprobe::Retry
             } else {
@@ -243,10 +246,8 @@ pub(crate) fn after_reprobe(
             let Some(version) = version else {
                 return Reprobe::Failed;
             };
-            info!(server = %shared.key(), %version, "re-probe: the server is legacy now; verdict stored");
-            shared
-                .verdict()
-                .set(ServerProfile::new(ProtocolEra::Legacy, version));
+            info!(%version, "re-probe: the server is legacy now; verdict stored");
+            verdict.set(ServerProfile::new(ProtocolEra::Legacy, version));
             Reprobe::NewVerdict
         }
         _ => Reprobe::Failed,

@@ -8,7 +8,7 @@ use std::sync::{
 
 use mcp_persist_core::{ProtocolEra, ServerProfile};
 
-use super::{health::lock, journal::JournalTx};
+use crate::client::{health::lock, journal::JournalTx};
 
 /// The era verdict, in memory and (through the journal) in the store.
 #[derive(Debug)]

@@ -1,0 +1,209 @@
+//! Task watching: a request answered with a task (`CreateTaskResult`) is
+//! journaled with its task id, so that a restarted process collects the
+//! task instead of calling again; a `tasks/get` reporting the task ended
+//! takes it out of the journal. In a session the request's journal entry
+//! is keyed by its wire id; a server without sessions gets its task calls
+//! journaled here, under the [sessionless](JournalScope::Sessionless)
+//! journal.
+
+use std::sync::{Arc, OnceLock};
+
+use futures::StreamExt;
+use mcp_persist_core::{InFlightRequest, RequestId};
+use rmcp::{
+    model::{
+        ClientJsonRpcMessage, ClientRequest, NumberOrString, ServerJsonRpcMessage, ServerResult,
+    },
+    transport::streamable_http_client::StreamableHttpPostResponse,
+};
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::{
+    delegate::{PostResult, method_and_params},
+    health::Health,
+    journal::{JournalScope, JournalTx},
+};
+
+/// What watching tasks needs: the journal, and whether it is still
+/// written.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskWatch {
+    journal: JournalTx,
+    health: Arc<Health>,
+}
+
+/// A `tools/call` sent to a server without sessions, as the journal keeps
+/// it if the server answers it with a task.
+pub(crate) struct ModernCall {
+    /// rmcp's id (not renumbered: there is no session to be unique in).
+    local: NumberOrString,
+    method: String,
+    params: Option<Value>,
+}
+
+impl TaskWatch {
+    pub(crate) fn new(journal: JournalTx, health: Arc<Health>) -> Self {
+        TaskWatch { journal, health }
+    }
+
+    /// The request sent as `wire` in `scope` was answered with `task`:
+    /// its journal entry keeps the task id, for a restarted process to
+    /// collect the task.
+    pub(crate) fn created(&self, scope: JournalScope, wire: i64, task: String) {
+        debug!(request = wire, %task, "answered with a task; journaling its id");
+        self.journal.task(scope, RequestId::Number(wire), task);
+    }
+
+    /// A `tasks/get` said `task` ended: the request answered with it
+    /// leaves the journal of `scope`.
+    pub(crate) fn ended(&self, scope: JournalScope, task: String) {
+        debug!(%task, "tasks/get says the task ended; its request leaves the journal");
+        self.journal.task_done(scope, task);
+    }
+
+    /// A `tools/call` to a server without sessions, as the journal would
+    /// keep it if the server answers it with a task (`None` for anything
+    /// else, or once the store has failed).
+    pub(crate) fn eligible(&self, message: &ClientJsonRpcMessage) -> Option<ModernCall> {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return None;
+        };
+        if !matches!(request.request, ClientRequest::CallToolRequest(_))
+            || !self.health.persisting()
+        {
+            return None;
+        }
+        let (method, params) = method_and_params(message);
+        Some(ModernCall {
+            local: request.id.clone(),
+            method,
+            params,
+        })
+    }
+
+    /// Follows the answers of a server without sessions: `call` answered
+    /// with a task is journaled with its task id, and a `tasks/get`
+    /// reporting a task ended takes it out again.
+    pub(crate) fn watch<E>(
+        &self,
+        response: PostResult<E>,
+        call: Option<ModernCall>,
+    ) -> PostResult<E>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match response {
+            Ok(StreamableHttpPostResponse::Json(answer, sid)) => {
+                if let Ok(value) = serde_json::to_value(&answer) {
+                    self.watch_answer(&value, call.as_ref());
+                }
+                Ok(StreamableHttpPostResponse::Json(answer, sid))
+            }
+            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
+                let watch = self.clone();
+                let stream = stream
+                    .inspect(move |item| {
+                        if let Ok(event) = item
+                            && let Some(data) = event.data.as_deref()
+                            && data.contains("\"result\"")
+                            && let Ok(value) = serde_json::from_str::<Value>(data)
+                        {
+                            watch.watch_answer(&value, call.as_ref());
+                        }
+                    })
+                    .boxed();
+                Ok(StreamableHttpPostResponse::Sse(stream, sid))
+            }
+            other => other,
+        }
+    }
+
+    /// Journals `call` if `answer` gives it a task; closes the journal
+    /// entry of a task `answer` (to a `tasks/get`) reports ended.
+    fn watch_answer(&self, answer: &Value, call: Option<&ModernCall>) {
+        let Some(result) = answer.get("result") else {
+            return;
+        };
+        if let Some(task) = ended_task_in(result) {
+            self.ended(JournalScope::Sessionless, task);
+            return;
+        }
+        let Some(call) = call else { return };
+        let Some(task) = created_task_in(result) else {
+            return;
+        };
+        if answer.get("id") != serde_json::to_value(&call.local).ok().as_ref() {
+            return;
+        }
+        let mut record = InFlightRequest::new(
+            RequestId::String(format!("{}-{}", process_tag(), call.local)),
+            call.method.clone(),
+            call.params.clone(),
+        );
+        record.task_id = Some(task.clone());
+        info!(%task, "answered with a task; journaling it so a restarted process can collect it");
+        self.journal.record(JournalScope::Sessionless, record);
+    }
+}
+
+/// Distinguishes this process's journal entries for a server without
+/// sessions from those of earlier processes (rmcp numbers from 0 in each).
+fn process_tag() -> &'static str {
+    static TAG: OnceLock<String> = OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        format!("p{:x}{:x}", std::process::id(), nanos)
+    })
+}
+
+/// The task id of an answer that is a `CreateTaskResult`.
+pub(crate) fn created_task(answer: &ServerJsonRpcMessage) -> Option<String> {
+    match answer {
+        ServerJsonRpcMessage::Response(r) => match &r.result {
+            ServerResult::CreateTaskResult(created) => Some(created.task.task_id.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The task id of an answer to `tasks/get` whose task ended (completed,
+/// failed or cancelled).
+pub(crate) fn ended_task(answer: &ServerJsonRpcMessage) -> Option<String> {
+    match answer {
+        ServerJsonRpcMessage::Response(r) => match &r.result {
+            ServerResult::GetTaskResult(got) if got.task.status().is_terminal() => {
+                Some(got.task.task.task_id.clone())
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// [`ended_task`] for an answer's `result` read as JSON (from an SSE
+/// event).
+pub(crate) fn ended_task_in(result: &Value) -> Option<String> {
+    if result.get("resultType").and_then(Value::as_str) == Some("task") {
+        return None;
+    }
+    let status = result.get("status")?.as_str()?;
+    if !matches!(status, "completed" | "failed" | "cancelled") {
+        return None;
+    }
+    result.get("taskId")?.as_str().map(str::to_owned)
+}
+
+/// [`created_task`] for an answer's `result` read as JSON: a
+/// `CreateTaskResult` has `resultType: "task"` and the task's fields
+/// inlined.
+pub(crate) fn created_task_in(result: &Value) -> Option<String> {
+    if result.get("resultType").and_then(Value::as_str) != Some("task") {
+        return None;
+    }
+    result.get("taskId")?.as_str().map(str::to_owned)
+}
