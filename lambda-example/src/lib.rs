@@ -76,7 +76,8 @@ use mcp_persist::{
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// `MCP_STORE_URL`: where state lives, as a store URL
-    /// (`dynamodb://TABLE?region=R`; any backend of the build).
+    /// (`dynamodb://TABLE?region=R`, `postgres://USER:PASS@HOST/DB`; any
+    /// backend of the build).
     pub store_url: String,
     /// `MCP_ALLOWED_HOSTS`: the `Host` values accepted (the function URL's
     /// or the API's domain), comma-separated; rmcp refuses any other host

@@ -1,4 +1,5 @@
-//! Two MCP server processes on one DynamoDB table (moto), as a fleet
+//! Two MCP server processes on one DynamoDB table (moto), and on one
+//! Postgres database, as a fleet
 //! behind a load balancer: a session restored by the other one, a stream
 //! replayed by the other one, a task taken over after its instance is
 //! killed with SIGKILL, and a bus notice delivered exactly once although
@@ -161,7 +162,43 @@ async fn two_processes_on_one_table() -> anyhow::Result<()> {
         return Ok(());
     };
     let table = fresh_table(&moto, "fleet").await;
-    let env = store_env(&moto, &table);
+    fleet(&store_env(&moto, &table)).await
+}
+
+/// The same fleet on one Postgres database (a Lambda function or a
+/// container next to RDS): only the store URL differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_postgres_database() -> anyhow::Result<()> {
+    let Some(base) = support::service_url("MCP_PERSIST_POSTGRES_URL", "Postgres") else {
+        return Ok(());
+    };
+    let mut url = url::Url::parse(&base)?;
+    let schema = format!(
+        "fleet_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .subsec_nanos()
+    );
+    url.query_pairs_mut().append_pair("schema", &schema);
+    let env: Vec<(String, String)> = store_env("unused", "unused")
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if k == "MCP_STORE_URL" {
+                url.to_string()
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .collect();
+    fleet(&env).await
+}
+
+/// Restore, replay, a task taken over after SIGKILL and a bus notice
+/// delivered once, by two server processes started with `env`.
+async fn fleet(env: &[(String, String)]) -> anyhow::Result<()> {
+    let env = env.to_vec();
     let a = Server::start(&env).await?;
     let b = Server::start(&env).await?;
     let http = reqwest::Client::new();

@@ -15,6 +15,25 @@ pub const URL_VAR: &str = "MCP_PERSIST_MOTO_URL";
 
 /// moto's address; `None` (after a notice) when it is not set outside CI.
 /// Under CI a missing address fails the test.
+/// A service's URL from `var`; `None` (after a notice) outside CI when it
+/// is not set, a failure under CI.
+pub fn service_url(var: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),
+        _ => {
+            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+            assert!(
+                !ci,
+                "{var} is not set; under CI the {what} tests must run (start it with `cargo xtask test`)"
+            );
+            eprintln!(
+                "notice: {var} is not set; skipping (run `cargo xtask test` to start {what})"
+            );
+            None
+        }
+    }
+}
+
 pub fn moto_url() -> Option<String> {
     match std::env::var(URL_VAR) {
         Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),
