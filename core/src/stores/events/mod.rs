@@ -1,0 +1,528 @@
+mod replay;
+mod token;
+mod write;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use super::{Stored, read, write};
+use crate::retry::retry_cas;
+use crate::{
+    Key, KvStore, LogStore, PutMode, Result, declare,
+    records::{EventRecord, StreamMeta, encode},
+    types::{EventId, SessionId},
+};
+
+/// How many streams an instance caches the token of before pruning.
+const STREAM_CACHE_LIMIT: usize = 10_000;
+
+/// How long and how much of each SSE stream an [`EventLog`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventLogConfig {
+    /// A stream is dropped once this long has passed since its last event.
+    pub retention: Duration,
+    /// At most about this many events are kept per stream; older ones are
+    /// dropped (checked every half of this many appends).
+    pub max_events_per_stream: u64,
+    /// When an event counts as stored (default [`EventDurability::Synced`]).
+    pub durability: EventDurability,
+}
+
+/// When an SSE event counts as stored, and so what a crash can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EventDurability {
+    /// The event is committed by the backend (synced to disk, for durable
+    /// backends) before its id is returned and it is sent. A crash loses
+    /// nothing that was sent.
+    #[default]
+    Synced,
+    /// The event is committed before its id is returned and it is sent,
+    /// but not synced to disk ([`LogStore::append_unsynced`]): a crash of
+    /// the instance loses nothing that was sent; a power cut or an OS crash
+    /// of a machine holding a file or SQLite store may take the last events.
+    /// On memory and Redis it is the same as `Synced`.
+    Written,
+    /// The id is assigned at once by the instance writing the stream (it
+    /// owns the stream's sequence) and the event is sent at once; appends
+    /// are committed in the background, many events per commit, at most
+    /// `window` later. Replays and tails on the writing instance first wait
+    /// for that stream's pending appends, so a resuming client never sees a
+    /// gap. A crash loses at most the last window of events; a
+    /// `Last-Event-ID` inside a lost window is refused as lost (HTTP 410),
+    /// never answered with a gap or a duplicate.
+    Pipelined {
+        /// The longest an event waits for its commit.
+        window: Duration,
+    },
+}
+
+impl EventDurability {
+    /// [`Pipelined`](EventDurability::Pipelined) with the default 10 ms window.
+    pub const PIPELINED: EventDurability = EventDurability::Pipelined {
+        window: Duration::from_millis(10),
+    };
+}
+
+impl Default for EventLogConfig {
+    fn default() -> Self {
+        EventLogConfig {
+            retention: Duration::from_secs(60 * 60),
+            max_events_per_stream: 10_000,
+            durability: EventDurability::Synced,
+        }
+    }
+}
+
+impl EventLogConfig {
+    /// A config with the given retention age and length.
+    pub fn new(retention: Duration, max_events_per_stream: u64) -> Self {
+        EventLogConfig {
+            retention,
+            max_events_per_stream: max_events_per_stream.max(1),
+            durability: EventDurability::Synced,
+        }
+    }
+
+    /// The same settings with events stored at `durability`.
+    pub fn with_durability(mut self, durability: EventDurability) -> Self {
+        self.durability = durability;
+        self
+    }
+}
+
+/// An SSE event as stored, with its original id.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StoredEvent {
+    /// The id it was sent with.
+    pub id: EventId,
+    /// The message (JSON-RPC message, or `null` for a priming event).
+    pub payload: serde_json::Value,
+}
+
+/// The SSE event log of a server, shared by every instance.
+///
+/// Each stream gets a random 128-bit token when its first event is stored;
+/// every [`EventId`] of the stream carries it, and replay checks it, so ids
+/// are unguessable and one stream's id never reads another stream. Replay
+/// returns exactly the later events of that one stream, in order, with their
+/// original ids.
+#[derive(Clone)]
+pub struct EventLog {
+    kv: Arc<dyn KvStore>,
+    log: Arc<dyn LogStore>,
+    config: EventLogConfig,
+    streams: Arc<Mutex<HashMap<String, StreamCache>>>,
+    writer: Option<Arc<str>>,
+    pipes: Arc<Mutex<HashMap<String, Pipe>>>,
+}
+
+/// The pending appends of one stream written by this instance in
+/// [`EventDurability::Pipelined`] mode.
+struct Pipe {
+    /// The sequence number the next event gets.
+    next_seq: u64,
+    /// Events with their assigned numbers, not yet handed to the backend.
+    pending: Vec<(u64, Vec<u8>)>,
+    /// Every event up to this number is committed (or known lost).
+    committed_through: u64,
+    /// A commit is scheduled or running.
+    flushing: bool,
+    /// Woken after every commit.
+    committed: Arc<tokio::sync::Notify>,
+    /// The metadata of a stream this instance started, written with its
+    /// first commit.
+    meta: Option<StreamMeta>,
+    /// The session owning the stream.
+    session: Option<SessionId>,
+}
+
+/// How a pipelined append goes on.
+enum PipelinedStart {
+    /// Numbered by this instance, under this token; with the metadata of a
+    /// stream it starts, written with the first commit.
+    Numbered([u8; 16], Option<StreamMeta>),
+    /// Stored at once (the log started again under an existing stream),
+    /// given the stream's token and the last number known under it.
+    Restarted(([u8; 16], u64)),
+}
+
+/// Who writes a stream and what it answers, as recorded by its writer.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StreamOrigin {
+    /// The instance writing it (see [`InstanceLeases`](super::InstanceLeases)).
+    pub writer: Option<String>,
+    /// The JSON-RPC id of the request it answers.
+    pub request: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Copy)]
+struct StreamCache {
+    token: [u8; 16],
+    meta_refreshed: tokio::time::Instant,
+    appends_since_trim: u64,
+    /// The highest sequence number this instance knows the log reached
+    /// under `token`: an append given a number not above it found the log
+    /// started again (it expired, or was deleted, meanwhile).
+    last_seq: u64,
+}
+
+impl std::fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventLog")
+            .field("kv", &self.kv.backend_name())
+            .field("log", &self.log.backend_name())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+fn meta_key(stream: &str) -> Result<Key> {
+    declare::EVENT_STREAM.try_key(&[stream])
+}
+
+fn log_name(stream: &str) -> Result<Key> {
+    declare::EVENT.try_key(&[stream])
+}
+
+impl EventLog {
+    /// An event store keeping stream metadata in `kv` and events in `log`.
+    pub fn new(kv: Arc<dyn KvStore>, log: Arc<dyn LogStore>, config: EventLogConfig) -> Self {
+        EventLog {
+            kv,
+            log,
+            config,
+            streams: Arc::default(),
+            writer: None,
+            pipes: Arc::default(),
+        }
+    }
+
+    /// The same event log, recording `instance` as the writer of the
+    /// streams it creates, so that a replaying instance can tell when the
+    /// writer stopped.
+    pub fn with_writer(mut self, instance: impl Into<String>) -> Self {
+        self.writer = Some(Arc::from(instance.into()));
+        self
+    }
+
+    /// Records that `stream` answers the request with JSON-RPC id
+    /// `request`. A stream that does not exist (yet) is left alone.
+    pub async fn describe_request(&self, stream: &str, request: serde_json::Value) -> Result<()> {
+        // A pipelined stream's metadata is written with its first commit.
+        self.flushed(stream).await;
+        let key = &meta_key(stream)?;
+        let request = &request;
+        retry_cas(key, 8, move || async move {
+            let Some(Stored {
+                mut record,
+                version,
+            }) = read::<StreamMeta>(&*self.kv, key).await?
+            else {
+                return Ok(());
+            };
+            if record.request.as_ref() == Some(request) {
+                return Ok(());
+            }
+            record.request = Some(request.clone());
+            write(
+                &*self.kv,
+                key,
+                &record,
+                PutMode::Update(version),
+                Some(self.meta_ttl()),
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Who writes `stream` and which request it answers, when recorded;
+    /// `None` for an unknown stream.
+    pub async fn origin(&self, stream: &str) -> Result<Option<StreamOrigin>> {
+        Ok(read::<StreamMeta>(&*self.kv, &meta_key(stream)?)
+            .await?
+            .map(|s| StreamOrigin {
+                writer: s.record.writer,
+                request: s.record.request,
+            }))
+    }
+
+    /// The retention settings.
+    pub fn config(&self) -> EventLogConfig {
+        self.config
+    }
+
+    /// Stores one event of `stream` (owned by `session`, when the server has
+    /// sessions) and returns its id. Committed before it returns.
+    pub async fn append(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        payload: &serde_json::Value,
+    ) -> Result<EventId> {
+        crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
+        let data = encode(&EventRecord {
+            payload: payload.clone(),
+        })?;
+        if let EventDurability::Pipelined { window } = self.config.durability {
+            match self.pipelined_token(stream, session).await? {
+                PipelinedStart::Numbered(token, new_meta) => {
+                    let seq = self
+                        .pipeline(stream, data, session, window, new_meta)
+                        .await?;
+                    return Ok(EventId::new(token, seq, stream));
+                }
+                // The first event of a log that started again is stored at
+                // once, as a synchronous one is: its number is the
+                // backend's, which may start again or go on above the old
+                // ones, and the stream's next events are numbered on from it.
+                PipelinedStart::Restarted(known) => {
+                    return self.append_now(stream, session, Some(known), data).await;
+                }
+            }
+        }
+        let known = self.stream_token(stream).await?;
+        self.append_now(stream, session, known, data).await
+    }
+
+    /// Deletes a stream and its events.
+    ///
+    /// The metadata goes first: interrupted after it, the stream is
+    /// unreachable (its events expire with their log), and its next append
+    /// starts it again under a new token. The other way round, a token whose
+    /// log had gone would outlive it, and its ids would name the events of
+    /// a log numbered afresh.
+    pub async fn delete_stream(&self, stream: &str) -> Result<()> {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(stream);
+        self.kv.delete(&meta_key(stream)?, None).await?;
+        self.log.delete_log(&log_name(stream)?).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use crate::{
+        Error, Secret,
+        types::{Timestamp, hex, random_token},
+    };
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{Backend, LogRecord, MemoryStore, PutOptions};
+
+    /// A memory log that notes, when a log is deleted, whether the stream's
+    /// metadata was still there.
+    struct Watching {
+        store: MemoryStore,
+        meta_left_at_log_deletion: Mutex<Vec<bool>>,
+    }
+
+    impl Backend for Watching {
+        fn backend_name(&self) -> &'static str {
+            "watching"
+        }
+    }
+
+    #[async_trait]
+    impl LogStore for Watching {
+        async fn append(
+            &self,
+            log: &Key,
+            records: Vec<Vec<u8>>,
+            ttl: Option<Duration>,
+        ) -> Result<Vec<u64>> {
+            self.store.append(log, records, ttl).await
+        }
+
+        async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+            self.store.read_after(log, after, limit).await
+        }
+
+        async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
+            self.store.trim(log, before).await
+        }
+
+        async fn delete_log(&self, log: &Key) -> Result<()> {
+            let stream = declare::EVENT.parse(log).expect("an event log")[0].clone();
+            let left = self.store.get(&meta_key(&stream)?).await?.is_some();
+            self.meta_left_at_log_deletion
+                .lock()
+                .expect("not poisoned")
+                .push(left);
+            self.store.delete_log(log).await
+        }
+    }
+
+    #[tokio::test]
+    async fn deleting_a_stream_drops_its_metadata_before_its_log() {
+        let store = MemoryStore::new();
+        let log = Arc::new(Watching {
+            store: store.clone(),
+            meta_left_at_log_deletion: Mutex::default(),
+        });
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            log.clone(),
+            EventLogConfig::default(),
+        );
+        let first = events
+            .append("s", None, &serde_json::json!(1))
+            .await
+            .expect("append");
+        events.delete_stream("s").await.expect("delete");
+        assert_eq!(
+            *log.meta_left_at_log_deletion.lock().expect("not poisoned"),
+            vec![false],
+            "the log was deleted while the stream's token was still stored"
+        );
+        // Started again, the stream has another token: the old id names nothing.
+        let again = events
+            .append("s", None, &serde_json::json!(2))
+            .await
+            .expect("append");
+        assert_ne!(again.token(), first.token());
+        assert!(matches!(
+            events.replay_after(&first.to_string(), None).await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_last_dropped_event_still_resumes() {
+        let store = MemoryStore::new();
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::new(Duration::from_secs(600), 2),
+        );
+        let mut ids = Vec::new();
+        for n in 1..=6 {
+            ids.push(
+                events
+                    .append("s", None, &serde_json::json!(n))
+                    .await
+                    .expect("append"),
+            );
+        }
+        // Events 1 to 4 were dropped; what follows the 4th is complete.
+        let replayed = events
+            .replay_after(&ids[3].to_string(), None)
+            .await
+            .expect("replay after the last dropped event");
+        assert_eq!(
+            replayed
+                .iter()
+                .map(|e| e.payload.clone())
+                .collect::<Vec<_>>(),
+            vec![serde_json::json!(5), serde_json::json!(6)]
+        );
+        assert!(matches!(
+            events.replay_after(&ids[2].to_string(), None).await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+
+    /// Plants a stream as 0.1 wrote it (metadata without `last_seq`) with
+    /// `events` events in its log; returns its token.
+    async fn plant_v01_stream(store: &MemoryStore, stream: &str, events: u64) -> [u8; 16] {
+        let token = random_token().expect("token");
+        let meta = StreamMeta {
+            session: None,
+            token: Secret::new(hex(&token)),
+            created_at: Timestamp::now(),
+            dropped_through: 0,
+            writer: None,
+            request: None,
+            last_seq: 0,
+        };
+        let bytes = encode(&meta).expect("encode");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("last_seq"),
+            "not the 0.1 form"
+        );
+        store
+            .put(
+                &meta_key(stream).expect("key"),
+                bytes,
+                PutOptions::default(),
+            )
+            .await
+            .expect("put");
+        for n in 1..=events {
+            let data = encode(&EventRecord {
+                payload: serde_json::json!(n),
+            })
+            .expect("encode");
+            store
+                .append(&log_name(stream).expect("name"), vec![data], None)
+                .await
+                .expect("append");
+        }
+        token
+    }
+
+    #[tokio::test]
+    async fn a_stream_written_by_0_1_carries_on_under_its_token() {
+        let store = MemoryStore::new();
+        let token = plant_v01_stream(&store, "s", 3).await;
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::default(),
+        );
+        let next = events
+            .append("s", None, &serde_json::json!(4))
+            .await
+            .expect("append");
+        assert_eq!((*next.token(), next.seq()), (token, 4));
+        let old = EventId::new(token, 2, "s");
+        let replayed = events
+            .replay_after(&old.to_string(), None)
+            .await
+            .expect("an id sent by 0.1 resumes");
+        assert_eq!(
+            replayed
+                .iter()
+                .map(|e| e.payload.clone())
+                .collect::<Vec<_>>(),
+            vec![serde_json::json!(3), serde_json::json!(4)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_written_by_0_1_whose_log_expired_gets_a_new_token() {
+        let store = MemoryStore::new();
+        let token = plant_v01_stream(&store, "s", 0).await;
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::default(),
+        );
+        let next = events
+            .append("s", None, &serde_json::json!(1))
+            .await
+            .expect("append");
+        assert_ne!(*next.token(), token);
+        assert!(matches!(
+            events
+                .replay_after(&EventId::new(token, 1, "s").to_string(), None)
+                .await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+}

@@ -1,0 +1,398 @@
+//! Writing events: at once, or pipelined and committed in groups; and the
+//! length retention that trims a stream after its appends.
+
+use crate::retry::retry_cas;
+use crate::stores::{Stored, read, write};
+use crate::{
+    Error, PutMode, Result,
+    records::StreamMeta,
+    types::{EventId, SessionId, random_token},
+};
+use std::{sync::Arc, time::Duration};
+use tracing::{debug, warn};
+
+use super::*;
+
+impl EventLog {
+    /// Stores one event of `stream` at once, given what was `known` of the
+    /// stream before (see [`settle`](Self::settle)).
+    pub(super) async fn append_now(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        known: Option<([u8; 16], u64)>,
+        data: Vec<u8>,
+    ) -> Result<EventId> {
+        let log = log_name(stream)?;
+        let retention = Some(self.config.retention);
+        let seqs = if self.config.durability == EventDurability::Written {
+            self.log
+                .append_unsynced(&log, vec![data], retention)
+                .await?
+        } else {
+            self.log.append(&log, vec![data], retention).await?
+        };
+        let seq = *seqs.first().ok_or_else(|| {
+            Error::backend(
+                self.log.backend_name(),
+                "append returned no sequence number",
+            )
+        })?;
+        let token = self.settle(stream, session, known, seq).await?;
+        self.after_append(stream).await;
+        Ok(EventId::new(token, seq, stream))
+    }
+
+    /// The token of `stream` for a pipelined append. A stream new to the
+    /// store gets its token here and its metadata with its first commit
+    /// (returned for [`pipeline`](Self::pipeline) to schedule), so starting
+    /// a stream costs no synchronous write either.
+    pub(super) async fn pipelined_token(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+    ) -> Result<PipelinedStart> {
+        if let Some((token, last)) = self.stream_token(stream).await? {
+            let piped = self
+                .pipes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(stream);
+            if piped {
+                // This instance numbers the stream; a log that started again
+                // under it is found by the commit (stored under lower
+                // numbers than sent).
+                return Ok(PipelinedStart::Numbered(token, None));
+            }
+            // This instance continues a stream another one (or an earlier
+            // run) wrote, numbering on from what is stored: a log holding
+            // less than the token is known to have reached expired or was
+            // deleted while the metadata lived on, and numbering on from
+            // what it holds would hand the old token's numbers to new
+            // events.
+            let stored = self.last_stored_seq(stream).await?;
+            if stored < last {
+                return Ok(PipelinedStart::Restarted((token, last)));
+            }
+            return Ok(PipelinedStart::Numbered(token, None));
+        }
+        let token = random_token()?;
+        let meta = self.new_meta(session, &token, 0);
+        self.cache(
+            stream,
+            StreamCache {
+                token,
+                meta_refreshed: tokio::time::Instant::now(),
+                appends_since_trim: 0,
+                last_seq: 0,
+            },
+        );
+        debug!(stream, "new pipelined event stream");
+        Ok(PipelinedStart::Numbered(token, Some(meta)))
+    }
+
+    /// Assigns the next number of `stream` to `data` and schedules its
+    /// commit within `window`.
+    pub(super) async fn pipeline(
+        &self,
+        stream: &str,
+        data: Vec<u8>,
+        session: Option<&SessionId>,
+        window: Duration,
+        mut new_meta: Option<StreamMeta>,
+    ) -> Result<u64> {
+        let known = self
+            .pipes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(stream);
+        if !known {
+            // First event of this stream here: continue after what is stored
+            // (nothing, for a stream that starts now).
+            let last = match &new_meta {
+                Some(_) => 0,
+                None => self.last_stored_seq(stream).await?,
+            };
+            // A stored number at the end of the range is damage (a crafted
+            // or corrupted log), never a reason to wrap or panic.
+            let next_seq = last.checked_add(1).ok_or_else(|| {
+                warn!(
+                    stream,
+                    "the stored event log ends at the largest sequence number"
+                );
+                Error::corrupt(
+                    log_name(stream).map_or_else(|_| stream.to_owned(), String::from),
+                    format!("the last stored sequence number {last} has no successor"),
+                )
+            })?;
+            self.pipes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(stream.to_owned())
+                .or_insert_with(|| Pipe {
+                    next_seq,
+                    pending: Vec::new(),
+                    committed_through: last,
+                    flushing: false,
+                    committed: Arc::default(),
+                    meta: new_meta.take(),
+                    session: session.cloned(),
+                });
+        }
+        let (seq, schedule) = {
+            let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+            let pipe = pipes.get_mut(stream).ok_or_else(|| {
+                Error::backend(self.log.backend_name(), "pipeline state vanished")
+            })?;
+            if known && let Some(meta) = new_meta {
+                // The stream's metadata went (it expired or was deleted)
+                // while this instance kept writing: the next commit writes
+                // the new token's.
+                pipe.meta = Some(meta);
+            }
+            let seq = pipe.next_seq;
+            pipe.next_seq = seq
+                .checked_add(1)
+                .ok_or_else(|| Error::corrupt(stream, "the stream's sequence number overflowed"))?;
+            pipe.pending.push((seq, data));
+            let schedule = !pipe.flushing;
+            pipe.flushing = true;
+            (seq, schedule)
+        };
+        if schedule {
+            let log = self.clone();
+            let stream = stream.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(window).await;
+                log.commit_pending(&stream).await;
+            });
+        }
+        Ok(seq)
+    }
+
+    /// The number of the last event stored for `stream` (0 when none).
+    pub(super) async fn last_stored_seq(&self, stream: &str) -> Result<u64> {
+        let name = log_name(stream)?;
+        let mut after = 0;
+        loop {
+            let records = self.log.read_after(&name, after, 1024).await?;
+            match records.last() {
+                Some(last) => after = last.seq,
+                None => return Ok(after),
+            }
+        }
+    }
+
+    /// Commits every pending event of `stream` in one append, then again
+    /// while more came meanwhile.
+    pub(super) async fn commit_pending(&self, stream: &str) {
+        loop {
+            let batch = {
+                let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(pipe) = pipes.get_mut(stream) else {
+                    return;
+                };
+                if pipe.pending.is_empty() {
+                    pipe.flushing = false;
+                    pipe.committed.notify_waiters();
+                    return;
+                }
+                (
+                    std::mem::take(&mut pipe.pending),
+                    pipe.meta.take(),
+                    pipe.session.clone(),
+                )
+            };
+            let (batch, meta, session) = batch;
+            let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
+            let last = expected.last().copied().unwrap_or_default();
+            let data: Vec<Vec<u8>> = batch.into_iter().map(|(_, d)| d).collect();
+            let outcome = match log_name(stream) {
+                Ok(name) => {
+                    self.log
+                        .append(&name, data, Some(self.config.retention))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            let stored = outcome
+                .as_ref()
+                .ok()
+                .and_then(|seqs| Some((*seqs.first()?, *seqs.last()?)));
+            // A new stream's metadata follows its first events, carrying the
+            // last number, as a synchronous append's does.
+            if let Some(mut meta) = meta
+                && let Some((_, stored_last)) = stored
+                && let Ok(key) = meta_key(stream)
+            {
+                meta.last_seq = stored_last;
+                if let Err(e) = write(
+                    &*self.kv,
+                    &key,
+                    &meta,
+                    PutMode::Create,
+                    Some(self.meta_ttl()),
+                )
+                .await
+                {
+                    warn!(stream, error = %e, "writing a pipelined stream's metadata failed; its events cannot be resumed");
+                }
+            }
+            // Numbers below those sent: the log started again (it expired
+            // or was deleted meanwhile). The ids sent name events that were
+            // never stored under those numbers; a new token keeps them from
+            // naming the new log's, so they are refused as lost.
+            if let Some((first, stored_last)) = stored
+                && expected.first().is_some_and(|sent| first < *sent)
+                && let Some(cached) = self.cached(stream)
+                && let Err(e) = self
+                    .renew(stream, session.as_ref(), Some(cached.token), stored_last)
+                    .await
+            {
+                warn!(stream, error = %e, "could not give a restarted event log a new token");
+            }
+            // What the log reached, for the metadata's next refresh to keep:
+            // a writer that finds the log below it knows it started again.
+            if let Some((_, stored_last)) = stored
+                && let Some(c) = self
+                    .streams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(stream)
+            {
+                c.last_seq = c.last_seq.max(stored_last);
+            }
+            let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(pipe) = pipes.get_mut(stream) else {
+                return;
+            };
+            match outcome {
+                Ok(seqs) if seqs == expected => {}
+                Ok(seqs) => {
+                    // Another writer appended to this stream: the numbers
+                    // sent no longer match the stored ones. Continue after
+                    // what the backend assigned; replays refuse the gap.
+                    warn!(
+                        stream,
+                        ?expected,
+                        ?seqs,
+                        "pipelined events were stored under other numbers than sent"
+                    );
+                    if let Some(stored_last) = seqs.last() {
+                        pipe.next_seq = if seqs.first() < expected.first() {
+                            stored_last.saturating_add(1)
+                        } else {
+                            pipe.next_seq.max(stored_last.saturating_add(1))
+                        };
+                    }
+                    pipe.committed_through = pipe.next_seq.saturating_sub(1);
+                }
+                Err(e) => {
+                    warn!(stream, error = %e, events = expected.len(), "committing pipelined events failed; they are lost")
+                }
+            }
+            pipe.committed_through = pipe.committed_through.max(last);
+            pipe.committed.notify_waiters();
+        }
+    }
+
+    /// Waits until every event this instance sent for `stream` up to now is
+    /// committed (no-op unless pipelined).
+    pub(super) async fn flushed(&self, stream: &str) {
+        if !matches!(self.config.durability, EventDurability::Pipelined { .. }) {
+            return;
+        }
+        loop {
+            let notify = {
+                let pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(pipe) = pipes.get(stream) else {
+                    return;
+                };
+                if pipe.committed_through >= pipe.next_seq.saturating_sub(1) {
+                    return;
+                }
+                pipe.committed.clone()
+            };
+            let waiting = notify.notified();
+            // Re-check after registering, so a commit in between is not missed.
+            {
+                let pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                if pipes
+                    .get(stream)
+                    .is_none_or(|p| p.committed_through >= p.next_seq.saturating_sub(1))
+                {
+                    return;
+                }
+            }
+            if tokio::time::timeout(Duration::from_secs(5), waiting)
+                .await
+                .is_err()
+            {
+                warn!(
+                    stream,
+                    "pipelined events still uncommitted after 5 s; reading what is stored"
+                );
+                return;
+            }
+        }
+    }
+
+    pub(super) async fn after_append(&self, stream: &str) {
+        let due = {
+            let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(c) = streams.get_mut(stream) else {
+                return;
+            };
+            c.appends_since_trim += 1;
+            if c.appends_since_trim >= (self.config.max_events_per_stream / 2).max(1) {
+                c.appends_since_trim = 0;
+                true
+            } else {
+                false
+            }
+        };
+        if due && let Err(e) = self.enforce_length(stream).await {
+            warn!(stream, error = %e, "could not trim event stream to its retention length");
+        }
+    }
+
+    pub(super) async fn enforce_length(&self, stream: &str) -> Result<()> {
+        let name = log_name(stream)?;
+        let records = self.log.read_after(&name, 0, usize::MAX).await?;
+        let max = usize::try_from(self.config.max_events_per_stream).unwrap_or(usize::MAX);
+        if records.len() <= max {
+            return Ok(());
+        }
+        let first_kept = records[records.len() - max].seq;
+        let last_dropped = records[records.len() - max - 1].seq;
+        // Record the bound before dropping, so a replay never silently skips.
+        let key = &meta_key(stream)?;
+        let recorded = retry_cas(key, 8, move || async move {
+            let Some(Stored {
+                mut record,
+                version,
+            }) = read::<StreamMeta>(&*self.kv, key).await?
+            else {
+                return Ok(false);
+            };
+            record.dropped_through = record.dropped_through.max(last_dropped);
+            write(
+                &*self.kv,
+                key,
+                &record,
+                PutMode::Update(version),
+                Some(self.meta_ttl()),
+            )
+            .await?;
+            Ok(true)
+        })
+        .await?;
+        if !recorded {
+            // The stream has expired meanwhile: nothing to trim.
+            return Ok(());
+        }
+        let dropped = self.log.trim(&name, first_kept).await?;
+        debug!(stream, dropped, "trimmed event stream");
+        Ok(())
+    }
+}
