@@ -3,8 +3,8 @@
 //! `cargo bench -p mcp-persist-transport-http --bench bench_bus`.
 //!
 //! Two instances share one store, each through its own handle (its own
-//! connection and, for SQLite, its own writer thread, as two processes
-//! would have), each with `LISTENERS / 2` local listeners. Instance A
+//! connection, or pool and `LISTEN` connection for Postgres, and for SQLite
+//! its own writer thread, as two processes would have), each with `LISTENERS / 2` local listeners. Instance A
 //! publishes `NOTICES` resource updates, one every `GAP`; the figure is the
 //! time from the start of `publish` to each listener receiving the notice,
 //! over every (notice, listener) pair: p50, p99 and the worst.
@@ -207,6 +207,26 @@ async fn main() -> anyhow::Result<()> {
         }
     };
 
+    let postgres = match std::env::var("MCP_PERSIST_POSTGRES_URL") {
+        Ok(url) => {
+            let schema = format!("bench_bus_{}", std::process::id());
+            let open = || {
+                mcp_persist_store_postgres::PostgresStore::builder(&url)
+                    .schema(schema.clone())
+                    .connect()
+            };
+            let figures = fleet(Stores::new(open().await?), Stores::new(open().await?)).await?;
+            row("postgres, two pools", &figures, &base);
+            Some(figures)
+        }
+        Err(_) => {
+            println!(
+                "MCP_PERSIST_POSTGRES_URL is not set: no Postgres row (run `cargo xtask bench`)"
+            );
+            None
+        }
+    };
+
     let verdict = |f: &Figures, aim: Duration| {
         if f.p99 < aim && f.delivered == LISTENERS * NOTICES {
             "met"
@@ -224,6 +244,13 @@ async fn main() -> anyhow::Result<()> {
             "aim: p99 under 5 ms on Redis: {:.1} ms ({})",
             redis.p99.as_secs_f64() * 1e3,
             verdict(&redis, Duration::from_millis(5))
+        );
+    }
+    if let Some(postgres) = postgres {
+        println!(
+            "aim: p99 under 10 ms on Postgres: {:.1} ms ({})",
+            postgres.p99.as_secs_f64() * 1e3,
+            verdict(&postgres, Duration::from_millis(10))
         );
     }
     Ok(())

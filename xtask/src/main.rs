@@ -477,7 +477,7 @@ const BENCHES: &[Bench] = &[
         name: "bus",
         package: "mcp-persist-transport-http",
         target: "bench_bus",
-        services: &[Service::Redis],
+        services: &[Service::Redis, Service::Postgres],
     },
 ];
 
