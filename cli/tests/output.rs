@@ -238,6 +238,15 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
     let log = events_log(stream);
     let none_log = events_log("none");
     let copy_dest = format!("sqlite:{}", dir.path().join("copy.db").display());
+    // A keyring file for `rekey` (owner-only, as the tool requires).
+    let (_, key_text) = mcp_persist_core::seal::SealKey::generate()?;
+    let keys = dir.path().join("ring.keys");
+    std::fs::write(&keys, key_text.expose_secret())?;
+    std::fs::set_permissions(
+        &keys,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )?;
+    let keyring = format!("file:{}", keys.display());
     let file_store = format!("file:{}", dir.path().join("files").display());
     cli_expect(&["copy", server, &file_store], 0);
 
@@ -256,6 +265,7 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
         ("gc --dry-run", vec!["gc", client, "--dry-run"], 0),
         ("copy", vec!["copy", "--dry-run", server, &copy_dest], 0),
         ("copy", vec!["copy", server, &copy_dest], 0),
+        ("rekey", vec!["--keyring", &keyring, "rekey", &copy_dest], 0),
         ("quarantine", vec!["quarantine", &file_store, &none_log], 6),
         ("rm", vec!["rm", server, &session], 0),
         ("gc", vec!["gc", client], 0),

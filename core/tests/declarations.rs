@@ -126,7 +126,7 @@ fn every_record_type_is_declared() {
             "{file}: {decl} is not listed in declare::ALL"
         );
         assert!(
-            declare_rs.contains(&format!("    {decl}: ")),
+            declare_rs.contains(&format!("    {decl} {{")),
             "{file}: {decl} is not declared with declare!"
         );
     }
