@@ -344,6 +344,7 @@ macro_rules! log_conformance {
                 event_replay_after_reopen,
                 forged_event_id_is_rejected,
                 restarted_event_log_never_serves_old_ids,
+                pipelined_stream_over_an_expired_log_sends_stored_numbers,
                 pipelined_events_replay_whole_and_refuse_lost_ids,
             );
             $crate::__conformance_tests!(tasks, $fixture;

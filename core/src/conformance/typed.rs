@@ -962,6 +962,58 @@ pub async fn restarted_event_log_never_serves_old_ids(f: &dyn LogFixture) {
     synced.write_again(f).await;
 }
 
+/// A pipelined writer that starts a stream whose name an expired log still
+/// holds (its metadata gone too) sends the numbers the backend stores, so
+/// its ids replay: a backend may number such a log afresh or go on above
+/// the expired records.
+pub async fn pipelined_stream_over_an_expired_log_sends_stored_numbers(f: &dyn LogFixture) {
+    let retention = Duration::from_millis(800);
+    let config =
+        EventLogConfig::new(retention, 1000).with_durability(crate::EventDurability::PIPELINED);
+    let stream = "pipelined-over-expired";
+    let first = EventLog::new(f.open_kv().await, f.open_log().await, config);
+    let mut old = Vec::new();
+    for n in 0..3 {
+        old.push(
+            first
+                .append(stream, None, &serde_json::json!({ "old": n }))
+                .await
+                .expect("append"),
+        );
+    }
+    // Committed, then the stream's metadata goes and its log expires.
+    first
+        .replay_after(&old[0].to_string(), None)
+        .await
+        .expect("replay before expiry");
+    f.open_kv()
+        .await
+        .delete(&crate::declare::EVENT_STREAM.key(&[stream]), None)
+        .await
+        .expect("delete the metadata");
+    tokio::time::sleep(retention + retention / 4).await;
+
+    let fresh = EventLog::new(f.open_kv().await, f.open_log().await, config);
+    let mut new = Vec::new();
+    for n in 0..3 {
+        new.push(
+            fresh
+                .append(stream, None, &serde_json::json!({ "new": n }))
+                .await
+                .expect("append over the expired log"),
+        );
+    }
+    let replayed = fresh
+        .replay_after(&new[0].to_string(), None)
+        .await
+        .expect("the first new id replays");
+    assert_eq!(
+        replayed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        new[1..].to_vec(),
+        "every id sent is the number stored"
+    );
+}
+
 /// A stream written before its log expires, for
 /// [`restarted_event_log_never_serves_old_ids`].
 struct RestartedLog {

@@ -147,9 +147,11 @@ enum PipelinedStart {
     /// Numbered by this instance, under this token; with the metadata of a
     /// stream it starts, written with the first commit.
     Numbered([u8; 16], Option<StreamMeta>),
-    /// Stored at once (the log started again under an existing stream),
-    /// given the stream's token and the last number known under it.
-    Restarted(([u8; 16], u64)),
+    /// Stored at once, so that its number is the backend's: the first event
+    /// of a stream new to this instance (`None`), or of a log that started
+    /// again under an existing stream (its token and the last number known
+    /// under it).
+    AtOnce(Option<([u8; 16], u64)>),
 }
 
 /// Who writes a stream and what it answers, as recorded by its writer.
@@ -280,12 +282,13 @@ impl EventLog {
                         .await?;
                     return Ok(EventId::new(token, seq, stream));
                 }
-                // The first event of a log that started again is stored at
-                // once, as a synchronous one is: its number is the
-                // backend's, which may start again or go on above the old
-                // ones, and the stream's next events are numbered on from it.
-                PipelinedStart::Restarted(known) => {
-                    return self.append_now(stream, session, Some(known), data).await;
+                // The first event of a stream new here, or of a log that
+                // started again, is stored at once, as a synchronous one is:
+                // its number is the backend's, which may start again or go
+                // on above the numbers of an earlier log of the same name,
+                // and the stream's next events are numbered on from it.
+                PipelinedStart::AtOnce(known) => {
+                    return self.append_now(stream, session, known, data).await;
                 }
             }
         }

@@ -43,10 +43,12 @@ impl EventLog {
         Ok(EventId::new(token, seq, stream))
     }
 
-    /// The token of `stream` for a pipelined append. A stream new to the
-    /// store gets its token here and its metadata with its first commit
-    /// (returned for [`pipeline`](Self::pipeline) to schedule), so starting
-    /// a stream costs no synchronous write either.
+    /// The token of `stream` for a pipelined append. A stream new to this
+    /// instance has its first event stored at once (one synchronous write
+    /// per stream), so that every number it sends is the one stored; a
+    /// stream whose metadata went while this instance writes it gets a new
+    /// token here and its metadata with the next commit (returned for
+    /// [`pipeline`](Self::pipeline) to schedule).
     pub(super) async fn pipelined_token(
         &self,
         stream: &str,
@@ -72,10 +74,29 @@ impl EventLog {
             // events.
             let stored = self.last_stored_seq(stream).await?;
             if stored < last {
-                return Ok(PipelinedStart::Restarted((token, last)));
+                return Ok(PipelinedStart::AtOnce(Some((token, last))));
             }
             return Ok(PipelinedStart::Numbered(token, None));
         }
+        let piped = self
+            .pipes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(stream);
+        if !piped {
+            // A stream new to this instance: numbering it here from an empty
+            // log would be wrong on a backend that goes on above the numbers
+            // of an expired log of the same name (Postgres, the file store),
+            // so its first event is stored at once and numbered by the
+            // backend.
+            debug!(
+                stream,
+                "new pipelined event stream: first event stored at once"
+            );
+            return Ok(PipelinedStart::AtOnce(None));
+        }
+        // The stream's metadata went (it expired, or was deleted) while this
+        // instance kept writing it: a new token, written with the next commit.
         let token = random_token()?;
         let meta = self.new_meta(session, &token, 0);
         self.cache(
@@ -87,7 +108,10 @@ impl EventLog {
                 last_seq: 0,
             },
         );
-        debug!(stream, "new pipelined event stream");
+        debug!(
+            stream,
+            "stream metadata gone while this instance writes it: a new token"
+        );
         Ok(PipelinedStart::Numbered(token, Some(meta)))
     }
 
