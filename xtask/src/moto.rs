@@ -12,11 +12,13 @@
 //! the tests that need it skip; under CI it is an error.
 //!
 //! `moto_server` serves each request on a thread of its own and does not
-//! lock its DynamoDB tables, so two conditional writes to one item can both
-//! pass their condition. The installed moto is therefore started through
-//! [`SERIAL_MOTO`], which lets one DynamoDB request at a time reach moto's
-//! backend: the per-item atomicity DynamoDB gives. Other services' requests
-//! are served as before.
+//! lock its DynamoDB tables or its secrets, so two conditional writes to one
+//! item can both pass their condition, and two `UpdateSecretVersionStage`
+//! calls can both move `AWSCURRENT` off the same version (moto checks, then
+//! moves, without a lock). The installed moto is therefore started through
+//! [`SERIAL_MOTO`], which lets one DynamoDB or Secrets Manager request at a
+//! time reach moto's backend: the per-request atomicity both services give.
+//! Other services' requests are served as before.
 //! A `moto_server` named by `MCP_PERSIST_MOTO_SERVER` runs as it is.
 
 use std::{
@@ -35,8 +37,8 @@ use anyhow::{Context, Result, bail};
 const URL_VAR: &str = "MCP_PERSIST_MOTO_URL";
 /// The variable that names another `moto_server` executable.
 const SERVER_VAR: &str = "MCP_PERSIST_MOTO_SERVER";
-/// Starts moto's server with every DynamoDB request handled under one lock
-/// (arguments as `moto_server`'s).
+/// Starts moto's server with every DynamoDB and Secrets Manager request
+/// handled under one lock (arguments as `moto_server`'s).
 const SERIAL_MOTO: &str = "\
 import sys, threading
 import moto.server as server
@@ -44,7 +46,8 @@ run = server.run_simple
 def run_serial(host, port, app, **options):
     lock = threading.Lock()
     def serial(environ, start_response):
-        if not environ.get('HTTP_X_AMZ_TARGET', '').startswith('DynamoDB_'):
+        target = environ.get('HTTP_X_AMZ_TARGET', '')
+        if not target.startswith(('DynamoDB_', 'secretsmanager.')):
             return app(environ, start_response)
         with lock:
             return list(app(environ, start_response))
