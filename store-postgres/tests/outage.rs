@@ -37,6 +37,22 @@ fn assert_typed(e: &Error) {
     );
 }
 
+fn acked_total(acked: &Mutex<Acked>) -> usize {
+    acked.lock().expect("lock").values().map(Vec::len).sum()
+}
+
+/// Polls `done` until it holds; fails after a minute, naming `what`.
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "waited a minute for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn immediate_stop_loses_no_acknowledged_write() {
     let server = common::OwnServer::start();
@@ -63,21 +79,26 @@ async fn immediate_stop_loses_no_acknowledged_write() {
     let errors = Arc::new(AtomicU64::new(0));
     let restarted = Arc::new(AtomicBool::new(false));
     let recovered = Arc::new(AtomicU64::new(0));
+    // Appenders that have seen the server down: the outage lasts until
+    // every one of them has, so each meets it, however the machine is loaded.
+    let saw_down = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for t in 0..APPENDERS {
-        let (store, acked, errors, restarted, recovered, stop) = (
+        let (store, acked, errors, restarted, recovered, saw_down, stop) = (
             store.clone(),
             acked.clone(),
             errors.clone(),
             restarted.clone(),
             recovered.clone(),
+            saw_down.clone(),
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let log = key(&format!("log-{}", t % LOGS));
             let mut n = 0u64;
             let mut counted = false;
+            let mut down = false;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
                 let data = format!("{t}:{n}").into_bytes();
@@ -106,6 +127,10 @@ async fn immediate_stop_loses_no_acknowledged_write() {
                     Err(e) => {
                         assert_typed(&e);
                         errors.fetch_add(1, Ordering::Relaxed);
+                        if !down {
+                            down = true;
+                            saw_down.fetch_add(1, Ordering::Relaxed);
+                        }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
@@ -155,11 +180,16 @@ async fn immediate_stop_loses_no_acknowledged_write() {
         })
     };
 
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let before = store.write_stats();
-    assert!(before.appends > 0, "nothing appended before the stop");
+    // Writes acknowledged before the stop.
+    wait_for("writes before the stop", || {
+        acked_total(&acked) >= 2 * APPENDERS as usize
+    })
+    .await;
     server.crash();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for("every appender to see the server down", || {
+        saw_down.load(Ordering::Relaxed) == APPENDERS
+    })
+    .await;
     server.up();
     restarted.store(true, Ordering::Relaxed);
     let started = Instant::now();
@@ -171,7 +201,12 @@ async fn immediate_stop_loses_no_acknowledged_write() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A few more writes each after the recovery, then stop.
+    let so_far = acked_total(&acked);
+    wait_for("writes after the recovery", || {
+        acked_total(&acked) >= so_far + APPENDERS as usize
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.expect("appender");

@@ -154,6 +154,23 @@ struct Step {
     name: &'static str,
     seconds: f64,
     ok: bool,
+    /// Free space on the build folder's disk after the step, in GB.
+    free_gb: Option<f64>,
+}
+
+/// Free space on the disk that holds the workspace, from `df`: a step that
+/// fails with "No space left on device" shows in the summary where the
+/// space went. `None` where `df` is missing or prints something else.
+fn free_disk_gb() -> Option<f64> {
+    let out = Command::new("df")
+        .args(["-Pk", "."])
+        .current_dir(root())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let row = text.lines().nth(1)?;
+    let kb: f64 = row.split_whitespace().nth(3)?.parse().ok()?;
+    Some(kb / 1e6)
 }
 
 fn run_step(steps: &mut Vec<Step>, name: &'static str, mut cmd: Command) -> bool {
@@ -167,6 +184,7 @@ fn run_step(steps: &mut Vec<Step>, name: &'static str, mut cmd: Command) -> bool
         name,
         seconds: started.elapsed().as_secs_f64(),
         ok,
+        free_gb: free_disk_gb(),
     });
     ok
 }
@@ -186,6 +204,7 @@ fn run_task_step(steps: &mut Vec<Step>, name: &'static str, task: impl FnOnce() 
         name,
         seconds: started.elapsed().as_secs_f64(),
         ok,
+        free_gb: free_disk_gb(),
     });
 }
 
@@ -205,6 +224,7 @@ fn ensure_libfaketime() {
 fn test(_args: &[String]) -> Result<()> {
     ensure_openssl_headers();
     ensure_libfaketime();
+    let free_at_start = free_disk_gb();
     let mut steps = Vec::new();
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);
@@ -302,10 +322,19 @@ fn test(_args: &[String]) -> Result<()> {
         );
     }
 
-    println!("\n==> summary");
-    for s in &steps {
+    println!("\n==> summary (free disk after each step)");
+    if let Some(gb) = free_at_start {
         println!(
-            "  {:<4} {:<32} {:>7.1}s",
+            "  {:<4} {:<32} {:>8} {gb:>6.1} GB",
+            "", "(at the start)", ""
+        );
+    }
+    for s in &steps {
+        let free = s
+            .free_gb
+            .map_or_else(|| "?".to_owned(), |gb| format!("{gb:.1} GB"));
+        println!(
+            "  {:<4} {:<32} {:>7.1}s {free:>9}",
             if s.ok { "ok" } else { "FAIL" },
             s.name,
             s.seconds
