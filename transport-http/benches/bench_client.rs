@@ -113,7 +113,7 @@ async fn main() -> Result<()> {
             ));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let server = listener.local_addr()?;
-    // TCP_NODELAY, as a production server sets it (see examples/server.rs).
+    // TCP_NODELAY, as a production server sets it (see examples/server/main.rs).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });

@@ -30,7 +30,7 @@
 //!   opt-out), per backend. `-- sessions` runs this measurement alone.
 #![allow(deprecated)] // The demo server's sampling tool; see server.rs.
 
-#[path = "../examples/server.rs"]
+#[path = "../examples/server/main.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod demo;
 

@@ -431,6 +431,77 @@ fn the_example_has_a_help_listing_its_flags() {
     assert!(format!("{unknown:#}").contains("--bogus"), "{unknown:#}");
 }
 
+/// The example opens its store through the URL registry: `--store URL`
+/// alone, or the older `--backend NAME --store PATH`, name the same store,
+/// so a second start finds what the first wrote; a malformed or unknown
+/// store is a clear error, and a bad prefix never reaches a URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_opens_any_store_url_and_the_older_flags() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parse = |args: &[&str]| demo::Options::parse(args.iter().map(|s| s.to_string()));
+    let db = dir.path().join("state.db");
+    let db = db.to_str().context("utf-8 path")?;
+    let folder = dir.path().join("state");
+    std::fs::create_dir(&folder)?;
+    let folder = folder.to_str().context("utf-8 path")?;
+    let (sqlite_url, file_url) = (format!("sqlite:{db}"), format!("file:{folder}"));
+    let pairs = [
+        (
+            vec!["--store", sqlite_url.as_str()],
+            vec!["--backend", "sqlite", "--store", db],
+        ),
+        (
+            vec!["--store", file_url.as_str()],
+            vec!["--backend", "file", "--store", folder],
+        ),
+    ];
+    for (url_form, older_form) in pairs {
+        let first = demo::open_stores(&parse(&url_form)?).await?;
+        let made = first.shared_keys().get_or_create("demo").await?;
+        drop(first);
+        // The second start, by the other form, finds the first one's key.
+        let second = demo::open_stores(&parse(&older_form)?).await?;
+        let found = second.shared_keys().get_or_create("demo").await?;
+        assert_eq!(
+            found.active.id, made.active.id,
+            "{older_form:?} does not see {url_form:?}'s key"
+        );
+    }
+    assert_eq!(parse(&[])?.store_url()?, "memory:");
+    assert_eq!(
+        parse(&[
+            "--backend",
+            "redis",
+            "--store",
+            "redis://127.0.0.1:1/",
+            "--redis-prefix",
+            "a:b"
+        ])?
+        .store_url()?,
+        "redis://127.0.0.1:1/?prefix=a:b"
+    );
+    for (args, says) in [
+        (vec!["--store", "nosuch:x"], "sqlite:"),
+        (vec!["--backend", "sqlite"], "needs --store"),
+        (vec!["--backend", "memory", "--store", "x"], "no store"),
+        (
+            vec!["--backend", "oracle", "--store", "x"],
+            "unknown backend",
+        ),
+        (
+            vec!["--store", "redis://h/", "--redis-prefix", "a&b=c"],
+            "--redis-prefix",
+        ),
+    ] {
+        let err = match parse(&args) {
+            Ok(options) => demo::open_stores(&options).await.expect_err("refused"),
+            Err(e) => e,
+        };
+        assert!(format!("{err:#}").contains(says), "{args:?}: {err:#}");
+    }
+    Ok(())
+}
+
 /// A server whose one tool runs `ask_later` as a resumable task: the first
 /// run waits, a run taken over by another instance asks the client for
 /// elicitation.

@@ -20,7 +20,7 @@ use rmcp::{
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 
-#[path = "../../../transport-http/examples/server.rs"]
+#[path = "../../../transport-http/examples/server/main.rs"]
 pub mod demo;
 
 pub const REDIS_VAR: &str = "MCP_PERSIST_REDIS_URL";

@@ -13,56 +13,31 @@
 //! backend of the registry can carry the fleet, Redis Cluster and Postgres
 //! included. `cargo xtask load` builds and runs it.
 
-use std::{process::ExitCode, sync::Arc};
+use std::process::ExitCode;
 
-use anyhow::{Context as _, Result};
-use mcp_persist_core::{
-    Stores,
-    registry::{OpenOptions, Registry},
-};
+use anyhow::Result;
 
-#[path = "../../../transport-http/examples/server.rs"]
+#[path = "../../../transport-http/examples/server/main.rs"]
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 mod demo;
 
-/// Opens a store URL with every backend the fleet can run on.
-async fn open(url: &str) -> Result<(Stores, mcp_persist_core::registry::OpenedStore)> {
-    let registry = Registry::new()
-        .with(mcp_persist_store_sqlite::SqliteOpener)
-        .with(mcp_persist_store_redis::RedisOpener)
-        .with(mcp_persist_store_postgres::PostgresOpener);
-    let opened = registry
-        .open(url, OpenOptions::default())
-        .await
-        .context("opening the store")?;
-    let stores = Stores::from_parts(opened.kv.clone(), opened.log.clone());
-    Ok((stores, opened))
-}
-
 /// `serve`: the example server on the store `--store-url` names.
 async fn serve(args: Vec<String>) -> Result<()> {
-    let mut url = None;
-    let mut rest = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "--store-url" {
-            url = Some(args.next().context("--store-url needs a value")?);
-        } else {
-            rest.push(arg);
-        }
-    }
-    let url = url.context("serve needs --store-url URL")?;
-    let options = demo::Options::parse(rest)?;
-    let (stores, _opened) = open(&url).await?;
-    let counters = Arc::new(demo::Counters::default());
-    let router = demo::durable_router_with_tasks(stores, &options, counters).await?;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", options.port)).await?;
-    println!("LISTENING {}", listener.local_addr()?);
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router).await?;
-    Ok(())
+    let args = args
+        .into_iter()
+        .map(|a| {
+            if a == "--store-url" {
+                "--store".to_owned()
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>();
+    anyhow::ensure!(
+        args.iter().any(|a| a == "--store"),
+        "serve needs --store-url URL"
+    );
+    demo::run(demo::Options::parse(args)?).await
 }
 
 #[tokio::main]

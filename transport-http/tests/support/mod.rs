@@ -29,7 +29,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-#[path = "../../examples/server.rs"]
+#[path = "../../examples/server/main.rs"]
 pub mod demo;
 
 /// The environment variable that turns the test binary into a demo server.
