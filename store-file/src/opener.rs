@@ -100,14 +100,24 @@ pub(crate) fn probe(dir: &Path, options: OpenOptions) -> Result<()> {
         )));
     }
     let store_json = dir.join(META_FILE);
-    let bytes = match fs::read(&store_json) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let names: Vec<String> = fs::read_dir(dir)
+    let mut attempts = 0;
+    let bytes = loop {
+        let names = match fs::read(&store_json) {
+            Ok(bytes) => break bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::read_dir(dir)
                 .map_err(|e| unreadable(dir, &e))?
                 .filter_map(std::result::Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
+                .collect::<Vec<String>>(),
+            Err(e) => return Err(unreadable(&store_json, &e)),
+        };
+        // Another process finished creating the store between the read
+        // and the listing: read its metadata again.
+        attempts += 1;
+        if names.iter().any(|n| n == META_FILE) && attempts < 3 {
+            continue;
+        }
+        {
             // Another process creating the store right now has made part
             // of its layout, and not yet its metadata.
             let being_created = names
@@ -131,7 +141,6 @@ pub(crate) fn probe(dir: &Path, options: OpenOptions) -> Result<()> {
                 ))),
             };
         }
-        Err(e) => return Err(unreadable(&store_json, &e)),
     };
     let format = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
