@@ -447,9 +447,8 @@ struct Peers {
 /// `CARGO_TARGET_DIR` is respected).
 fn build_peers() -> Result<Peers> {
     println!("\n==> building the conformance peers");
-    let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(crate::root())
-        .args(["build", "-p", "mcp-persist-conformance", "--bins"]);
+    let mut cmd =
+        crate::build_as_tested(&["--bin", "conformance-server", "--bin", "conformance-client"]);
     let status = cmd.status().context("running cargo build")?;
     if !status.success() {
         bail!("building mcp-persist-conformance failed ({status}); the compiler said why above");

@@ -86,32 +86,20 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
 fn build_examples() -> Result<PathBuf> {
     print!("building the server and client examples and the mcp-persist CLI ... ");
     std::io::stdout().flush().ok();
-    let status = crate::cargo()
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "mcp-persist-transport-http",
-            "--example",
-            "server",
-            "--example",
-            "client",
-        ])
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "building the examples failed");
-    let status = crate::cargo()
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "mcp-persist-cli",
-            "--bin",
-            "mcp-persist",
-        ])
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "building the mcp-persist CLI failed");
+    let status = crate::build_as_tested(&[
+        "--example",
+        "server",
+        "--example",
+        "client",
+        "--bin",
+        "mcp-persist",
+    ])
+    .status()
+    .context("running cargo build")?;
+    ensure!(
+        status.success(),
+        "building the examples and the mcp-persist CLI failed"
+    );
     println!("done");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)

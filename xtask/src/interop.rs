@@ -229,15 +229,7 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
     );
     let installed = install()?;
     println!("==> building the server example");
-    let status = crate::cargo()
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "mcp-persist-transport-http",
-            "--example",
-            "server",
-        ])
+    let status = crate::build_as_tested(&["--example", "server"])
         .status()
         .context("running cargo build")?;
     ensure!(status.success(), "building the server example failed");

@@ -87,15 +87,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
 
     println!("building the load driver and its servers");
-    let status = crate::cargo()
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "mcp-persist-conformance",
-            "--bin",
-            "mcp-persist-load",
-        ])
+    let status = crate::build_as_tested(&["--bin", "mcp-persist-load"])
         .status()
         .context("running cargo build")?;
     if !status.success() {

@@ -105,6 +105,17 @@ pub(crate) fn cargo() -> Command {
     cmd
 }
 
+/// `cargo build` of `targets` (`--example server`, `--bin mcp-persist`, …)
+/// with the feature set of `cargo test --workspace --all-features`, so that
+/// after the tests it reuses what they built instead of compiling the
+/// crates again for another feature set (six minutes of a cold CI run).
+pub(crate) fn build_as_tested(targets: &[&str]) -> Command {
+    let mut cmd = cargo();
+    cmd.args(["build", "--quiet", "--workspace", "--all-features"])
+        .args(targets);
+    cmd
+}
+
 /// Whether we run under CI, where a missing service is a failure.
 pub(crate) fn under_ci() -> bool {
     env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
