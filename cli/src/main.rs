@@ -86,6 +86,11 @@ struct Cli {
     #[arg(long, global = true, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     event_retention: Duration,
 
+    /// The servers' window for keyed (exactly-once) calls: a copied call
+    /// record expires this long after its last change.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    call_window: Duration,
+
     /// Where the sealing keys are (`env:VAR`, `file:PATH`,
     /// `secretsmanager:SECRET_ID`): sealed records are then opened, and
     /// `check` reports those under keys the ring does not hold. Without it,
@@ -319,6 +324,7 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
     let ttl = TtlPolicy {
         session_idle: cli.session_idle_ttl,
         event_retention: cli.event_retention,
+        call_window: cli.call_window,
         pending_authorization: Duration::from_secs(10 * 60),
     };
     let keys = sealing::load(cli.keyring.as_deref()).await?;

@@ -152,6 +152,8 @@ pub(crate) struct TtlPolicy {
     pub(crate) session_idle: Duration,
     /// The servers' event retention.
     pub(crate) event_retention: Duration,
+    /// The servers' window for keyed calls.
+    pub(crate) call_window: Duration,
     /// How long a pending authorization lives.
     pub(crate) pending_authorization: Duration,
 }
@@ -192,6 +194,9 @@ impl TtlPolicy {
                     _ => Expiry::Never,
                 }
             }
+            Lifetime::CallWindow => inspected
+                .written_at()
+                .map_or(Expiry::Never, |t| Expiry::At(t.plus(self.call_window))),
             Lifetime::Transient => Expiry::Transient,
             _ => Expiry::Never,
         }

@@ -140,6 +140,8 @@ pub enum Lifetime {
     PendingAuthorization,
     /// Twice the task's own `ttl_ms` from its creation.
     Task,
+    /// The server's window for keyed calls, from the record's last change.
+    CallWindow,
 }
 
 /// One kind of record. See the [module docs](self).
@@ -470,6 +472,16 @@ declare!(
     }
 );
 declare!(
+    /// A tool call a client keyed for exactly-once execution.
+    CALL_RECORD {
+        kind: "call_record", schema: 1, family: Tasks, space: Kv, role: Sessions,
+        prefix: "server/call/", components: ["principal hash", "key"],
+        secrets: ["/answer"], written: ["/updated_at"], created: ["/created_at"],
+        lifetime: CallWindow, owns_log: None,
+        summary: "a keyed tool call: the instance running it, or its answer",
+    }
+);
+declare!(
     /// A notice on the fleet bus (a log record).
     FLEET_NOTICE {
         kind: "fleet_notice", schema: 1, family: Bus, space: Log, role: Events,
@@ -527,6 +539,7 @@ pub const ALL: &[&Declaration] = &[
     &SHARED_KEY_RING,
     &TASK,
     &TASK_INBOX,
+    &CALL_RECORD,
     &FLEET_NOTICE,
     &INSTANCE_LEASE,
     &HEARTBEAT,

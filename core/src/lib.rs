@@ -135,11 +135,12 @@ pub use records::{
 };
 pub use secret::Secret;
 pub use stores::{
-    AuthStore, BusMessage, BusRetention, ClientStateStore, DpopKey, EventDurability, EventLog,
-    EventLogConfig, FleetNotice, InstanceLease, InstanceLeases, KeyRing, Liveness,
-    MAX_NOTICE_BYTES, MAX_REQUEST_ID, NotificationBus, OwnLease, RefreshLease, RefreshOutcome,
-    ResumableOperation, ServerSessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores,
-    TaskId, TaskOwner, TaskRecord, TaskStatus, TaskStore, TaskUpdate,
+    AuthStore, BusMessage, BusRetention, CallAnswer, CallKey, CallRecord, CallStatus, CallStore,
+    ClientStateStore, DpopKey, EventDurability, EventLog, EventLogConfig, FleetNotice,
+    InstanceLease, InstanceLeases, KeyRing, Liveness, MAX_NOTICE_BYTES, MAX_REQUEST_ID,
+    NotificationBus, OwnLease, RefreshLease, RefreshOutcome, ResumableOperation,
+    ServerSessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores, TaskId, TaskOwner,
+    TaskRecord, TaskStatus, TaskStore, TaskUpdate,
 };
 pub use types::{
     EventId, MAX_PROFILE_BYTES, MAX_SESSION_ID_BYTES, MAX_STREAM_ID_BYTES, ProtocolEra,

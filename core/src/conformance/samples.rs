@@ -161,6 +161,13 @@ pub fn all() -> Vec<Sample> {
                        "resumable": null, "runs": 1}),
             ),
             "task_inbox" => sample(d, &["task-1"], json!({"reason": "input"})),
+            "call_record" => sample(
+                d,
+                &["00112233445566778899aabbccddeeff", "order-1041"],
+                json!({"principal": "alice", "tool": "charge", "digest": "ab", "status": "done",
+                       "owner": "i-1", "runs": 1, "answer": "", "answer_not_kept_bytes": null,
+                       "created_at": now, "updated_at": now}),
+            ),
             "fleet_notice" => sample(
                 d,
                 &[],

@@ -668,8 +668,9 @@ pub async fn plaintext_is_read_then_sealed_by_rekey(f: &SealFixture) {
         .await
         .expect("rekey");
     // Credentials, DPoP keys and shared key rings live until deleted:
-    // sealed. Pending authorizations and stream tokens have a TTL a plain
-    // record does not tell: left to expire (their next write seals them).
+    // sealed. Pending authorizations, stream tokens and keyed calls' answers
+    // have a TTL a plain record does not tell: left to expire (their next
+    // write seals them).
     let kept_secrets = |d: &declare::Declaration| {
         d.space == Space::Kv && !d.secret_fields.is_empty() && d.lifetime == declare::Lifetime::Kept
     };
@@ -686,6 +687,9 @@ pub async fn plaintext_is_read_then_sealed_by_rekey(f: &SealFixture) {
             .key(&["0123abcd"])
             .to_string(),
         declare::EVENT_STREAM.key(&["sess-1:0"]).to_string(),
+        declare::CALL_RECORD
+            .key(&["00112233445566778899aabbccddeeff", "order-1041"])
+            .to_string(),
         // The canary: a key no declaration knows, whose TTL nobody knows.
         "canary/plain".to_owned(),
     ];

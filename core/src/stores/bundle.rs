@@ -1,7 +1,7 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{
-    AuthStore, BusRetention, ClientStateStore, EventLog, EventLogConfig, InstanceLeases,
+    AuthStore, BusRetention, CallStore, ClientStateStore, EventLog, EventLogConfig, InstanceLeases,
     NotificationBus, ServerSessionStore, SharedKeyStore, TaskStore,
 };
 use crate::{
@@ -158,6 +158,12 @@ impl Stores {
     /// The server session store, with sessions expiring after `idle_ttl`.
     pub fn sessions(&self, idle_ttl: Duration) -> ServerSessionStore {
         ServerSessionStore::new(self.kv(&self.sessions), idle_ttl)
+    }
+
+    /// Tool calls keyed for exactly-once execution, kept with the sessions
+    /// for `window` after their last change.
+    pub fn calls(&self, window: Duration) -> CallStore {
+        CallStore::new(self.kv(&self.sessions), window)
     }
 
     /// The durable task store, kept where the event log is (records in its

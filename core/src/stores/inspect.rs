@@ -12,6 +12,7 @@ use crate::{
     },
     stores::{
         bus::BusMessage,
+        calls::CallRecord,
         credentials::{DpopKey, LeaseRecord, ResourceIssuer},
         keys::KeyRing,
         liveness::{Heartbeat, InstanceLease},
@@ -46,6 +47,7 @@ fn decoder(declaration: &Declaration) -> Option<Decoder> {
         entry::<KeyRing>(),
         entry::<InboxRecord>(),
         entry::<TaskRecord>(),
+        entry::<CallRecord>(),
         entry::<BusMessage>(),
         entry::<InstanceLease>(),
         entry::<Heartbeat>(),

@@ -12,6 +12,7 @@
 //! | [`EventLog`] | [`EVENT_STREAM`](crate::declare::EVENT_STREAM), [`EVENT`](crate::declare::EVENT) |
 //! | [`SharedKeyStore`] | [`SHARED_KEY_RING`](crate::declare::SHARED_KEY_RING) |
 //! | [`TaskStore`] | [`TASK`](crate::declare::TASK), [`TASK_INBOX`](crate::declare::TASK_INBOX) |
+//! | [`CallStore`] | [`CALL_RECORD`](crate::declare::CALL_RECORD) |
 //! | [`NotificationBus`] | [`FLEET_NOTICE`](crate::declare::FLEET_NOTICE) |
 //! | [`InstanceLeases`] | [`INSTANCE_LEASE`](crate::declare::INSTANCE_LEASE) |
 //! | | [`HEARTBEAT`](crate::declare::HEARTBEAT) |
@@ -19,6 +20,7 @@
 
 mod bundle;
 mod bus;
+pub(crate) mod calls;
 mod client;
 pub(crate) mod credentials;
 mod events;
@@ -31,6 +33,9 @@ pub(crate) mod tool_lock;
 
 pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
+pub use calls::{
+    Begin, CallAnswer, CallKey, CallRecord, CallStatus, CallStore, MAX_CALL_KEY_BYTES,
+};
 pub use client::{ClientStateStore, MAX_REQUEST_ID};
 pub use credentials::{AuthStore, DpopKey, RefreshLease, RefreshOutcome};
 pub use events::{EventDurability, EventLog, EventLogConfig, StoredEvent, StreamOrigin};

@@ -24,7 +24,7 @@ use rmcp::{
     transport::streamable_http_server::session::SessionRestoreMarker,
 };
 
-use super::jobs::{ask_name, greeting, job, name_question};
+use super::jobs::{ask_name, greeting, job, name_question, note_run};
 
 /// Per-process counters, shared by every handler of the process.
 #[derive(Debug, Default)]
@@ -35,10 +35,16 @@ pub struct Counters {
     pub restored: AtomicU64,
 }
 
+/// Runs of `charge` and `refresh` in this process: each answer names its
+/// run, so a kept answer is told from a new run.
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
 /// The demo handler.
 #[derive(Clone)]
 pub struct DemoHandler {
     counters: Arc<Counters>,
+    /// Where `charge` and `refresh` note each run.
+    runs_file: Option<std::path::PathBuf>,
     tasks: Option<DurableTasks>,
     bus: Option<FleetBus>,
     /// The resources this session subscribed to (`resources/subscribe`);
@@ -51,6 +57,7 @@ impl DemoHandler {
     pub fn new(counters: Arc<Counters>) -> Self {
         DemoHandler {
             counters,
+            runs_file: None,
             tasks: None,
             bus: None,
             subscriptions: Arc::default(),
@@ -60,6 +67,12 @@ impl DemoHandler {
     /// The same handler, delivering fleet notices from `bus`.
     pub fn with_bus(mut self, bus: FleetBus) -> Self {
         self.bus = Some(bus);
+        self
+    }
+
+    /// The same handler, noting runs of `charge` and `refresh` in `path`.
+    pub fn with_runs_file(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.runs_file = path;
         self
     }
 
@@ -142,6 +155,22 @@ fn tools() -> Vec<Tool> {
                 "type": "object",
                 "properties": { "uri": { "type": "string" } },
                 "required": ["uri"]
+            })),
+        ),
+        Tool::new(
+            "charge",
+            "Runs once per idempotency key (not safe to re-run): notes `charge TAG` in the runs file, waits `delay_ms`, answers which run it was.",
+            schema(serde_json::json!({
+                "type": "object",
+                "properties": { "tag": {"type": "string"}, "delay_ms": {"type": "integer"} }
+            })),
+        ),
+        Tool::new(
+            "refresh",
+            "Like charge, but declared safe to re-run when its instance stops mid-call.",
+            schema(serde_json::json!({
+                "type": "object",
+                "properties": { "tag": {"type": "string"}, "delay_ms": {"type": "integer"} }
             })),
         ),
         Tool::new(
@@ -370,6 +399,21 @@ impl ServerHandler for DemoHandler {
                 .await;
         }
         let text = match request.name.as_ref() {
+            "charge" | "refresh" => {
+                let tag = args.get("tag").and_then(|v| v.as_str()).unwrap_or("");
+                let delay = args.get("delay_ms").and_then(|v| v.as_u64()).unwrap_or(0);
+                let run = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
+                note_run(
+                    self.runs_file.as_deref(),
+                    &format!("{} {tag}", request.name),
+                );
+                tokio::time::sleep(Duration::from_millis(delay.min(60_000))).await;
+                format!(
+                    "{} {tag}: run {run} of process {}",
+                    request.name,
+                    std::process::id()
+                )
+            }
             "slow_progress" => {
                 let count = args.get("count").and_then(|v| v.as_u64()).unwrap_or(10);
                 let delay = Duration::from_millis(

@@ -12,7 +12,7 @@ use rmcp::{
 use super::options::Options;
 
 /// Appends `line` to the runs file, if one was given.
-fn note_run(runs_file: Option<&std::path::Path>, line: &str) {
+pub(super) fn note_run(runs_file: Option<&std::path::Path>, line: &str) {
     use std::io::Write as _;
     if let Some(path) = runs_file
         && let Ok(mut file) = std::fs::OpenOptions::new()

@@ -14,7 +14,11 @@
 //! sending a progress notification carrying `tag` at each step when the
 //! client asked for progress with a progress token), `ask_sampling` (asks
 //! the client to sample: a client that did not declare sampling gets a tool
-//! error at once), `stats` (how many `initialize` requests this process
+//! error at once), `charge` and `refresh` (note `<tool> <tag>` in the runs
+//! file, wait `delay_ms`, and answer which run they were: under one
+//! idempotency key `charge` runs once, and `refresh`, declared safe to
+//! re-run, runs again if its instance stops mid-call), `stats` (how many
+//! `initialize` requests this process
 //! answered, and how many sessions it restored from the store) and `whoami`
 //! (the name, version and capabilities of the client of this very request:
 //! its `_meta` on 2026-07-28, the session's `initialize` before; and the

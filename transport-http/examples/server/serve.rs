@@ -8,7 +8,7 @@ use mcp_persist_core::{
     EventLogConfig, Stores,
     registry::{OpenOptions, Registry, redact},
 };
-use mcp_persist_transport_http::server::{DurableServer, StreamableHttpServerConfig};
+use mcp_persist_transport_http::server::{DurableServer, ExactlyOnce, StreamableHttpServerConfig};
 use rmcp::transport::streamable_http_server::{
     StreamableHttpService, session::local::LocalSessionManager,
 };
@@ -70,6 +70,9 @@ pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<Durab
             mcp_persist_core::EventDurability::Synced
         })
         .http_config(http)
+        // `refresh` may run again when its instance stops mid-call;
+        // `charge` never runs twice for one idempotency key.
+        .exactly_once(ExactlyOnce::new().rerunnable(["refresh"]))
         .principal_from(|parts| {
             parts
                 .headers
@@ -89,7 +92,9 @@ pub fn durable_router(
     counters: Arc<Counters>,
 ) -> anyhow::Result<axum::Router> {
     let server = durable_server(stores, options)?;
-    let service = server.service(move || Ok(DemoHandler::new(counters.clone())));
+    let runs_file = options.runs_file.clone();
+    let service = server
+        .service(move || Ok(DemoHandler::new(counters.clone()).with_runs_file(runs_file.clone())));
     Ok(axum::Router::new().nest_service("/mcp", service))
 }
 
@@ -104,8 +109,10 @@ pub async fn durable_router_with_tasks(
     let bus = server
         .fleet_bus(mcp_persist_core::BusRetention::default())
         .await?;
+    let runs_file = options.runs_file.clone();
     let service = server.service(move || {
         Ok(DemoHandler::new(counters.clone())
+            .with_runs_file(runs_file.clone())
             .with_tasks(tasks.clone())
             .with_bus(bus.clone()))
     });

@@ -32,6 +32,7 @@
 
 mod binding;
 pub mod bus;
+pub mod calls;
 pub mod capability;
 mod event_store;
 mod instance;
@@ -43,6 +44,7 @@ use std::{sync::Arc, time::Duration};
 
 pub use binding::{Principal, SessionBinding, SessionBindingLayer};
 pub use bus::FleetBus;
+pub use calls::{ExactlyOnce, KeyedCalls};
 pub use capability::{ClientFeature, MissingClientCapability};
 pub use event_store::DurableEventStore;
 pub use manager::{DurableSessionManager, SessionManagerError, SessionTransport};
@@ -70,6 +72,7 @@ pub struct DurableServerBuilder {
     session_config_given: bool,
     principal: Option<Arc<binding::PrincipalFn>>,
     liveness_grace: Duration,
+    exactly_once: ExactlyOnce,
 }
 
 impl std::fmt::Debug for DurableServerBuilder {
@@ -192,6 +195,15 @@ impl DurableServerBuilder {
         self
     }
 
+    /// How `tools/call` requests carrying an idempotency key are served
+    /// (default [`ExactlyOnce::new`]: each key runs its tool at most once,
+    /// on any instance; see [`calls`]). [`ExactlyOnce::disabled`] ignores
+    /// keys.
+    pub fn exactly_once(mut self, config: ExactlyOnce) -> Self {
+        self.exactly_once = config;
+        self
+    }
+
     /// The configured server; [`mcp_persist_core::Error::Unsupported`] when
     /// events are kept but the stores route no log backend.
     pub fn build(self) -> Result<DurableServer> {
@@ -239,6 +251,12 @@ impl DurableServerBuilder {
         let principal = self
             .principal
             .unwrap_or_else(|| Arc::new(binding::principal_from_extension));
+        let calls = calls::Calls::new(
+            &self.stores,
+            life.clone(),
+            principal.clone(),
+            self.exactly_once,
+        );
         Ok(DurableServer {
             config,
             manager,
@@ -246,6 +264,7 @@ impl DurableServerBuilder {
             stores: self.stores,
             principal,
             life,
+            calls,
         })
     }
 }
@@ -260,6 +279,7 @@ pub struct DurableServer {
     stores: Stores,
     principal: Arc<binding::PrincipalFn>,
     life: Arc<instance::InstanceLife>,
+    calls: Option<Arc<calls::Calls>>,
 }
 
 impl std::fmt::Debug for DurableServer {
@@ -310,6 +330,7 @@ impl DurableServer {
             session_config_given: false,
             principal: None,
             liveness_grace: DEFAULT_LIVENESS_GRACE,
+            exactly_once: ExactlyOnce::default(),
         }
     }
 
@@ -331,15 +352,19 @@ impl DurableServer {
 
     /// rmcp's Streamable HTTP service for handlers made by `factory`, wired
     /// to the stores and wrapped in the binding layer: a tower service ready
-    /// to mount (`axum::Router::nest_service`, or any hyper server).
+    /// to mount (`axum::Router::nest_service`, or any hyper server). Each
+    /// handler is wrapped in [`KeyedCalls`], which serves keyed `tools/call`
+    /// requests exactly once (see [`calls`]) and passes the rest through.
     pub fn service<H, F>(
         &self,
         factory: F,
-    ) -> SessionBinding<StreamableHttpService<H, DurableSessionManager>>
+    ) -> SessionBinding<StreamableHttpService<KeyedCalls<H>, DurableSessionManager>>
     where
         H: rmcp::ServerHandler + Send + 'static,
         F: Fn() -> std::result::Result<H, std::io::Error> + Send + Sync + 'static,
     {
+        let calls = self.calls.clone();
+        let factory = move || factory().map(|handler| KeyedCalls::new(handler, calls.clone()));
         let service =
             StreamableHttpService::new(factory, self.manager.clone(), self.config.clone());
         tower_layer::Layer::layer(&self.layer, service)

@@ -1,0 +1,737 @@
+//! Exactly-once tool calls: a `tools/call` that carries an idempotency key
+//! runs at most once per key, on any instance, and every attempt with the
+//! same key gets its answer.
+//!
+//! The 2026-07-28 revision drops stream resumption: "a broken response
+//! stream loses the in-flight request; clients MUST re-issue it as a new
+//! request", and a plain re-issue runs the tool again. A client that puts a
+//! key of its choosing in the request's `_meta` under [`IDEMPOTENCY_KEY`]
+//! (and sends the same key with every attempt of that call) gets, from a
+//! durable server, the semantics of the [`CallStore`]:
+//!
+//! * the call is recorded under (principal, key) before the tool runs, so
+//!   a second attempt on any instance finds it;
+//! * a finished call is answered from the record, without running the tool;
+//! * a call still running on a live instance is waited for, up to
+//!   [`ExactlyOnce::wait_limit`], then answered [`STILL_RUNNING`];
+//! * a call whose instance stopped before it answered runs again only if
+//!   its tool was declared safe to re-run ([`ExactlyOnce::rerunnable`]);
+//!   otherwise every attempt is answered [`OUTCOME_UNKNOWN`], for good;
+//! * a keyed call runs to its end even when the client's connection breaks
+//!   (a closed stream is not taken as cancellation for it: the client will
+//!   ask again), and its answer is kept for [`ExactlyOnce::window`];
+//! * another principal's attempt under the same key is a call of its own;
+//!   the same key with other arguments is refused (`-32602`).
+//!
+//! Servers advertise it as the capability extension [`EXACTLY_ONCE`] (in the
+//! `initialize` result and in `server/discover`), so a client knows when a
+//! re-issue is safe. Requests without a key are untouched.
+//!
+//! An answer whose JSON is over [`ExactlyOnce::max_answer_bytes`] is sent
+//! to the attempt that ran the tool and not kept: later attempts are
+//! answered [`ANSWER_NOT_KEPT`] (the call completed; its answer is gone).
+
+use std::{
+    borrow::Cow,
+    collections::BTreeSet,
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use mcp_persist_core::{
+    CallAnswer, CallKey, CallRecord, CallStatus, CallStore, Liveness, Stored, Stores, stores::Begin,
+};
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler,
+    model::*,
+    service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext},
+};
+use tracing::{debug, info, warn};
+
+use super::{binding::PrincipalFn, instance::InstanceLife};
+
+/// The `_meta` field of a `tools/call` that holds its idempotency key.
+pub const IDEMPOTENCY_KEY: &str = "io.mcp-persist/idempotencyKey";
+
+/// The capability extension a durable server advertises for keyed calls.
+pub const EXACTLY_ONCE: &str = "io.mcp-persist/exactlyOnce";
+
+/// The instance running the call stopped before it answered, and its tool
+/// may not run twice: whether it ran is unknown. `data` names the key and
+/// the tool.
+pub const OUTCOME_UNKNOWN: ErrorCode = ErrorCode(-32041);
+
+/// The call is still running on a live instance after the wait limit:
+/// send the same key again later.
+pub const STILL_RUNNING: ErrorCode = ErrorCode(-32042);
+
+/// The call completed, but its answer was over the size limit and was not
+/// kept.
+pub const ANSWER_NOT_KEPT: ErrorCode = ErrorCode(-32043);
+
+/// How a durable server treats keyed calls (on by default).
+#[derive(Debug, Clone)]
+pub struct ExactlyOnce {
+    enabled: bool,
+    window: Duration,
+    wait_limit: Duration,
+    max_answer_bytes: usize,
+    rerunnable: BTreeSet<String>,
+}
+
+impl Default for ExactlyOnce {
+    fn default() -> Self {
+        ExactlyOnce {
+            enabled: true,
+            window: Duration::from_secs(60 * 60),
+            wait_limit: Duration::from_secs(60),
+            max_answer_bytes: 1024 * 1024,
+            rerunnable: BTreeSet::new(),
+        }
+    }
+}
+
+impl ExactlyOnce {
+    /// Keyed calls served with the defaults: kept an hour, waited for up to
+    /// a minute, answers up to 1 MiB kept, no tool re-run.
+    pub fn new() -> Self {
+        ExactlyOnce::default()
+    }
+
+    /// Keys are ignored and every call runs as sent (the server does not
+    /// advertise [`EXACTLY_ONCE`]).
+    pub fn disabled() -> Self {
+        ExactlyOnce {
+            enabled: false,
+            ..ExactlyOnce::default()
+        }
+    }
+
+    /// How long a call and its answer are kept after its last change
+    /// (default one hour): an attempt after that runs the tool again.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// How long an attempt waits for the same call running on a live
+    /// instance before it is answered [`STILL_RUNNING`] (default 60 s).
+    pub fn wait_limit(mut self, limit: Duration) -> Self {
+        self.wait_limit = limit;
+        self
+    }
+
+    /// The largest answer kept, as JSON bytes (default 1 MiB).
+    pub fn max_answer_bytes(mut self, bytes: usize) -> Self {
+        self.max_answer_bytes = bytes;
+        self
+    }
+
+    /// Tools safe to run again when the instance running them stopped
+    /// before they answered (reads, idempotent writes). Every other tool's
+    /// interrupted call is answered [`OUTCOME_UNKNOWN`] instead.
+    pub fn rerunnable<I, S>(mut self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.rerunnable.extend(tools.into_iter().map(Into::into));
+        self
+    }
+
+    /// Whether keys are honoured.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+}
+
+/// What serving keyed calls needs, shared by every handler of an instance.
+pub(crate) struct Calls {
+    store: CallStore,
+    life: Arc<InstanceLife>,
+    principal: Arc<PrincipalFn>,
+    config: ExactlyOnce,
+}
+
+impl std::fmt::Debug for Calls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calls")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Calls {
+    /// `None` when the configuration is disabled.
+    pub(crate) fn new(
+        stores: &Stores,
+        life: Arc<InstanceLife>,
+        principal: Arc<PrincipalFn>,
+        config: ExactlyOnce,
+    ) -> Option<Arc<Calls>> {
+        config.enabled.then(|| {
+            Arc::new(Calls {
+                store: stores.calls(config.window),
+                life,
+                principal,
+                config,
+            })
+        })
+    }
+}
+
+/// An rmcp service that serves keyed `tools/call` requests exactly once and
+/// passes everything else to the handler it wraps;
+/// [`DurableServer::service`](super::DurableServer::service) wraps every
+/// handler in one.
+pub struct KeyedCalls<H> {
+    inner: Arc<H>,
+    calls: Option<Arc<Calls>>,
+}
+
+impl<H> KeyedCalls<H> {
+    pub(crate) fn new(inner: H, calls: Option<Arc<Calls>>) -> Self {
+        KeyedCalls {
+            inner: Arc::new(inner),
+            calls,
+        }
+    }
+}
+
+impl<H> std::fmt::Debug for KeyedCalls<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedCalls")
+            .field("enabled", &self.calls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The idempotency key of a call, if it carries one: rmcp hands the
+/// request's `_meta` to the handler in its context (the params' own `_meta`
+/// is read too). A non-string value is kept as its JSON text, which the key
+/// check then refuses.
+fn key_of(request: &CallToolRequestParams, context: &RequestContext<RoleServer>) -> Option<String> {
+    let value = context.meta.get(IDEMPOTENCY_KEY).or_else(|| {
+        request
+            .meta
+            .as_ref()
+            .and_then(|meta| meta.get(IDEMPOTENCY_KEY))
+    })?;
+    Some(match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
+/// Adds the extension to `capabilities`.
+fn advertise(capabilities: &mut ServerCapabilities) {
+    capabilities
+        .extensions
+        .get_or_insert_with(Default::default)
+        .insert(EXACTLY_ONCE.to_owned(), JsonObject::new());
+}
+
+fn store_error(doing: &str, e: &mcp_persist_core::Error) -> ErrorData {
+    warn!(error = %e, "{doing}");
+    ErrorData::internal_error(format!("{doing}: the store failed ({e}); try again"), None)
+}
+
+fn outcome_unknown(key: &CallKey, tool: &str) -> ErrorData {
+    ErrorData::new(
+        OUTCOME_UNKNOWN,
+        "the server instance running this call stopped before it answered, and the tool is not \
+         declared safe to run again: whether it ran is unknown",
+        Some(serde_json::json!({ "idempotencyKey": key.as_str(), "tool": tool })),
+    )
+}
+
+/// Delegates every method to the wrapped handler, but for `tools/call`
+/// with a key, and adds [`EXACTLY_ONCE`] to what the server advertises.
+impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
+    fn ping(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.ping(context)
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        let mut result = self.inner.initialize(request, context).await?;
+        if self.calls.is_some() {
+            advertise(&mut result.capabilities);
+        }
+        Ok(result)
+    }
+
+    fn negotiate_initialize(
+        &self,
+        request: &InitializeRequestParams,
+    ) -> Result<InitializeResult, ErrorData> {
+        let mut result = self.inner.negotiate_initialize(request)?;
+        if self.calls.is_some() {
+            advertise(&mut result.capabilities);
+        }
+        Ok(result)
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        self.inner.supported_protocol_versions()
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        let mut result = self.inner.discover(context).await?;
+        if self.calls.is_some() {
+            advertise(&mut result.capabilities);
+        }
+        Ok(result)
+    }
+
+    fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<CompleteResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.complete(request, context)
+    }
+
+    #[allow(deprecated)]
+    fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.set_level(request, context)
+    }
+
+    fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<GetPromptResponse, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.get_prompt(request, context)
+    }
+
+    fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ListPromptsResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.list_prompts(request, context)
+    }
+
+    fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ListResourcesResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.list_resources(request, context)
+    }
+
+    fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ListResourceTemplatesResult, ErrorData>> + MaybeSendFuture + '_
+    {
+        self.inner.list_resource_templates(request, context)
+    }
+
+    fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ReadResourceResponse, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.read_resource(request, context)
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        self.inner.accepted_subscription_filter(requested)
+    }
+
+    fn listen(
+        &self,
+        context: SubscriptionContext,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.listen(context)
+    }
+
+    #[allow(deprecated)]
+    fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.subscribe(request, context)
+    }
+
+    #[allow(deprecated)]
+    fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.unsubscribe(request, context)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        match (&self.calls, key_of(&request, &context)) {
+            (Some(calls), Some(key)) => {
+                calls.serve(self.inner.clone(), request, key, context).await
+            }
+            _ => self.inner.call_tool(request, context).await,
+        }
+    }
+
+    fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ListToolsResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.list_tools(request, context)
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.inner.get_tool(name)
+    }
+
+    fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<CustomResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.on_custom_request(request, context)
+    }
+
+    fn on_cancelled(
+        &self,
+        notification: CancelledNotificationParam,
+        context: NotificationContext<RoleServer>,
+    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.inner.on_cancelled(notification, context)
+    }
+
+    fn on_progress(
+        &self,
+        notification: ProgressNotificationParam,
+        context: NotificationContext<RoleServer>,
+    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.inner.on_progress(notification, context)
+    }
+
+    fn on_initialized(
+        &self,
+        context: NotificationContext<RoleServer>,
+    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.inner.on_initialized(context)
+    }
+
+    fn on_roots_list_changed(
+        &self,
+        context: NotificationContext<RoleServer>,
+    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.inner.on_roots_list_changed(context)
+    }
+
+    fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.inner.on_custom_notification(notification, context)
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        let mut info = self.inner.get_info();
+        if self.calls.is_some() {
+            advertise(&mut info.capabilities);
+        }
+        info
+    }
+
+    fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<GetTaskResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.get_task(request, context)
+    }
+
+    fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.update_task(request, context)
+    }
+
+    fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.cancel_task(request, context)
+    }
+
+    fn list_skills(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ListSkillsResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.list_skills(request, context)
+    }
+
+    fn get_skill(
+        &self,
+        request: GetSkillRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<GetSkillResult, ErrorData>> + MaybeSendFuture + '_ {
+        self.inner.get_skill(request, context)
+    }
+
+    fn read_resource_directory(
+        &self,
+        request: ReadResourceDirectoryRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> impl Future<Output = Result<ReadResourceDirectoryResult, ErrorData>> + MaybeSendFuture + '_
+    {
+        self.inner.read_resource_directory(request, context)
+    }
+}
+
+impl Calls {
+    fn principal_of(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| (self.principal)(parts))
+    }
+
+    /// Serves one keyed call: runs it, waits for it, or answers from its
+    /// record.
+    async fn serve<H: ServerHandler>(
+        self: &Arc<Self>,
+        inner: Arc<H>,
+        call: CallToolRequestParams,
+        raw: String,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let key = CallKey::new(self.principal_of(&context).as_deref(), &raw)
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+        let tool = call.name.to_string();
+        let arguments = serde_json::Value::Object(call.arguments.clone().unwrap_or_default());
+        let digest = CallStore::digest(&tool, &arguments);
+        self.life
+            .ensure_started()
+            .await
+            .map_err(|e| store_error("registering this instance", &e))?;
+        let deadline = Instant::now() + self.config.wait_limit;
+        let mut begun = self
+            .store
+            .begin(&key, &tool, &digest, self.life.id())
+            .await
+            .map_err(|e| store_error("recording the call", &e))?;
+        loop {
+            let stored = match begun {
+                Begin::Started(running) => {
+                    return self.run(inner, call, context, key, running).await;
+                }
+                Begin::Existing(stored) => stored,
+            };
+            if stored.record.digest != digest {
+                return Err(ErrorData::invalid_params(
+                    format!(
+                        "the idempotency key {:?} was already used for another call (another \
+                         tool or other arguments); use a new key for a new call",
+                        key.as_str()
+                    ),
+                    None,
+                ));
+            }
+            match stored.record.status {
+                CallStatus::Done => {
+                    debug!(tool, "keyed call already answered; sending its kept answer");
+                    return answer_of(&stored.record, &key);
+                }
+                CallStatus::Unknown => return Err(outcome_unknown(&key, &tool)),
+                _ => {}
+            }
+            let owner = stored.record.owner.clone();
+            let alive = self
+                .life
+                .observe(&owner)
+                .await
+                .map_err(|e| store_error("checking the instance running the call", &e))?;
+            if alive == Liveness::Dead {
+                if self.config.rerunnable.contains(&tool) {
+                    if let Some(taken) = self
+                        .store
+                        .take_over(&key, &stored, self.life.id())
+                        .await
+                        .map_err(|e| store_error("taking the call over", &e))?
+                    {
+                        info!(tool, stopped = %owner, runs = taken.record.runs, "the instance running a keyed call stopped; running it again (declared safe to re-run)");
+                        return self.run(inner, call, context, key, taken).await;
+                    }
+                } else if self
+                    .store
+                    .mark_unknown(&key, &stored)
+                    .await
+                    .map_err(|e| store_error("recording the call's outcome", &e))?
+                    .is_some()
+                {
+                    warn!(tool, stopped = %owner, "the instance running a keyed call stopped before it answered; its outcome is unknown");
+                    return Err(outcome_unknown(&key, &tool));
+                }
+            } else if Instant::now() >= deadline {
+                return Err(ErrorData::new(
+                    STILL_RUNNING,
+                    format!(
+                        "the call is still running on another instance after {} s; send it \
+                         again with the same key later",
+                        self.config.wait_limit.as_secs()
+                    ),
+                    Some(serde_json::json!({ "idempotencyKey": key.as_str(), "tool": tool })),
+                ));
+            } else {
+                tokio::time::sleep(self.life.check_every().min(Duration::from_millis(100))).await;
+            }
+            begun = match self
+                .store
+                .load(&key)
+                .await
+                .map_err(|e| store_error("reading the call", &e))?
+            {
+                Some(found) => Begin::Existing(found),
+                // Expired meanwhile: this attempt records it afresh.
+                None => self
+                    .store
+                    .begin(&key, &tool, &digest, self.life.id())
+                    .await
+                    .map_err(|e| store_error("recording the call", &e))?,
+            };
+        }
+    }
+
+    /// Runs the call to its end in a task of its own (a broken connection
+    /// does not stop it: the client will ask again), keeps its answer, and
+    /// returns it.
+    async fn run<H: ServerHandler>(
+        self: &Arc<Self>,
+        inner: Arc<H>,
+        call: CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+        key: CallKey,
+        running: Stored<CallRecord>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        context.ct = tokio_util::sync::CancellationToken::new();
+        let calls = self.clone();
+        let task = tokio::spawn(async move {
+            let outcome = inner.call_tool(call, context).await;
+            calls.keep(&key, &running, &outcome).await;
+            outcome
+        });
+        task.await.map_err(|e| {
+            ErrorData::internal_error(
+                format!("the tool call stopped without an answer: {e}"),
+                None,
+            )
+        })?
+    }
+
+    /// Keeps the answer of a call that ran here.
+    async fn keep(
+        &self,
+        key: &CallKey,
+        running: &Stored<CallRecord>,
+        outcome: &Result<CallToolResponse, ErrorData>,
+    ) {
+        let answer = match outcome {
+            Ok(CallToolResponse::Complete(r)) => serde_json::to_value(r).map(CallAnswer::Result),
+            Ok(CallToolResponse::Task(t)) => serde_json::to_value(t).map(CallAnswer::Task),
+            Err(e) => serde_json::to_value(e).map(CallAnswer::Error),
+            // Input requested (a multi round-trip call): the tool is called
+            // again with the answers, under the same key.
+            Ok(_) => {
+                if let Err(e) = self.store.release(key, running).await {
+                    warn!(error = %e, "could not release a keyed call that asked for input");
+                }
+                return;
+            }
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                warn!(error = %e, "a keyed call's answer does not serialize; not kept");
+                return;
+            }
+        };
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=5 {
+            match self
+                .store
+                .finish_within(key, running, answer.clone(), self.config.max_answer_bytes)
+                .await
+            {
+                Ok(true) => return,
+                Ok(false) => {
+                    warn!(tool = %running.record.tool, "a keyed call was taken over while it ran here; its answer here is sent but not kept");
+                    return;
+                }
+                Err(e) if attempt < 5 => {
+                    debug!(error = %e, attempt, "keeping a keyed call's answer failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => {
+                    warn!(error = %e, "could not keep a keyed call's answer; a later attempt waits for it, then hears it is still running");
+                }
+            }
+        }
+    }
+}
+
+/// The kept answer of a finished call, as its first attempt got it.
+fn answer_of(record: &CallRecord, key: &CallKey) -> Result<CallToolResponse, ErrorData> {
+    let corrupt = |e: &dyn std::fmt::Display| {
+        ErrorData::internal_error(
+            format!("the kept answer of this call is unreadable: {e}"),
+            None,
+        )
+    };
+    match record.answer().map_err(|e| corrupt(&e))? {
+        Some(CallAnswer::Result(v)) => serde_json::from_value::<CallToolResult>(v)
+            .map(CallToolResponse::Complete)
+            .map_err(|e| corrupt(&e)),
+        Some(CallAnswer::Task(v)) => serde_json::from_value::<CreateTaskResult>(v)
+            .map(CallToolResponse::Task)
+            .map_err(|e| corrupt(&e)),
+        Some(CallAnswer::Error(v)) => {
+            Err(serde_json::from_value::<ErrorData>(v).map_err(|e| corrupt(&e))?)
+        }
+        Some(_) => Err(corrupt(&"an answer of an unknown kind")),
+        None => Err(ErrorData::new(
+            ANSWER_NOT_KEPT,
+            format!(
+                "the call completed, but its answer ({} bytes) was over the size this server \
+                 keeps",
+                record.answer_not_kept_bytes.unwrap_or_default()
+            ),
+            Some(serde_json::json!({ "idempotencyKey": key.as_str(), "tool": record.tool })),
+        )),
+    }
+}

@@ -1,0 +1,397 @@
+//! Exactly-once tool calls: a `tools/call` carrying an idempotency key in
+//! `_meta` runs its tool at most once per (principal, key), on any instance,
+//! and every attempt gets the first one's answer; across a broken
+//! connection, another instance, a SIGKILLed instance, another principal and
+//! both protocol eras.
+//!
+//! The tools are the example server's `charge` (never run twice for a key)
+//! and `refresh` (declared safe to re-run): each notes `<tool> <tag>` in the
+//! runs file, so the file counts how often a tool really ran.
+
+mod support;
+
+use std::{path::Path, time::Duration};
+
+use anyhow::Context as _;
+use mcp_persist_core::{MemoryStore, Stores};
+use mcp_persist_transport_http::server::calls::{EXACTLY_ONCE, IDEMPOTENCY_KEY, OUTCOME_UNKNOWN};
+use serde_json::{Value, json};
+use support::{Instance, raw_initialize, run_demo_server_if_asked};
+
+#[test]
+fn demo_server_process() {
+    run_demo_server_if_asked();
+}
+
+/// How often `<tool> <tag>` ran, by the runs file.
+fn runs(file: &Path, tool: &str, tag: &str) -> usize {
+    let line = format!("{tool} {tag}");
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == line)
+        .count()
+}
+
+/// The JSON-RPC response in a JSON or SSE body.
+fn response_of(text: &str) -> anyhow::Result<Value> {
+    let message = if text.trim_start().starts_with('{') {
+        text.to_owned()
+    } else {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.contains("\"result\"") || d.contains("\"error\""))
+            .with_context(|| format!("no response in {text}"))?
+            .to_owned()
+    };
+    Ok(serde_json::from_str(&message)?)
+}
+
+/// A 2026-07-28 `tools/call` of `tool` as `user`, with `key` (if any) in
+/// `_meta`; the whole JSON-RPC response.
+async fn call(
+    http: &reqwest::Client,
+    url: &str,
+    user: &str,
+    tool: &str,
+    args: Value,
+    key: Option<&str>,
+) -> anyhow::Result<Value> {
+    let mut meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": { "name": "keyed", "version": "1" },
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    if let Some(key) = key {
+        meta[IDEMPOTENCY_KEY] = json!(key);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": tool, "arguments": args, "_meta": meta}});
+    let text = http
+        .post(url)
+        .header("x-demo-user", user)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .body(body.to_string())
+        .send()
+        .await?
+        .text()
+        .await?;
+    response_of(&text)
+}
+
+fn text_of(response: &Value) -> anyhow::Result<String> {
+    response["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("no text result in {response}"))
+}
+
+fn code_of(response: &Value) -> Option<i64> {
+    response["error"]["code"].as_i64()
+}
+
+/// Waits until `<tool> <tag>` has started `n` times.
+async fn started(file: &Path, tool: &str, tag: &str, n: usize) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while runs(file, tool, tag) < n {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{tool} {tag} did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keyed_call_runs_once_on_any_instance_and_every_attempt_gets_its_answer()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("runs");
+    let args = ["--runs-file", file.to_str().context("utf-8")?];
+    let stores = Stores::new(MemoryStore::new());
+    let a = Instance::in_process(stores.clone(), &args).await?;
+    let b = Instance::in_process(stores.clone(), &args).await?;
+    let http = reqwest::Client::new();
+
+    // The first attempt runs the tool; a second, on the other instance,
+    // gets the same answer without running it.
+    let first = call(
+        &http,
+        &a.url(),
+        "alice",
+        "charge",
+        json!({"tag": "k1"}),
+        Some("k1"),
+    )
+    .await?;
+    let answer = text_of(&first)?;
+    let again = call(
+        &http,
+        &b.url(),
+        "alice",
+        "charge",
+        json!({"tag": "k1"}),
+        Some("k1"),
+    )
+    .await?;
+    assert_eq!(text_of(&again)?, answer);
+    assert_eq!(runs(&file, "charge", "k1"), 1);
+
+    // The same key for another call is refused, and runs nothing.
+    let other = call(
+        &http,
+        &b.url(),
+        "alice",
+        "charge",
+        json!({"tag": "k1", "delay_ms": 1}),
+        Some("k1"),
+    )
+    .await?;
+    assert_eq!(code_of(&other), Some(-32602), "{other}");
+    assert_eq!(runs(&file, "charge", "k1"), 1);
+
+    // Another principal's key of the same text is a call of its own; the
+    // first principal's answer is untouched.
+    let bob = call(
+        &http,
+        &b.url(),
+        "bob",
+        "charge",
+        json!({"tag": "k1"}),
+        Some("k1"),
+    )
+    .await?;
+    assert_ne!(text_of(&bob)?, answer);
+    assert_eq!(runs(&file, "charge", "k1"), 2);
+    let alice = call(
+        &http,
+        &a.url(),
+        "alice",
+        "charge",
+        json!({"tag": "k1"}),
+        Some("k1"),
+    )
+    .await?;
+    assert_eq!(text_of(&alice)?, answer);
+    assert_eq!(runs(&file, "charge", "k1"), 2);
+
+    // Without a key, every call runs.
+    for _ in 0..2 {
+        call(
+            &http,
+            &a.url(),
+            "alice",
+            "charge",
+            json!({"tag": "nokey"}),
+            None,
+        )
+        .await?;
+    }
+    assert_eq!(runs(&file, "charge", "nokey"), 2);
+
+    // A malformed key is refused before anything runs.
+    let bad = call(
+        &http,
+        &a.url(),
+        "alice",
+        "charge",
+        json!({"tag": "bad"}),
+        Some("a b"),
+    )
+    .await?;
+    assert_eq!(code_of(&bad), Some(-32602), "{bad}");
+    assert_eq!(runs(&file, "charge", "bad"), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_waits_for_the_same_call_running_elsewhere_and_a_dropped_one_still_finishes()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("runs");
+    let args = ["--runs-file", file.to_str().context("utf-8")?];
+    let stores = Stores::new(MemoryStore::new());
+    let a = Instance::in_process(stores.clone(), &args).await?;
+    let b = Instance::in_process(stores.clone(), &args).await?;
+    let http = reqwest::Client::new();
+
+    // Two attempts at once on two instances: one run, one answer.
+    let slow = json!({"tag": "k2", "delay_ms": 800});
+    let (a_url, b_url) = (a.url(), b.url());
+    let (x, y) = tokio::join!(
+        call(&http, &a_url, "alice", "charge", slow.clone(), Some("k2")),
+        async {
+            started(&file, "charge", "k2", 1).await?;
+            call(&http, &b_url, "alice", "charge", slow.clone(), Some("k2")).await
+        }
+    );
+    assert_eq!(text_of(&x?)?, text_of(&y?)?);
+    assert_eq!(runs(&file, "charge", "k2"), 1);
+
+    // A client that goes away mid-call (a broken stream, a killed client):
+    // the call runs to its end, and the attempt after it gets the answer
+    // without a second run.
+    let slow = json!({"tag": "k3", "delay_ms": 600});
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(200),
+        call(&http, &a.url(), "alice", "charge", slow.clone(), Some("k3")),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the first attempt was meant to be cut off"
+    );
+    started(&file, "charge", "k3", 1).await?;
+    let after = call(&http, &b.url(), "alice", "charge", slow, Some("k3")).await?;
+    assert!(text_of(&after)?.starts_with("charge k3: run "), "{after}");
+    assert_eq!(runs(&file, "charge", "k3"), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_server_advertises_it_and_a_legacy_session_gets_it_too() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("runs");
+    let args = ["--runs-file", file.to_str().context("utf-8")?];
+    let stores = Stores::new(MemoryStore::new());
+    let a = Instance::in_process(stores.clone(), &args).await?;
+    let b = Instance::in_process(stores.clone(), &args).await?;
+    let http = reqwest::Client::new();
+
+    // In `initialize` (2025-11-25) and in `server/discover` (2026-07-28).
+    let init = http
+        .post(a.url())
+        .header("x-demo-user", "alice")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                              "clientInfo": {"name": "c", "version": "1"}}})
+            .to_string(),
+        )
+        .send()
+        .await?
+        .text()
+        .await?;
+    let init = response_of(&init)?;
+    assert!(
+        init["result"]["capabilities"]["extensions"][EXACTLY_ONCE].is_object(),
+        "{init}"
+    );
+    let discover = http
+        .post(a.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "server/discover")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 2, "method": "server/discover", "params": {"_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": { "name": "c", "version": "1" },
+                "io.modelcontextprotocol/clientCapabilities": {}}}})
+            .to_string(),
+        )
+        .send()
+        .await?
+        .text()
+        .await?;
+    let discover = response_of(&discover)?;
+    assert!(
+        discover["result"]["capabilities"]["extensions"][EXACTLY_ONCE].is_object(),
+        "{discover}"
+    );
+
+    // A legacy call, then the same key from a new session on the other
+    // instance (as after the first session was lost): one run, one answer.
+    let keyed = |session_id: u64| {
+        json!({"jsonrpc": "2.0", "id": session_id, "method": "tools/call",
+               "params": {"name": "charge", "arguments": {"tag": "k4"},
+                          "_meta": {IDEMPOTENCY_KEY: "k4"}}})
+    };
+    let first = raw_initialize(&http, &a.url(), "alice").await?;
+    let (status, body) = support::raw_post(&http, &a.url(), "alice", &first, keyed(5)).await?;
+    assert_eq!(status, 200, "{body}");
+    let answer = text_of(&response_of(&body)?)?;
+    let second = raw_initialize(&http, &b.url(), "alice").await?;
+    let (_, body) = support::raw_post(&http, &b.url(), "alice", &second, keyed(6)).await?;
+    let again = response_of(&body)?;
+    assert_eq!(text_of(&again)?, answer);
+    assert_eq!(again["id"], 6, "the answer carries the new request's id");
+    assert_eq!(runs(&file, "charge", "k4"), 1);
+    Ok(())
+}
+
+/// Three server processes on one SQLite file. A `charge` whose instance is
+/// SIGKILLed mid-run is answered "outcome unknown" on the others, for good,
+/// and never runs again; a `refresh` (declared safe to re-run) runs once
+/// more on the instance the attempt reaches, and that answer is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_instances_call_is_unknown_or_run_again_if_declared_safe() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("runs");
+    let db = dir.path().join("state.db");
+    let args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.to_str().context("utf-8")?,
+        "--liveness-grace-ms",
+        "600",
+        "--runs-file",
+        file.to_str().context("utf-8")?,
+    ];
+    let mut a = Instance::process(&args).await?;
+    let b = Instance::process(&args).await?;
+    let mut c = Instance::process(&args).await?;
+    let http = reqwest::Client::new();
+
+    let slow = json!({"tag": "k5", "delay_ms": 20_000});
+    let doomed = {
+        let (http, url, slow) = (http.clone(), a.url(), slow.clone());
+        tokio::spawn(async move { call(&http, &url, "alice", "charge", slow, Some("k5")).await })
+    };
+    started(&file, "charge", "k5", 1).await?;
+    a.kill().await?;
+    assert!(doomed.await?.is_err(), "the killed instance answered");
+    for _ in 0..2 {
+        let answer = call(&http, &b.url(), "alice", "charge", slow.clone(), Some("k5")).await?;
+        assert_eq!(
+            code_of(&answer),
+            Some(i64::from(OUTCOME_UNKNOWN.0)),
+            "{answer}"
+        );
+        assert_eq!(answer["error"]["data"]["idempotencyKey"], "k5", "{answer}");
+    }
+    assert_eq!(runs(&file, "charge", "k5"), 1);
+
+    let slow = json!({"tag": "k6", "delay_ms": 3_000});
+    let doomed = {
+        let (http, url, slow) = (http.clone(), c.url(), slow.clone());
+        tokio::spawn(async move { call(&http, &url, "alice", "refresh", slow, Some("k6")).await })
+    };
+    started(&file, "refresh", "k6", 1).await?;
+    c.kill().await?;
+    assert!(doomed.await?.is_err(), "the killed instance answered");
+    let rerun = call(
+        &http,
+        &b.url(),
+        "alice",
+        "refresh",
+        slow.clone(),
+        Some("k6"),
+    )
+    .await?;
+    let answer = text_of(&rerun)?;
+    assert_eq!(runs(&file, "refresh", "k6"), 2);
+    let again = call(&http, &b.url(), "alice", "refresh", slow, Some("k6")).await?;
+    assert_eq!(text_of(&again)?, answer);
+    assert_eq!(runs(&file, "refresh", "k6"), 2);
+    Ok(())
+}
