@@ -53,6 +53,9 @@ pub mod server;
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
 
+#[cfg(any(feature = "server", feature = "client"))]
+pub mod exactly_once;
+
 #[cfg(feature = "auth")]
 #[cfg_attr(docsrs, doc(cfg(feature = "auth")))]
 pub mod auth;

@@ -46,7 +46,7 @@ mod readme {
         // The answers the previous process never saw, collected beside new calls.
         let mut recovering = Vec::new();
         for recovery in handle.recover() {
-            let handle = handle.clone();
+            let (handle, peer) = (handle.clone(), client.peer().clone());
             recovering.push(tokio::spawn(async move {
                 match recovery {
                     Recovery::Resumable(resumed) => match resumed.collect().await {
@@ -59,6 +59,12 @@ mod readme {
                         Ok(TaskOutcome::Answer(answer)) => println!("task: {answer:?}"),
                         Ok(other) => println!("task: {other:?}"),
                         Err(error) => println!("task not now: {error}"),
+                    },
+                    // No stream to resume, to a server that runs a keyed call once:
+                    // sent again with its key (2026-07-28 calls, lost sessions).
+                    Recovery::Reissue(call) => match call.send_with(&peer).await {
+                        Ok(answer) => println!("sent again: {answer:?}"),
+                        Err(error) => println!("not now: {error}"),
                     },
                     // No cursor, or its session is gone: the application decides.
                     Recovery::Lost { request, .. } => {

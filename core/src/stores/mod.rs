@@ -20,7 +20,7 @@
 
 mod bundle;
 mod bus;
-pub(crate) mod calls;
+pub mod calls;
 mod client;
 pub(crate) mod credentials;
 mod events;

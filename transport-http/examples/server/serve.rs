@@ -122,8 +122,9 @@ pub async fn durable_router_with_tasks(
 /// The router of the baseline: the same handler on rmcp's in-memory defaults.
 pub fn rmcp_default_router(options: &Options, counters: Arc<Counters>) -> axum::Router {
     let config = StreamableHttpServerConfig::default().with_sse_retry(Some(options.sse_retry));
+    let runs_file = options.runs_file.clone();
     let service = StreamableHttpService::new(
-        move || Ok(DemoHandler::new(counters.clone())),
+        move || Ok(DemoHandler::new(counters.clone()).with_runs_file(runs_file.clone())),
         Arc::new(LocalSessionManager::default()),
         config,
     );

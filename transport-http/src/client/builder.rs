@@ -273,6 +273,7 @@ impl DurableClientBuilder {
                 config: self.recovery,
                 listed: Arc::new(std::sync::Mutex::new(listed)),
                 span: span.clone(),
+                verdict: verdict.clone(),
             },
             _last: Arc::new(LastHandle(journal)),
         };

@@ -79,8 +79,9 @@ enum Route {
     Discover,
     /// Any other request to a server judged modern: sent without a session;
     /// a refusal of its protocol version re-probes the server once
-    /// ([`Era::modern_request`]); a `tools/call` answered with a task is
-    /// journaled ([`TaskWatch::watch`]).
+    /// ([`Era::modern_request`]); a `tools/call` gets an idempotency key
+    /// and is journaled until answered, with its task id if it is answered
+    /// with a task ([`TaskWatch::eligible`], [`TaskWatch::watch`]).
     ModernRequest,
     /// Anything else carrying a session id to a server judged modern: sent
     /// without the session id.
@@ -112,7 +113,8 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
         let response = match self.route(&message, &post) {
             Route::Discover => routes.era.discover(&self.inner, message, post).await,
             Route::ModernRequest => {
-                let call = routes.tasks.eligible(&message);
+                let mut message = message;
+                let call = routes.tasks.eligible(&mut message);
                 let response = routes.era.modern_request(&self.inner, message, post).await;
                 routes.tasks.watch(response, call)
             }

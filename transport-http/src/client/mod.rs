@@ -30,8 +30,13 @@
 //!   `tasks/get` ([`RecoveredTask`]; a server spoken to in the 2026-07-28
 //!   revision has no sessions, and its task calls are journaled all the
 //!   same, to be collected through the running client with
-//!   [`RecoveredTask::collect_with`]), or reported as lost with method and
-//!   params. Nothing is sent again without the application deciding so. A
+//!   [`RecoveredTask::collect_with`]), or, for a `tools/call` with no stream
+//!   to resume (2026-07-28, or its session gone) to a server that
+//!   advertised exactly-once calls, sent again with its idempotency key
+//!   ([`Recovery::Reissue`]: every `tools/call` carries a key in `_meta`,
+//!   see [`exactly_once`](crate::exactly_once)), or reported as lost with
+//!   method and params. Nothing is sent again without the application
+//!   deciding so, and nothing that could run twice. A
 //!   request stays listed until its answer is collected or it is
 //!   [dismissed](ClientHandle::dismiss), across any number of restarts and
 //!   404s: a server that forgot the session gives
@@ -159,6 +164,7 @@ mod health;
 mod ids;
 mod inbox;
 mod journal;
+mod keys;
 mod progress;
 mod recovery;
 mod report;
@@ -174,7 +180,7 @@ pub use self::{
     handle::ClientHandle,
     recovery::{
         LostReason, RecoveredAnswer, RecoveredMessage, RecoveredTask, Recovery, RecoveryError,
-        ResumedRequest, TaskOutcome,
+        ReissuedCall, ResumedRequest, TaskOutcome,
     },
     report::{ClientError, ClientNotice, StartKind},
 };

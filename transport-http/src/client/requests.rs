@@ -14,6 +14,7 @@ use super::{
     health::Health,
     ids::WireIds,
     journal::{JournalScope, JournalTx},
+    keys,
     progress::{self, ProgressTokens},
     tasks::{self, TaskWatch},
 };
@@ -64,6 +65,9 @@ impl Requests {
         request.id = NumberOrString::Number(wire);
         self.ids.map(local, wire);
         let rmcp_token = progress::take_rmcp_token(request);
+        // A key, journaled with the call, lets it be sent again safely
+        // once the session is gone (to a server that runs keyed calls once).
+        keys::ensure_key(message);
         let (method, params) = method_and_params(message);
         if let ClientJsonRpcMessage::Request(request) = message
             && let Some(rmcp_token) = rmcp_token

@@ -6,7 +6,7 @@
 //! journaled here, under the [sessionless](JournalScope::Sessionless)
 //! journal.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use mcp_persist_core::{InFlightRequest, RequestId};
@@ -23,6 +23,7 @@ use super::{
     delegate::{PostResult, method_and_params},
     health::Health,
     journal::{JournalScope, JournalTx},
+    keys,
 };
 
 /// What watching tasks needs: the journal, and whether it is still
@@ -33,13 +34,13 @@ pub(crate) struct TaskWatch {
     health: Arc<Health>,
 }
 
-/// A `tools/call` sent to a server without sessions, as the journal keeps
-/// it if the server answers it with a task.
+/// A `tools/call` sent to a server without sessions, journaled (under the
+/// id its key gives) until it is answered.
 pub(crate) struct ModernCall {
     /// rmcp's id (not renumbered: there is no session to be unique in).
     local: NumberOrString,
-    method: String,
-    params: Option<Value>,
+    /// Its journal entry's id.
+    id: RequestId,
 }
 
 impl TaskWatch {
@@ -62,11 +63,12 @@ impl TaskWatch {
         self.journal.task_done(scope, task);
     }
 
-    /// A `tools/call` to a server without sessions, as the journal would
-    /// keep it if the server answers it with a task (`None` for anything
-    /// else, or once the store has failed).
-    pub(crate) fn eligible(&self, message: &ClientJsonRpcMessage) -> Option<ModernCall> {
-        let ClientJsonRpcMessage::Request(request) = message else {
+    /// A `tools/call` to a server without sessions: given an idempotency
+    /// key (unless it has one) and journaled before it is sent, so that a
+    /// restarted process knows of it (`None` for anything else, or once
+    /// the store has failed).
+    pub(crate) fn eligible(&self, message: &mut ClientJsonRpcMessage) -> Option<ModernCall> {
+        let ClientJsonRpcMessage::Request(request) = &*message else {
             return None;
         };
         if !matches!(request.request, ClientRequest::CallToolRequest(_))
@@ -74,12 +76,15 @@ impl TaskWatch {
         {
             return None;
         }
+        let local = request.id.clone();
+        let key = keys::ensure_key(message)?;
         let (method, params) = method_and_params(message);
-        Some(ModernCall {
-            local: request.id.clone(),
-            method,
-            params,
-        })
+        let id = keys::journal_id(&key);
+        self.journal.record(
+            JournalScope::Sessionless,
+            InFlightRequest::new(id.clone(), method, params),
+        );
+        Some(ModernCall { local, id })
     }
 
     /// Follows the answers of a server without sessions: `call` answered
@@ -106,7 +111,7 @@ impl TaskWatch {
                     .inspect(move |item| {
                         if let Ok(event) = item
                             && let Some(data) = event.data.as_deref()
-                            && data.contains("\"result\"")
+                            && (data.contains("\"result\"") || data.contains("\"error\""))
                             && let Ok(value) = serde_json::from_str::<Value>(data)
                         {
                             watch.watch_answer(&value, call.as_ref());
@@ -119,45 +124,29 @@ impl TaskWatch {
         }
     }
 
-    /// Journals `call` if `answer` gives it a task; closes the journal
-    /// entry of a task `answer` (to a `tasks/get`) reports ended.
+    /// Closes the journal entry of `call` once `answer` answers it, or
+    /// keeps the task id in it if the answer is a task; closes the entry of
+    /// a task `answer` (to a `tasks/get`) reports ended.
     fn watch_answer(&self, answer: &Value, call: Option<&ModernCall>) {
-        let Some(result) = answer.get("result") else {
-            return;
-        };
-        if let Some(task) = ended_task_in(result) {
+        if let Some(task) = answer.get("result").and_then(ended_task_in) {
             self.ended(JournalScope::Sessionless, task);
             return;
         }
         let Some(call) = call else { return };
-        let Some(task) = created_task_in(result) else {
-            return;
-        };
         if answer.get("id") != serde_json::to_value(&call.local).ok().as_ref() {
             return;
         }
-        let mut record = InFlightRequest::new(
-            RequestId::String(format!("{}-{}", process_tag(), call.local)),
-            call.method.clone(),
-            call.params.clone(),
-        );
-        record.task_id = Some(task.clone());
-        info!(%task, "answered with a task; journaling it so a restarted process can collect it");
-        self.journal.record(JournalScope::Sessionless, record);
+        match answer.get("result").and_then(created_task_in) {
+            Some(task) => {
+                info!(%task, "answered with a task; journaling it so a restarted process can collect it");
+                self.journal
+                    .task(JournalScope::Sessionless, call.id.clone(), task);
+            }
+            None => self
+                .journal
+                .complete(JournalScope::Sessionless, call.id.clone()),
+        }
     }
-}
-
-/// Distinguishes this process's journal entries for a server without
-/// sessions from those of earlier processes (rmcp numbers from 0 in each).
-fn process_tag() -> &'static str {
-    static TAG: OnceLock<String> = OnceLock::new();
-    TAG.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        format!("p{:x}{:x}", std::process::id(), nanos)
-    })
 }
 
 /// The task id of an answer that is a `CreateTaskResult`.

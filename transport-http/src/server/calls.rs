@@ -51,24 +51,9 @@ use tracing::{debug, info, warn};
 
 use super::{binding::PrincipalFn, instance::InstanceLife};
 
-/// The `_meta` field of a `tools/call` that holds its idempotency key.
-pub const IDEMPOTENCY_KEY: &str = "io.mcp-persist/idempotencyKey";
-
-/// The capability extension a durable server advertises for keyed calls.
-pub const EXACTLY_ONCE: &str = "io.mcp-persist/exactlyOnce";
-
-/// The instance running the call stopped before it answered, and its tool
-/// may not run twice: whether it ran is unknown. `data` names the key and
-/// the tool.
-pub const OUTCOME_UNKNOWN: ErrorCode = ErrorCode(-32041);
-
-/// The call is still running on a live instance after the wait limit:
-/// send the same key again later.
-pub const STILL_RUNNING: ErrorCode = ErrorCode(-32042);
-
-/// The call completed, but its answer was over the size limit and was not
-/// kept.
-pub const ANSWER_NOT_KEPT: ErrorCode = ErrorCode(-32043);
+pub use crate::exactly_once::{
+    ANSWER_NOT_KEPT, EXACTLY_ONCE, IDEMPOTENCY_KEY, OUTCOME_UNKNOWN, STILL_RUNNING,
+};
 
 /// How a durable server treats keyed calls (on by default).
 #[derive(Debug, Clone)]

@@ -2,6 +2,7 @@
 //! each is classified as a [`Recovery`], then resumed through its response
 //! stream ([`resume`]) or collected through its task ([`task`]).
 
+mod reissue;
 mod resume;
 mod task;
 
@@ -12,14 +13,17 @@ use rmcp::model::{ErrorData, ServerResult};
 use tracing::Span;
 
 pub use self::{
+    reissue::ReissuedCall,
     resume::{RecoveredMessage, ResumedRequest},
     task::{RecoveredTask, TaskOutcome},
 };
 use super::{
+    era::Verdict,
     health::lock,
     ids::WireIds,
     inbox::Inbox,
     journal::{JournalScope, JournalTx},
+    keys,
     session::Lifecycle,
     wire::Wire,
 };
@@ -50,6 +54,8 @@ pub(crate) struct Recoverer {
     pub(crate) listed: Listed,
     /// Entered around collecting: what it logs carries the server.
     pub(crate) span: Span,
+    /// The era verdict, with the server's `server/discover` result.
+    pub(crate) verdict: Arc<Verdict>,
 }
 
 impl Recoverer {
@@ -59,6 +65,22 @@ impl Recoverer {
     /// session).
     fn session_gone(&self, session: &SessionId) {
         self.session.expired(session);
+    }
+
+    /// Whether the server promised to serve keyed calls exactly once, as
+    /// this client last learned it: in its `server/discover` result, or in
+    /// the `initialize` result of the session in use.
+    fn exactly_once(&self) -> bool {
+        let discovered = self
+            .verdict
+            .profile()
+            .and_then(|p| p.discover)
+            .is_some_and(|d| crate::exactly_once::advertised(&d.result["capabilities"]));
+        let initialized = self.session.state().current().is_some_and(|(_, result)| {
+            serde_json::to_value(&result.capabilities)
+                .is_ok_and(|c| crate::exactly_once::advertised(&c))
+        });
+        discovered || initialized
     }
 
     /// The answer to `request` was collected: it leaves the journal and the
@@ -81,6 +103,12 @@ pub enum Recovery {
     /// whose id was journaled: its result is collected by polling
     /// `tasks/get` (see [`RecoveredTask::collect`]).
     Task(RecoveredTask),
+    /// A `tools/call` with no stream to resume (a server without sessions,
+    /// a session gone, no cursor yet), to a server that serves keyed calls
+    /// exactly once: sending it again with its idempotency key gets its one
+    /// answer, and the tool does not run twice (see
+    /// [`ReissuedCall::send_with`]).
+    Reissue(ReissuedCall),
     /// Its answer cannot be collected; `reason` says why. The server may
     /// or may not have run it. Its method and params are here for the
     /// application to decide whether to send it again; it stays listed,
@@ -107,6 +135,11 @@ pub enum LostReason {
     /// (it answered 404, here or in an earlier process), or the application
     /// ended it. Whatever the server kept for it is gone with it.
     SessionGone,
+    /// A call to a server without sessions (2026-07-28), which has no
+    /// stream to resume, and the server does not promise to run a call
+    /// sent again only once: it may or may not have run, and sending it
+    /// again may run it twice.
+    OutcomeUnknown,
 }
 
 impl std::fmt::Display for LostReason {
@@ -114,39 +147,56 @@ impl std::fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::NoCursor => "nothing to resume it from",
             LostReason::SessionGone => "the session it was sent in is gone",
+            LostReason::OutcomeUnknown => {
+                "the server does not promise to run a call sent again only once; it may or may not have run"
+            }
         })
     }
 }
 
 impl Recovery {
     pub(crate) fn new(context: Recoverer, scope: JournalScope, request: InFlightRequest) -> Self {
-        // Only the session in use can be resumed in; a server without
-        // sessions has its tasks in a journal of their own.
-        if let JournalScope::Session(session) = &scope {
-            let in_use = context
-                .session
-                .state()
-                .current()
-                .is_some_and(|(current, _)| current == *session);
-            if !in_use {
-                return Recovery::Lost {
-                    request,
-                    reason: LostReason::SessionGone,
-                };
-            }
-        }
-        if let Some(task_id) = request.task_id.clone() {
+        if let Some(task_id) = request.task_id.clone()
+            && !matches!(&scope, JournalScope::Session(s) if !Self::in_use(&context, s))
+        {
             return Recovery::Task(RecoveredTask::new(context, scope, request, task_id));
         }
-        // A server without sessions has no stream to resume.
-        let (JournalScope::Session(session), Some(cursor)) = (scope, request.last_event_id.clone())
-        else {
-            return Recovery::Lost {
-                request,
-                reason: LostReason::NoCursor,
-            };
+        // Only the session in use can be resumed in; a server without
+        // sessions has no stream to resume.
+        let resumable = match (&scope, &request.last_event_id) {
+            (JournalScope::Session(session), Some(_)) => Self::in_use(&context, session),
+            _ => false,
         };
-        Recovery::Resumable(ResumedRequest::new(context, session, request, cursor))
+        if resumable
+            && let (JournalScope::Session(session), Some(cursor)) =
+                (scope.clone(), request.last_event_id.clone())
+        {
+            return Recovery::Resumable(ResumedRequest::new(context, session, request, cursor));
+        }
+        // No stream to resume: a keyed call to a server that runs it once
+        // however often it is sent can be sent again.
+        if let Some(key) = keys::key_in(request.params.as_ref()).map(str::to_owned)
+            && context.exactly_once()
+        {
+            return Recovery::Reissue(ReissuedCall::new(context, scope, request, key));
+        }
+        let reason = match &scope {
+            JournalScope::Session(session) if !Self::in_use(&context, session) => {
+                LostReason::SessionGone
+            }
+            JournalScope::Session(_) => LostReason::NoCursor,
+            JournalScope::Sessionless => LostReason::OutcomeUnknown,
+        };
+        Recovery::Lost { request, reason }
+    }
+
+    /// Whether `session` is the session the client uses.
+    fn in_use(context: &Recoverer, session: &SessionId) -> bool {
+        context
+            .session
+            .state()
+            .current()
+            .is_some_and(|(current, _)| current == *session)
     }
 
     /// The request this is about.
@@ -154,6 +204,7 @@ impl Recovery {
         match self {
             Recovery::Resumable(r) => r.request(),
             Recovery::Task(t) => t.request(),
+            Recovery::Reissue(r) => r.request(),
             Recovery::Lost { request, .. } => request,
         }
     }
