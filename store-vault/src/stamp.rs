@@ -11,7 +11,11 @@
 //!
 //! (64 characters, written without the spaces and the line break).
 //!
-//! * the **counter** is the record's [`Version`](mcp_persist_core::Version);
+//! * the **counter** is the record's [`Version`](mcp_persist_core::Version):
+//!   above the previous one and the clock (microseconds times 1024), plus a
+//!   random number below 1024, so that two writers racing from one version
+//!   in the same microsecond do not choose the same id (each would take the
+//!   other's write for its own);
 //! * the **expiry** is the TTL, honoured on every read;
 //! * the **kind** says whether the version holds a value, the empty value
 //!   (Secrets Manager refuses empty secrets, so a placeholder byte is

@@ -251,9 +251,17 @@ impl Inner {
                     (&[][..], Kind::Tombstone, 0, 1)
                 }
             };
-            // Versions increase per key, and never fall below the clock, so
-            // they keep increasing after a secret was removed for good.
-            let counter = previous_counter.saturating_add(n).max(now_micros());
+            // Versions increase per key, and never fall below the clock (in
+            // 1/1024 microseconds), so they keep increasing after a secret was
+            // removed for good. The random low bits keep two writers racing
+            // from one version in the same microsecond from writing the same
+            // version id: both would take the service's idempotent answer,
+            // and the `landed` check after it, as their own success, and one
+            // write would be lost.
+            let counter = previous_counter
+                .saturating_add(n)
+                .max(now_micros().saturating_mul(1024))
+                .saturating_add(jitter());
             let stamp = Stamp::new(key, counter, expires_ms, kind, value, from.as_deref());
             let token = stamp.id();
             let version = Version::new(counter);
@@ -591,4 +599,14 @@ impl KvStore for SecretsManagerStore {
             .instrument(tracing::debug_span!("secrets_manager.list", prefix))
             .await
     }
+}
+
+/// A random number below 1024, added to a new version's counter (see
+/// `Inner::write`).
+fn jitter() -> u64 {
+    let mut bytes = [0u8; 2];
+    // Without randomness (never seen), the clock alone still separates
+    // writers but in the same microsecond.
+    let _ = getrandom::fill(&mut bytes);
+    u64::from(u16::from_le_bytes(bytes) & 0x3ff)
 }
