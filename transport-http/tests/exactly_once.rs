@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use mcp_persist_core::{MemoryStore, Stores};
 use mcp_persist_transport_http::server::calls::{EXACTLY_ONCE, IDEMPOTENCY_KEY, OUTCOME_UNKNOWN};
 use serde_json::{Value, json};
-use support::{Instance, raw_initialize, run_demo_server_if_asked};
+use support::{Instance, raw_initialize, response_of, run_demo_server_if_asked};
 
 #[test]
 fn demo_server_process() {
@@ -31,21 +31,6 @@ fn runs(file: &Path, tool: &str, tag: &str) -> usize {
         .lines()
         .filter(|l| *l == line)
         .count()
-}
-
-/// The JSON-RPC response in a JSON or SSE body.
-fn response_of(text: &str) -> anyhow::Result<Value> {
-    let message = if text.trim_start().starts_with('{') {
-        text.to_owned()
-    } else {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .find(|d| d.contains("\"result\"") || d.contains("\"error\""))
-            .with_context(|| format!("no response in {text}"))?
-            .to_owned()
-    };
-    Ok(serde_json::from_str(&message)?)
 }
 
 /// A 2026-07-28 `tools/call` of `tool` as `user`, with `key` (if any) in

@@ -7,15 +7,14 @@
 
 mod support;
 
-use std::{process::Stdio, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use mcp_persist_core::{MemoryStore, Stores};
 use mcp_persist_transport_http::client::{DurableClientBuilder, LostReason, Recovery};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
-use support::{Instance, demo};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use support::{Instance, JsonChild, demo};
 
 const ROLE: &str = "MCP_PERSIST_EXACTLY_ONCE_CLIENT";
 
@@ -97,52 +96,6 @@ fn client_process() {
     });
 }
 
-struct Child {
-    child: tokio::process::Child,
-    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-}
-
-impl Child {
-    fn spawn(role: &str, url: &str, dir: &str) -> anyhow::Result<Child> {
-        let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .args([
-                "--exact",
-                "client_process",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(ROLE, role)
-            .env("URL", url)
-            .env("DIR", dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().context("stdout")?;
-        Ok(Child {
-            child,
-            lines: BufReader::new(stdout).lines(),
-        })
-    }
-
-    /// The next JSON line the child prints (libtest's own lines skipped).
-    async fn json(&mut self) -> anyhow::Result<Value> {
-        loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
-                .await
-                .context("the child said nothing for a minute")??
-                .context("the child ended")?;
-            // libtest may print "test client_process ... " first.
-            if let Some(at) = line.find('{')
-                && let Ok(value) = serde_json::from_str::<Value>(&line[at..])
-            {
-                return Ok(value);
-            }
-        }
-    }
-}
-
 fn runs(file: &std::path::Path, line: &str) -> usize {
     std::fs::read_to_string(file)
         .unwrap_or_default()
@@ -158,7 +111,13 @@ async fn kill_and_recover(
     dir: &str,
     runs_file: &std::path::Path,
 ) -> anyhow::Result<(Value, Value)> {
-    let mut first = Child::spawn("first", url, dir)?;
+    let spawn = |role| {
+        JsonChild::spawn(
+            "client_process",
+            &[(ROLE, role), ("URL", url), ("DIR", dir)],
+        )
+    };
+    let mut first = spawn("first")?;
     let ready = first.json().await?;
     assert_eq!(ready["interrupted"], 0, "{ready}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -166,9 +125,8 @@ async fn kill_and_recover(
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "the call never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    first.child.start_kill()?;
-    first.child.wait().await?;
-    let mut second = Child::spawn("second", url, dir)?;
+    first.kill().await?;
+    let mut second = spawn("second")?;
     let outcome = second.json().await?;
     let last = second.json().await?;
     Ok((outcome, last))

@@ -27,7 +27,7 @@ use rmcp::{
     },
 };
 use serde_json::{Value, json};
-use support::{demo, raw_initialize_as};
+use support::{demo, raw_initialize_as, response_of};
 
 /// How long a refused request may take, at most, in these tests: far less
 /// than any client's request timeout, far more than a loaded machine needs.
@@ -63,21 +63,6 @@ async fn fleet() -> anyhow::Result<Fleet> {
         b,
         _tasks: vec![ta, tb],
     })
-}
-
-/// The JSON-RPC response in an HTTP answer (plain JSON or an SSE stream).
-fn response_of(text: &str) -> anyhow::Result<Value> {
-    let message = if text.trim_start().starts_with('{') {
-        text.to_owned()
-    } else {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .find(|d| d.contains("\"result\"") || d.contains("\"error\""))
-            .with_context(|| format!("no response in {text}"))?
-            .to_owned()
-    };
-    Ok(serde_json::from_str(&message)?)
 }
 
 /// A legacy (2025-11-25) request on `session`, answered within [`AT_ONCE`].

@@ -420,3 +420,68 @@ pub fn event_ids(body: &str) -> Vec<String> {
         .map(|s| s.trim().to_owned())
         .collect()
 }
+
+/// A child process running one test of this binary (re-executed with
+/// `--exact test`), with `env` set, that reports in JSON lines on stdout.
+pub struct JsonChild {
+    pub child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl JsonChild {
+    pub fn spawn(test: &str, env: &[(&str, &str)]) -> anyhow::Result<JsonChild> {
+        let mut command = tokio::process::Command::new(std::env::current_exe()?);
+        command
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn()?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        Ok(JsonChild {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        })
+    }
+
+    /// The next JSON line the child prints (libtest's own lines skipped).
+    pub async fn json(&mut self) -> anyhow::Result<serde_json::Value> {
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+                .await
+                .context("the child said nothing for a minute")??
+                .context("the child ended")?;
+            // libtest may print "test name ... " first, on the same line.
+            if let Some(at) = line.find('{')
+                && let Ok(value) = serde_json::from_str::<serde_json::Value>(&line[at..])
+            {
+                return Ok(value);
+            }
+        }
+    }
+
+    /// SIGKILL, and waits for the process to be gone.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
+/// The JSON-RPC response in a JSON or SSE body.
+pub fn response_of(text: &str) -> anyhow::Result<serde_json::Value> {
+    let message = if text.trim_start().starts_with('{') {
+        text.to_owned()
+    } else {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.contains("\"result\"") || d.contains("\"error\""))
+            .with_context(|| format!("no response in {text}"))?
+            .to_owned()
+    };
+    Ok(serde_json::from_str(&message)?)
+}
