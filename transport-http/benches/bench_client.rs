@@ -9,6 +9,10 @@
 //!   durable client's last writes committed), the work a process does
 //!   before it exits;
 //! * steady state: sequential tool calls per second;
+//! * exactly-once: steady-state tool calls/s of the durable client against
+//!   a durable server (in memory, and on a SQLite file) with keyed calls
+//!   deduplicated (a call record read and written twice per call) against
+//!   the same server with deduplication off, in the same run;
 //! * answered-mark window: for a call in flight longer than the journal's
 //!   window (so journaled), how long after the answer reached the
 //!   application its entry leaves the store. A SIGKILL within that window
@@ -32,9 +36,12 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use mcp_persist_core::ClientStateStore;
+use mcp_persist_core::{ClientStateStore, MemoryStore, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
-use mcp_persist_transport_http::client::DurableClientBuilder;
+use mcp_persist_transport_http::{
+    client::DurableClientBuilder,
+    server::{DurableServer, ExactlyOnce},
+};
 use rmcp::{
     ErrorData, RoleServer, ServerHandler, ServiceExt,
     model::{
@@ -142,6 +149,8 @@ async fn main() -> Result<()> {
     )
     .await?;
 
+    let dedup = exactly_once_rates(folder.path()).await?;
+
     println!("| measure | path | stock rmcp | durable client | ratio |");
     println!("|---|---|---|---|---|");
     for (path, f) in [("loopback", &direct), ("+50 ms RTT", &delayed)] {
@@ -172,7 +181,62 @@ async fn main() -> Result<()> {
         "| answered mark in the store after the answer (median; the SIGKILL window, calls over 10 ms) | loopback | | {:.1} ms | |",
         ms(window)
     );
+    println!();
+    println!("| durable client to a durable server | store | exactly-once off | on | ratio |");
+    println!("|---|---|---|---|---|");
+    for (store, off, on) in &dedup {
+        println!(
+            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {store} | {off:.0} | {on:.0} | {:.2} |",
+            on / off
+        );
+    }
+    println!("aim: exactly-once on at >= 0.90 of off, on every store");
     Ok(())
+}
+
+/// Steady-state calls/s of the durable client against a durable server
+/// serving [`Echo`] with exactly-once calls off and on, on each store:
+/// `(store, off, on)`, each the better of two alternating runs.
+async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(&'static str, f64, f64)>> {
+    let mut figures = Vec::new();
+    for name in ["memory", "SQLite"] {
+        let mut urls = Vec::new();
+        for (i, exactly_once) in [ExactlyOnce::disabled(), ExactlyOnce::new()]
+            .into_iter()
+            .enumerate()
+        {
+            let stores = match name {
+                "memory" => Stores::new(MemoryStore::new()),
+                _ => Stores::new(SqliteStore::open(folder.join(format!("server-{i}.db"))).await?),
+            };
+            let server = DurableServer::builder(stores)
+                .exactly_once(exactly_once)
+                .build()?;
+            let router = axum::Router::new().nest_service("/mcp", server.service(|| Ok(Echo)));
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            tokio::spawn(async move { axum::serve(listener, router).await });
+            urls.push(format!("http://{addr}/mcp"));
+        }
+        let (mut off, mut on) = (0f64, 0f64);
+        for round in 0..2 {
+            for (i, url) in urls.iter().enumerate() {
+                let db = folder.join(format!("client-{name}-{round}-{i}.db"));
+                let store = Arc::new(SqliteStore::open(db).await?);
+                let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
+                let client = ().serve(transport).await?;
+                let calls = rate(|| client.call_tool(CallToolRequestParams::new("echo"))).await?;
+                client.cancel().await?;
+                let best = if i == 0 { &mut off } else { &mut on };
+                *best = best.max(calls);
+            }
+        }
+        figures.push((name, off, on));
+    }
+    Ok(figures)
 }
 
 fn ms(d: Duration) -> f64 {

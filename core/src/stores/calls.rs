@@ -287,9 +287,8 @@ impl CallStore {
     ) -> Result<Begin> {
         let store_key = key.store_key()?;
         loop {
-            if let Some(found) = read::<CallRecord>(&*self.kv, &store_key).await? {
-                return Ok(Begin::Existing(found));
-            }
+            // A first attempt (the common case) creates the record at once;
+            // only a key already taken costs a read.
             let now = Timestamp::now();
             let record = CallRecord {
                 principal: key.principal.clone(),
@@ -316,8 +315,13 @@ impl CallStore {
                     debug!(tool, owner, "keyed call recorded; running it");
                     return Ok(Begin::Started(Stored { record, version }));
                 }
-                // Another attempt recorded it first: read what it wrote.
-                Err(Error::AlreadyExists { .. }) => continue,
+                // Another attempt recorded it first: what it wrote, unless
+                // it expired in between (then try again).
+                Err(Error::AlreadyExists { .. }) => {
+                    if let Some(found) = read::<CallRecord>(&*self.kv, &store_key).await? {
+                        return Ok(Begin::Existing(found));
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }

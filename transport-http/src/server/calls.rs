@@ -627,7 +627,14 @@ impl Calls {
         let calls = self.clone();
         let task = tokio::spawn(async move {
             let outcome = inner.call_tool(call, context).await;
-            calls.keep(&key, &running, &outcome).await;
+            // The answer goes out while it is being kept: its store write
+            // overlaps the response's own (on SQLite the two share a commit).
+            // Until it lands another attempt finds the call running here and
+            // waits for it; only if this instance dies in between does a
+            // later attempt (of a client that lost this answer) hear
+            // "outcome unknown", as for a call cut while it ran.
+            let kept = outcome.clone();
+            tokio::spawn(async move { calls.keep(&key, &running, &kept).await });
             outcome
         });
         task.await.map_err(|e| {
