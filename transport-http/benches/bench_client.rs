@@ -10,7 +10,8 @@
 //!   before it exits;
 //! * steady state: sequential tool calls per second;
 //! * exactly-once: steady-state tool calls/s of the durable client against
-//!   a durable server (in memory, and on a SQLite file) with keyed calls
+//!   a durable server (in memory, and on a SQLite file fsynced at every
+//!   commit or only at checkpoints) with keyed calls
 //!   deduplicated (a call record read and written twice per call) against
 //!   the same server with deduplication off, in the same run;
 //! * answered-mark window: for a call in flight longer than the journal's
@@ -196,18 +197,24 @@ async fn main() -> Result<()> {
 
 /// Steady-state calls/s of the durable client against a durable server
 /// serving [`Echo`] with exactly-once calls off and on, on each store:
-/// `(store, off, on)`, each the better of two alternating runs.
+/// `(store, off, on)`, each the best of three alternating runs.
 async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(&'static str, f64, f64)>> {
     let mut figures = Vec::new();
-    for name in ["memory", "SQLite"] {
+    for name in ["memory", "SQLite", "SQLite, Durability::Normal"] {
         let mut urls = Vec::new();
         for (i, exactly_once) in [ExactlyOnce::disabled(), ExactlyOnce::new()]
             .into_iter()
             .enumerate()
         {
+            let db = folder.join(format!("server-{}-{i}.db", figures.len()));
             let stores = match name {
                 "memory" => Stores::new(MemoryStore::new()),
-                _ => Stores::new(SqliteStore::open(folder.join(format!("server-{i}.db"))).await?),
+                "SQLite" => Stores::new(SqliteStore::open(db).await?),
+                _ => {
+                    let mut options = mcp_persist_store_sqlite::SqliteOptions::default();
+                    options.durability = mcp_persist_store_sqlite::Durability::Normal;
+                    Stores::new(SqliteStore::open_with(db, options).await?)
+                }
             };
             let server = DurableServer::builder(stores)
                 .exactly_once(exactly_once)
@@ -222,7 +229,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(&'static st
             urls.push(format!("http://{addr}/mcp"));
         }
         let (mut off, mut on) = (0f64, 0f64);
-        for round in 0..2 {
+        for round in 0..3 {
             for (i, url) in urls.iter().enumerate() {
                 let db = folder.join(format!("client-{name}-{round}-{i}.db"));
                 let store = Arc::new(SqliteStore::open(db).await?);

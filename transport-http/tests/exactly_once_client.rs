@@ -41,23 +41,21 @@ fn client_process() {
             .build()
             .await
             .expect("build");
-        // The 2026-07-28 revision: no session, no stream to resume.
-        let client = rmcp::service::ClientServiceExt::serve_with_lifecycle(
-            (),
-            transport,
-            rmcp::service::ClientLifecycleMode::Discover {
-                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
-            },
-        )
-        .await
-        .expect("serve");
+        // Dual era, as an application would: the 2026-07-28 revision (no
+        // session, no stream to resume) where the server speaks it, and
+        // `initialize` where it does not (the TypeScript SDK server).
+        let client =
+            rmcp::service::ClientServiceExt::serve_with_lifecycle((), transport, dual_era())
+                .await
+                .expect("serve");
         let say = |v: Value| println!("{v}");
         match role.as_str() {
             "first" => {
                 let peer = client.peer().clone();
                 tokio::spawn(async move {
+                    let tag = std::env::var("TAG").unwrap_or_else(|_| "c1".to_owned());
                     let call = CallToolRequestParams::new("charge").with_arguments(
-                        json!({"tag": "c1", "delay_ms": 2500})
+                        json!({"tag": tag, "delay_ms": 2500})
                             .as_object()
                             .cloned()
                             .expect("object"),
@@ -85,6 +83,7 @@ fn client_process() {
                         } => say(json!({
                             "lost": request.method,
                             "outcome_unknown": reason == LostReason::OutcomeUnknown,
+                            "reason": format!("{reason:?}"),
                         })),
                         other => say(json!({"other": format!("{other:?}")})),
                     }
@@ -94,6 +93,15 @@ fn client_process() {
             }
         }
     });
+}
+
+/// The 2026-07-28 revision first, `initialize` where the server answers
+/// like a legacy one.
+fn dual_era() -> rmcp::service::ClientLifecycleMode {
+    rmcp::service::ClientLifecycleMode::Auto {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        legacy_version: None,
+    }
 }
 
 fn runs(file: &std::path::Path, line: &str) -> usize {
@@ -111,17 +119,27 @@ async fn kill_and_recover(
     dir: &str,
     runs_file: &std::path::Path,
 ) -> anyhow::Result<(Value, Value)> {
+    kill_and_recover_tag(url, dir, runs_file, "c1").await
+}
+
+/// [`kill_and_recover`] with the call's tag.
+async fn kill_and_recover_tag(
+    url: &str,
+    dir: &str,
+    runs_file: &std::path::Path,
+    tag: &str,
+) -> anyhow::Result<(Value, Value)> {
     let spawn = |role| {
         JsonChild::spawn(
             "client_process",
-            &[(ROLE, role), ("URL", url), ("DIR", dir)],
+            &[(ROLE, role), ("URL", url), ("DIR", dir), ("TAG", tag)],
         )
     };
     let mut first = spawn("first")?;
     let ready = first.json().await?;
     assert_eq!(ready["interrupted"], 0, "{ready}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while runs(runs_file, "charge c1") == 0 {
+    while runs(runs_file, &format!("charge {tag}")) == 0 {
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "the call never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -185,5 +203,79 @@ async fn against_stock_rmcp_the_call_is_lost_with_its_outcome_unknown() -> anyho
         last["interrupted_after"], 1,
         "a lost call stays listed: {last}"
     );
+    Ok(())
+}
+
+/// Against a server written with the TypeScript SDK, which ignores the key
+/// in `_meta` and promises nothing about calls sent again: a call is
+/// answered as usual, and a call cut by the client's SIGKILL is reported
+/// lost and not sent again (the tool ran once), with no sessions ("outcome
+/// unknown") and with sessions but no event store (nothing to resume from).
+/// `cargo xtask interop` starts `xtask/interop/ts-server.mjs` and runs this
+/// test with its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the TypeScript SDK server that `cargo xtask interop` starts"]
+async fn against_the_typescript_sdk_server_a_lost_call_is_not_sent_again() -> anyhow::Result<()> {
+    let base = std::env::var("MCP_PERSIST_TS_SERVER")
+        .context("MCP_PERSIST_TS_SERVER (http://host:port of the TypeScript SDK server)")?;
+    let runs_file = std::path::PathBuf::from(
+        std::env::var("MCP_PERSIST_TS_RUNS_FILE").context("MCP_PERSIST_TS_RUNS_FILE")?,
+    );
+    for (path, reason) in [("stateless", "OutcomeUnknown"), ("mcp", "NoCursor")] {
+        let url = format!("{base}/{path}");
+        let dir = tempfile::tempdir()?;
+        // An ordinary call, keyed by the durable client, answered as usual.
+        let store =
+            mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("plain.db")).await?;
+        let stores = Stores::new(store);
+        let (transport, handle) = DurableClientBuilder::new(&url, &stores).build().await?;
+        let client =
+            rmcp::service::ClientServiceExt::serve_with_lifecycle((), transport, dual_era())
+                .await?;
+        let plain = format!("{path}-plain");
+        let answer = client
+            .call_tool(
+                CallToolRequestParams::new("charge").with_arguments(
+                    json!({"tag": plain})
+                        .as_object()
+                        .cloned()
+                        .context("object")?,
+                ),
+            )
+            .await?;
+        let text = serde_json::to_value(&answer)?["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            text.starts_with(&format!("charge {plain}: run "))
+                && text.ends_with("(key in _meta: yes)"),
+            "{text}"
+        );
+        client.cancel().await?;
+        handle.flush().await;
+        assert!(
+            handle.interrupted().is_empty(),
+            "an answered call is no longer listed"
+        );
+
+        // A client killed mid-call: lost, and not sent again.
+        let tag = format!("{path}-cut");
+        let (outcome, last) = kill_and_recover_tag(
+            &url,
+            dir.path().to_str().context("utf-8")?,
+            &runs_file,
+            &tag,
+        )
+        .await?;
+        assert_eq!(outcome["lost"], "tools/call", "{outcome}");
+        assert_eq!(outcome["reason"], reason, "{outcome}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(runs(&runs_file, &format!("charge {tag}")), 1);
+        assert_eq!(last["interrupted_after"], 1, "{last}");
+        println!(
+            "INTEROP /{path}: a call answered (\"{text}\"); a call cut by the client's SIGKILL reported lost ({reason}) and run once, not sent again"
+        );
+    }
     Ok(())
 }

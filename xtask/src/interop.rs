@@ -1,5 +1,6 @@
 //! `cargo xtask interop`: official MCP clients against transport-http's
-//! `server` example, two instances at a time on one SQLite file.
+//! `server` example, two instances at a time on one SQLite file, and the
+//! durable client against a TypeScript SDK server.
 //!
 //! Installs the pinned TypeScript SDK, the pinned MCP Inspector and Node 22
 //! (npm packages `@modelcontextprotocol/sdk`, `@modelcontextprotocol/inspector`
@@ -25,6 +26,14 @@
 //!   Each Inspector run is one process and one connection, so the proxy,
 //!   which sends every HTTP request to the next instance, is what moves a
 //!   session and a task between instances.
+//! * the other way round, this product's durable client against
+//!   `xtask/interop/ts-server.mjs`, a server written with the TypeScript
+//!   SDK that ignores idempotency keys, without sessions and with sessions
+//!   but no event store: the test `exactly_once_client`
+//!   `against_the_typescript_sdk_server_a_lost_call_is_not_sent_again`
+//!   (ignored by `cargo test`) proves that calls are answered as usual and
+//!   that a call cut by the client's SIGKILL is reported lost after the
+//!   restart and not sent again (the tool ran once).
 
 use std::{
     fs,
@@ -79,23 +88,45 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let stdout = child.stdout.take().context("server stdout")?;
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(addr) = line.strip_prefix("LISTENING ") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .context("the server example did not say it was listening within 60 s")?;
+        let addr = listening(&mut child, "the server example")?;
         Ok(Server {
             child,
             url: format!("http://{addr}/mcp"),
         })
     }
+
+    /// `xtask/interop/ts-server.mjs` on `node`, noting runs in `runs`; its
+    /// `url` is the base its endpoints (`/stateless`, `/mcp`) hang from.
+    fn start_ts(node: &Path, script: &Path, runs: &Path) -> Result<Server> {
+        let mut child = Command::new(node)
+            .arg(script)
+            .env("RUNS_FILE", runs)
+            .current_dir(script.parent().unwrap_or(Path::new(".")))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", script.display()))?;
+        let port = listening(&mut child, "the TypeScript SDK server")?;
+        Ok(Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        })
+    }
+}
+
+/// What `child` prints after `LISTENING ` on its stdout, within 60 s.
+fn listening(child: &mut Child, what: &str) -> Result<String> {
+    let stdout = child.stdout.take().context("server stdout")?;
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(addr) = line.strip_prefix("LISTENING ") {
+                let _ = tx.send(addr.trim().to_owned());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .with_context(|| format!("{what} did not say it was listening within 60 s"))
 }
 
 /// What `install` put in place.
@@ -103,6 +134,8 @@ struct Installed {
     node: PathBuf,
     /// The TypeScript SDK client script, copied next to the SDK.
     ts_client: PathBuf,
+    /// The TypeScript SDK server script, copied next to the SDK.
+    ts_server: PathBuf,
     /// The Inspector driver script.
     inspector_driver: PathBuf,
     /// The Inspector's launcher (what `npx @modelcontextprotocol/inspector` runs).
@@ -160,6 +193,7 @@ fn install() -> Result<Installed> {
     Ok(Installed {
         node,
         ts_client: copy("ts-client.mjs")?,
+        ts_server: copy("ts-server.mjs")?,
         inspector_driver: copy("inspector.mjs")?,
         inspector,
     })
@@ -275,8 +309,55 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
                 ("INSPECTOR", installed.inspector.display().to_string()),
             ],
             "the Inspector CLI",
-        )
+        )?;
+        let runs = dir.join("ts-runs");
+        let ts = Server::start_ts(&installed.node, &installed.ts_server, &runs)?;
+        println!(
+            "==> the durable client against a TypeScript SDK {SDK_VERSION} server at {}",
+            ts.url
+        );
+        durable_client_against(&ts.url, &runs)
     })();
     let _ = fs::remove_dir_all(&dir);
     outcome
+}
+
+/// Runs the durable client's interop test (ignored in `cargo test`: it
+/// needs this server) against the TypeScript SDK server at `url`, printing
+/// its `INTEROP ` lines. Built with the feature set of the tests, so it
+/// reuses their build.
+fn durable_client_against(url: &str, runs: &Path) -> Result<()> {
+    const TEST: &str = "against_the_typescript_sdk_server_a_lost_call_is_not_sent_again";
+    let output = crate::cargo()
+        .args([
+            "test",
+            "--quiet",
+            "--workspace",
+            "--all-features",
+            "--test",
+            "exactly_once_client",
+            "--",
+            "--ignored",
+            "--exact",
+            TEST,
+            "--nocapture",
+        ])
+        .env("MCP_PERSIST_TS_SERVER", url)
+        .env("MCP_PERSIST_TS_RUNS_FILE", runs)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("INTEROP ").map(|(_, rest)| rest))
+        .collect();
+    for line in &summary {
+        println!("  {line}");
+    }
+    ensure!(
+        output.status.success() && summary.len() == 2,
+        "the durable client against the TypeScript SDK server failed:\n{stdout}"
+    );
+    Ok(())
 }

@@ -102,8 +102,12 @@ enum Route {
     /// The client's answer to a request of the server: sent as it is (the
     /// server numbered that request, not us).
     Response,
-    /// A request outside any session: sent as it is.
-    AsIs,
+    /// A request outside any session (a legacy server that keeps none):
+    /// sent as it is, except that a `tools/call` gets an idempotency key
+    /// and is journaled until answered, as for a modern server, so that a
+    /// restarted process learns of it (as lost with its outcome unknown,
+    /// the server not promising to run it once).
+    Sessionless,
 }
 
 impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
@@ -134,7 +138,13 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 post.send(&self.inner, message).await
             }
             Route::SessionRequest(session) => self.session_request(session, message, post).await,
-            Route::Response | Route::AsIs => post.send(&self.inner, message).await,
+            Route::Sessionless => {
+                let mut message = message;
+                let call = routes.tasks.eligible(&mut message);
+                let response = post.send(&self.inner, message).await;
+                routes.tasks.watch(response, call)
+            }
+            Route::Response => post.send(&self.inner, message).await,
         };
         match response {
             Ok(StreamableHttpPostResponse::Sse(stream, sid)) => Ok(
@@ -175,7 +185,7 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
             ClientJsonRpcMessage::Notification(_) => Route::Notification,
             ClientJsonRpcMessage::Request(_) => match post.session() {
                 Some(session) => Route::SessionRequest(session),
-                None => Route::AsIs,
+                None => Route::Sessionless,
             },
             ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_) => Route::Response,
         }

@@ -135,10 +135,10 @@ pub enum LostReason {
     /// (it answered 404, here or in an earlier process), or the application
     /// ended it. Whatever the server kept for it is gone with it.
     SessionGone,
-    /// A call to a server without sessions (2026-07-28), which has no
-    /// stream to resume, and the server does not promise to run a call
-    /// sent again only once: it may or may not have run, and sending it
-    /// again may run it twice.
+    /// A call to a server without sessions (2026-07-28, or a legacy server
+    /// that keeps none), which has no stream to resume, and the server does
+    /// not promise to run a call sent again only once: it may or may not
+    /// have run, and sending it again may run it twice.
     OutcomeUnknown,
 }
 
