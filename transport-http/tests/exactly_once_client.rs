@@ -10,7 +10,7 @@ mod support;
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use mcp_persist_core::{MemoryStore, Stores};
+use mcp_persist_core::{ClientStateStore, MemoryStore, ServerKey, Stores};
 use mcp_persist_transport_http::client::{DurableClientBuilder, LostReason, Recovery};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
@@ -45,7 +45,7 @@ fn client_process() {
         // session, no stream to resume) where the server speaks it, and
         // `initialize` where it does not (the TypeScript SDK server).
         let client =
-            rmcp::service::ClientServiceExt::serve_with_lifecycle((), transport, dual_era())
+            rmcp::service::ClientServiceExt::serve_with_lifecycle((), transport, lifecycle())
                 .await
                 .expect("serve");
         let say = |v: Value| println!("{v}");
@@ -69,7 +69,25 @@ fn client_process() {
                 std::future::pending::<()>().await;
             }
             _ => {
-                for recovery in handle.recover() {
+                // A legacy session's call is first resumed in its session:
+                // when the server forgot it, collecting says so, and after
+                // the next request (which re-initializes) the call is sent
+                // again in the new session.
+                let mut recoveries = handle.recover();
+                if recoveries
+                    .iter()
+                    .any(|r| matches!(r, Recovery::Resumable(_)))
+                {
+                    for recovery in recoveries {
+                        if let Recovery::Resumable(resumed) = recovery {
+                            let outcome = resumed.collect().await;
+                            say(json!({"collected": format!("{:?}", outcome.map(|_| ()))}));
+                        }
+                    }
+                    let _ = client.peer().list_tools(None).await;
+                    recoveries = handle.recover();
+                }
+                for recovery in recoveries {
                     match recovery {
                         Recovery::Reissue(call) => {
                             let key = call.key().to_owned();
@@ -104,6 +122,15 @@ fn dual_era() -> rmcp::service::ClientLifecycleMode {
     }
 }
 
+/// The client process's era: `ERA=legacy` is rmcp's `initialize` alone
+/// (a legacy session with resumable streams), anything else [`dual_era`].
+fn lifecycle() -> rmcp::service::ClientLifecycleMode {
+    match std::env::var("ERA").as_deref() {
+        Ok("legacy") => rmcp::service::ClientLifecycleMode::Initialize,
+        _ => dual_era(),
+    }
+}
+
 fn runs(file: &std::path::Path, line: &str) -> usize {
     std::fs::read_to_string(file)
         .unwrap_or_default()
@@ -129,13 +156,43 @@ async fn kill_and_recover_tag(
     runs_file: &std::path::Path,
     tag: &str,
 ) -> anyhow::Result<(Value, Value)> {
-    let spawn = |role| {
-        JsonChild::spawn(
-            "client_process",
-            &[(ROLE, role), ("URL", url), ("DIR", dir), ("TAG", tag)],
-        )
-    };
-    let mut first = spawn("first")?;
+    kill_mid_call(url, dir, runs_file, tag, "dual").await?;
+    let mut second = spawn_client("second", url, dir, tag, "dual")?;
+    let outcome = second.json().await?;
+    let last = second.json().await?;
+    Ok((outcome, last))
+}
+
+/// A client process of `role` in `era` (`legacy` or `dual`).
+fn spawn_client(
+    role: &str,
+    url: &str,
+    dir: &str,
+    tag: &str,
+    era: &str,
+) -> anyhow::Result<JsonChild> {
+    JsonChild::spawn(
+        "client_process",
+        &[
+            (ROLE, role),
+            ("URL", url),
+            ("DIR", dir),
+            ("TAG", tag),
+            ("ERA", era),
+        ],
+    )
+}
+
+/// A first client process starts the call tagged `tag` and is SIGKILLed
+/// while the tool runs.
+async fn kill_mid_call(
+    url: &str,
+    dir: &str,
+    runs_file: &std::path::Path,
+    tag: &str,
+    era: &str,
+) -> anyhow::Result<()> {
+    let mut first = spawn_client("first", url, dir, tag, era)?;
     let ready = first.json().await?;
     assert_eq!(ready["interrupted"], 0, "{ready}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -143,11 +200,72 @@ async fn kill_and_recover_tag(
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "the call never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    first.kill().await?;
-    let mut second = spawn("second")?;
+    first.kill().await
+}
+
+/// The legacy era: a client SIGKILLed mid-call in a session the server then
+/// forgets (its idle time ran out, say). The restarted process tries to
+/// resume the call's stream in the stored session and hears the session is
+/// gone; after its next request re-initializes, the call is sent again with
+/// its key in the new session, and the answer is the one the first run
+/// gave: the tool ran once. A third process finds nothing left to recover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn legacy_a_call_whose_session_is_gone_is_sent_again_in_the_new_session() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let runs_file = dir.path().join("runs");
+    let stores = Stores::new(MemoryStore::new());
+    let server = Instance::in_process(
+        stores.clone(),
+        &["--runs-file", runs_file.to_str().context("utf-8")?],
+    )
+    .await?;
+    let url = server.url();
+    let folder = dir.path().to_str().context("utf-8")?;
+    kill_mid_call(&url, folder, &runs_file, "g1", "legacy").await?;
+
+    // The server forgets the session the killed process used.
+    let client_store =
+        mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("client.db")).await?;
+    let session = ClientStateStore::new(Arc::new(client_store))
+        .session(&ServerKey::new(&url, "default")?)
+        .await?
+        .context("the killed process stored its session")?
+        .record
+        .session_id;
+    assert!(
+        stores
+            .sessions(Duration::from_secs(3600))
+            .delete(&session)
+            .await?,
+        "the session was live on the server"
+    );
+
+    let mut second = spawn_client("second", &url, folder, "g1", "legacy")?;
+    let collected = second.json().await?;
+    assert!(
+        collected["collected"]
+            .as_str()
+            .is_some_and(|c| c.contains("SessionGone")),
+        "{collected}"
+    );
     let outcome = second.json().await?;
+    let text = outcome["answer"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.starts_with("charge g1: run "), "{outcome}");
+    assert!(
+        outcome["reissued"].as_str().is_some_and(|k| k.len() == 32),
+        "{outcome}"
+    );
     let last = second.json().await?;
-    Ok((outcome, last))
+    assert_eq!(last["interrupted_after"], 0, "{last}");
+    assert_eq!(runs(&runs_file, "charge g1"), 1, "the tool ran twice");
+
+    let mut third = spawn_client("second", &url, folder, "g1", "legacy")?;
+    let nothing = third.json().await?;
+    assert_eq!(nothing["interrupted_after"], 0, "{nothing}");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
