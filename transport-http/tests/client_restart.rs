@@ -14,7 +14,9 @@ use client_support::Fixture;
 use std::{process::Stdio, sync::atomic::Ordering, time::Duration};
 
 use mcp_persist_core::{KvStore, Stores};
-use mcp_persist_transport_http::client::{DurableClientBuilder, RecoveredMessage, Recovery};
+use mcp_persist_transport_http::client::{
+    ClientHandle, DurableClientBuilder, RecoveredMessage, Recovery,
+};
 use rmcp::{
     ClientHandler, RoleClient, ServiceExt,
     model::{
@@ -192,9 +194,12 @@ async fn open_store(backend: &str, dir: &str) -> Stores {
 }
 
 /// Prints the number of every announcement (`announce://<n>`) the server
-/// sends on the standalone stream, as a JSON line.
+/// sends on the standalone stream, as a JSON line, once the journal holds
+/// the stream's cursor past it (the decorator records the cursor before
+/// rmcp hands the message on): a message printed is one the next process
+/// never sees again, however late a loaded machine runs the writer.
 #[derive(Clone)]
-struct Listener;
+struct Listener(ClientHandle);
 
 impl ClientHandler for Listener {
     async fn on_resource_updated(
@@ -206,6 +211,7 @@ impl ClientHandler for Listener {
             .uri
             .strip_prefix("announce://")
             .and_then(|n| n.parse::<u64>().ok());
+        self.0.flush().await;
         println!("{}", json!({ "message": n }));
     }
 }
@@ -410,7 +416,10 @@ async fn child(role: &str) {
             // Starts the announcements on the first run; a resumed run only
             // listens. Prints each message number; never exits by itself.
             let resumed = handle.resumed();
-            let client = Listener.serve(transport).await.expect("serve");
+            let client = Listener(handle.clone())
+                .serve(transport)
+                .await
+                .expect("serve");
             if !resumed {
                 let args = json!({"count": 12, "interval_ms": 150});
                 client
@@ -707,8 +716,7 @@ async fn standalone_story(fixture: Fixture) {
         let line = first.line().await;
         seen.extend(line["message"].as_u64());
     }
-    // Let the journal catch up with the last message, then kill.
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    // Every message printed is in the journal already.
     first.child.start_kill().expect("SIGKILL");
     first.child.wait().await.expect("reaped");
     // Messages go on while nobody listens.
