@@ -98,6 +98,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `conformance` | [`conformance`]: the test suite every backend must pass, and its macros |
+//! | `otel` | [`telemetry::Telemetry`] records OpenTelemetry metrics (through the OpenTelemetry API; the application picks the exporter) |
 #![cfg_attr(
     feature = "conformance",
     doc = "\n\n[`conformance`]: crate::conformance"
@@ -117,12 +118,14 @@ mod error;
 mod key;
 pub mod kit;
 pub mod memory;
+pub mod observe;
 pub mod records;
 pub mod registry;
 pub mod retry;
 pub mod seal;
 mod secret;
 pub mod stores;
+pub mod telemetry;
 mod types;
 
 pub use backend::{Backend, KvEntry, KvStore, LogRecord, LogStore, PutMode, PutOptions, Version};

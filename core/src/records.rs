@@ -247,6 +247,11 @@ pub struct InFlightRequest {
     pub task_id: Option<String>,
     /// When it was sent.
     pub sent_at: Timestamp,
+    /// The W3C `traceparent` of the request's span, so that collecting it
+    /// after a restart continues its trace. `None` without tracing (and on
+    /// records written before this field existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl InFlightRequest {
@@ -263,6 +268,7 @@ impl InFlightRequest {
             last_event_id: None,
             task_id: None,
             sent_at: Timestamp::now(),
+            traceparent: None,
         }
     }
 }

@@ -292,12 +292,15 @@ impl KvStore for DynamoStore {
     async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
         self.inner
             .get(key.as_str())
-            .instrument(tracing::trace_span!("dynamodb.get", key = %key))
+            .instrument(tracing::trace_span!(
+                "dynamodb.get",
+                kind = mcp_persist_core::telemetry::kind_of_key(key)
+            ))
             .await
     }
 
     async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
-        let span = tracing::trace_span!("dynamodb.put", key = %key, bytes = value.len(), mode = ?options.mode);
+        let span = tracing::trace_span!("dynamodb.put", kind = mcp_persist_core::telemetry::kind_of_key(key), bytes = value.len(), mode = ?options.mode);
         self.inner
             .put(key.as_str(), value, options)
             .instrument(span)
@@ -307,7 +310,10 @@ impl KvStore for DynamoStore {
     async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
         self.inner
             .delete(key.as_str(), if_version)
-            .instrument(tracing::trace_span!("dynamodb.delete", key = %key))
+            .instrument(tracing::trace_span!(
+                "dynamodb.delete",
+                kind = mcp_persist_core::telemetry::kind_of_key(key)
+            ))
             .await
     }
 

@@ -812,7 +812,11 @@ impl LogStore for DynamoStore {
         records: Vec<Vec<u8>>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u64>> {
-        let span = tracing::trace_span!("dynamodb.append", log = %log, records = records.len());
+        let span = tracing::trace_span!(
+            "dynamodb.append",
+            kind = mcp_persist_core::telemetry::kind_of_log(log),
+            records = records.len()
+        );
         self.inner
             .append(log.as_str(), records, ttl)
             .instrument(span)
@@ -822,7 +826,11 @@ impl LogStore for DynamoStore {
     async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
         self.inner
             .read_after(log.as_str(), after, limit)
-            .instrument(tracing::trace_span!("dynamodb.read_after", log = %log, after))
+            .instrument(tracing::trace_span!(
+                "dynamodb.read_after",
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
+                after
+            ))
             .await
     }
 
@@ -835,21 +843,32 @@ impl LogStore for DynamoStore {
     ) -> Result<Vec<LogRecord>> {
         self.inner
             .wait_after(log.as_str(), after, limit, timeout)
-            .instrument(tracing::trace_span!("dynamodb.wait_after", log = %log, after))
+            .instrument(tracing::trace_span!(
+                "dynamodb.wait_after",
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
+                after
+            ))
             .await
     }
 
     async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
         self.inner
             .trim(log.as_str(), before)
-            .instrument(tracing::debug_span!("dynamodb.trim", log = %log, before))
+            .instrument(tracing::debug_span!(
+                "dynamodb.trim",
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
+                before
+            ))
             .await
     }
 
     async fn delete_log(&self, log: &Key) -> Result<()> {
         self.inner
             .delete_log(log.as_str())
-            .instrument(tracing::debug_span!("dynamodb.delete_log", log = %log))
+            .instrument(tracing::debug_span!(
+                "dynamodb.delete_log",
+                kind = mcp_persist_core::telemetry::kind_of_log(log)
+            ))
             .await
     }
 }

@@ -543,7 +543,10 @@ impl KvStore for SecretsManagerStore {
 
     async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
         let key = key.as_str();
-        let span = tracing::debug_span!("secrets_manager.get", key);
+        let span = tracing::debug_span!(
+            "secrets_manager.get",
+            kind = mcp_persist_core::telemetry::kind_of_key(key)
+        );
         self.inner.get(key).instrument(span).await
     }
 
@@ -551,7 +554,12 @@ impl KvStore for SecretsManagerStore {
         let PutOptions { mode, ttl, .. } = options;
         let key = key.as_str();
         check_value(&value, MAX_VALUE_BYTES)?;
-        let span = tracing::debug_span!("secrets_manager.put", key, ?mode, bytes = value.len());
+        let span = tracing::debug_span!(
+            "secrets_manager.put",
+            kind = mcp_persist_core::telemetry::kind_of_key(key),
+            ?mode,
+            bytes = value.len()
+        );
         let inner = &self.inner;
         // A put never finds "nothing to do"; `None` is for deletes only.
         let write = |value: Vec<u8>, mode: PutMode, ttl: Option<Duration>, n: u64| async move {
@@ -584,7 +592,11 @@ impl KvStore for SecretsManagerStore {
 
     async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
         let key = key.as_str();
-        let span = tracing::debug_span!("secrets_manager.delete", key, ?if_version);
+        let span = tracing::debug_span!(
+            "secrets_manager.delete",
+            kind = mcp_persist_core::telemetry::kind_of_key(key),
+            ?if_version
+        );
         let deleted = self
             .inner
             .write(key, Op::Delete { if_version })

@@ -186,6 +186,9 @@ fn inflight(id: i64, method: &str) -> InFlightRequest {
         last_event_id: None,
         task_id: None,
         sent_at: Timestamp::now(),
+        // Kept through every backend, so that a recovered call continues
+        // its trace.
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
     }
 }
 

@@ -6,7 +6,9 @@ use super::{
 };
 use crate::{
     Error, KvStore, LogStore, Result,
+    observe::Observed,
     seal::{Sealed, Sealing},
+    telemetry::Telemetry,
 };
 
 /// Which backend holds which kind of state.
@@ -29,7 +31,9 @@ use crate::{
 /// passed where logs go at all.
 ///
 /// [`encrypted`](Stores::encrypted) seals records before they reach any of
-/// the backends (see [`seal`](crate::seal)).
+/// the backends (see [`seal`](crate::seal)). Every call to a backend is a
+/// `store {operation}` span, and with [`with_telemetry`](Stores::with_telemetry)
+/// a sample of its duration (see [`telemetry`](crate::telemetry)).
 #[derive(Clone, Debug)]
 pub struct Stores {
     client_state: Arc<dyn KvStore>,
@@ -39,6 +43,7 @@ pub struct Stores {
     /// The seal, and the event log behind it (made once: its writer
     /// position must be one per process).
     sealing: Option<(Sealing, Option<Arc<dyn LogStore>>)>,
+    telemetry: Telemetry,
 }
 
 impl Stores {
@@ -57,7 +62,41 @@ impl Stores {
             sessions: kv.clone(),
             events: log.map(|log| (kv, log)),
             sealing: None,
+            telemetry: Telemetry::disabled(),
         }
+    }
+
+    /// Records the duration of every backend call, and gives the
+    /// transport's builders (which take it from the bundle) where to
+    /// record theirs. Call it after installing the application's meter
+    /// provider:
+    ///
+    /// ```
+    /// use mcp_persist_core::{MemoryStore, Stores, telemetry::{SessionIds, Telemetry}};
+    /// let stores = Stores::new(MemoryStore::new())
+    ///     .with_telemetry(Telemetry::disabled().session_ids(SessionIds::Omitted));
+    /// assert!(!stores.telemetry().records_metrics());
+    /// ```
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        if let Some(sealing) = self.sealing().cloned() {
+            let log = self.sealed_log(&sealing);
+            self.sealing = Some((sealing, log));
+        }
+        self
+    }
+
+    /// Where metrics go, and how session ids appear in spans.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    fn observed_kv(&self, kv: &Arc<dyn KvStore>) -> Arc<dyn KvStore> {
+        Arc::new(Observed::new(kv.clone(), self.telemetry.clone()))
+    }
+
+    fn observed_log(&self, log: &Arc<dyn LogStore>) -> Arc<dyn LogStore> {
+        Arc::new(Observed::new(log.clone(), self.telemetry.clone()))
     }
 
     /// Seals records before they reach any backend of the bundle, those
@@ -89,15 +128,16 @@ impl Stores {
 
     fn sealed_log(&self, sealing: &Sealing) -> Option<Arc<dyn LogStore>> {
         self.events.as_ref().map(|(_, log)| {
-            Arc::new(Sealed::new(log.clone(), sealing.clone())) as Arc<dyn LogStore>
+            Arc::new(Sealed::new(self.observed_log(log), sealing.clone())) as Arc<dyn LogStore>
         })
     }
 
-    /// `kv` as the typed stores see it: behind the seal, if any.
+    /// `kv` as the typed stores see it: observed, behind the seal if any.
     fn kv(&self, kv: &Arc<dyn KvStore>) -> Arc<dyn KvStore> {
+        let kv = self.observed_kv(kv);
         match &self.sealing {
-            Some((sealing, _)) => Arc::new(Sealed::new(kv.clone(), sealing.clone())),
-            None => kv.clone(),
+            Some((sealing, _)) => Arc::new(Sealed::new(kv, sealing.clone())),
+            None => kv,
         }
     }
 
@@ -106,7 +146,7 @@ impl Stores {
         let (kv, log) = self.events.as_ref()?;
         let log = match &self.sealing {
             Some((_, Some(sealed))) => sealed.clone(),
-            _ => log.clone(),
+            _ => self.observed_log(log),
         };
         Some((self.kv(kv), log))
     }

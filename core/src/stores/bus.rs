@@ -47,6 +47,10 @@ pub struct BusMessage {
     pub published_at: Timestamp,
     /// The instance that published it, when it said.
     pub origin: Option<String>,
+    /// The W3C `traceparent` of the span that published it, so that each
+    /// delivery continues that trace. `None` without tracing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl Record for BusMessage {
@@ -133,10 +137,22 @@ impl NotificationBus {
     /// A notice over [`MAX_NOTICE_BYTES`] encoded is refused with
     /// [`Error::TooLarge`](crate::Error::TooLarge) and nothing is published.
     pub async fn publish(&self, notice: FleetNotice, origin: Option<&str>) -> Result<u64> {
+        self.publish_traced(notice, origin, None).await
+    }
+
+    /// [`publish`](Self::publish), carrying the W3C `traceparent` of the
+    /// publishing span to every delivery.
+    pub async fn publish_traced(
+        &self,
+        notice: FleetNotice,
+        origin: Option<&str>,
+        traceparent: Option<String>,
+    ) -> Result<u64> {
         let message = BusMessage {
             notice,
             published_at: Timestamp::now(),
             origin: origin.map(str::to_owned),
+            traceparent,
         };
         let encoded = encode(&message)?;
         if encoded.len() > MAX_NOTICE_BYTES {

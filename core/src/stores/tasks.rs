@@ -89,6 +89,18 @@ impl TaskStatus {
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
+
+    /// The status as the protocol spells it (`working`, `input_required`,
+    /// `completed`, `failed`, `cancelled`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Working => "working",
+            Self::InputRequired => "input_required",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// The instance running a task, and the generation it runs.
@@ -183,6 +195,11 @@ pub struct TaskRecord {
     /// written before this field existed: nothing is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_capabilities: Option<serde_json::Value>,
+    /// The W3C `traceparent` of the request that created the task, so that
+    /// every run of its operation (a takeover on another instance included)
+    /// continues that trace. `None` without tracing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl TaskRecord {
@@ -208,12 +225,20 @@ impl TaskRecord {
             resumable: None,
             runs: 1,
             client_capabilities: None,
+            traceparent: None,
         }
     }
 
     /// The same task, recording the capabilities its client declared.
     pub fn with_client_capabilities(mut self, capabilities: Option<serde_json::Value>) -> Self {
         self.client_capabilities = capabilities;
+        self
+    }
+
+    /// The same task, recording the W3C `traceparent` of the request that
+    /// created it.
+    pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
+        self.traceparent = traceparent;
         self
     }
 

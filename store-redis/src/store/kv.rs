@@ -40,7 +40,10 @@ impl KvStore for RedisStore {
             }
         };
         self.bounded("get", work)
-            .instrument(debug_span!("redis.get", key = key.as_str()))
+            .instrument(debug_span!(
+                "redis.get",
+                kind = mcp_persist_core::telemetry::kind_of_key(key)
+            ))
             .await
     }
 
@@ -93,7 +96,11 @@ impl KvStore for RedisStore {
             }
         };
         self.bounded("put", work)
-            .instrument(debug_span!("redis.put", key = key.as_str(), ?mode))
+            .instrument(debug_span!(
+                "redis.put",
+                kind = mcp_persist_core::telemetry::kind_of_key(key),
+                ?mode
+            ))
             .await
     }
 
@@ -120,7 +127,10 @@ impl KvStore for RedisStore {
             }
         };
         self.bounded("delete", work)
-            .instrument(debug_span!("redis.delete", key = key.as_str()))
+            .instrument(debug_span!(
+                "redis.delete",
+                kind = mcp_persist_core::telemetry::kind_of_key(key)
+            ))
             .await
     }
 

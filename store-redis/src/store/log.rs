@@ -51,7 +51,7 @@ impl LogStore for RedisStore {
                     return Ok(vec![seq]);
                 }
                 debug!(
-                    log = log.as_str(),
+                    kind = mcp_persist_core::telemetry::kind_of_log(log),
                     "log gone since its expiry was set; appending with the script"
                 );
             }
@@ -67,7 +67,7 @@ impl LogStore for RedisStore {
         self.bounded("append", work)
             .instrument(debug_span!(
                 "redis.append",
-                log = log.as_str(),
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
                 records = count
             ))
             .await
@@ -96,7 +96,11 @@ impl LogStore for RedisStore {
         };
         // A long log is read in pages; the timeout applies to the whole read.
         self.bounded("read_after", work)
-            .instrument(debug_span!("redis.read_after", log = log.as_str(), after))
+            .instrument(debug_span!(
+                "redis.read_after",
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
+                after
+            ))
             .await
     }
 
@@ -125,7 +129,12 @@ impl LogStore for RedisStore {
         let mut pooled = true;
         let reply = loop {
             let (mut conn, was_idle) = self.blocking_conn(pooled).await?;
-            let span = debug_span!("redis.wait_after", log = log.as_str(), after, ?timeout);
+            let span = debug_span!(
+                "redis.wait_after",
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
+                after,
+                ?timeout
+            );
             match tokio::time::timeout(bound, cmd.query_async::<Value>(&mut conn))
                 .instrument(span)
                 .await
@@ -181,7 +190,11 @@ impl LogStore for RedisStore {
             Ok(dropped)
         };
         self.bounded("trim", work)
-            .instrument(debug_span!("redis.trim", log = log.as_str(), before))
+            .instrument(debug_span!(
+                "redis.trim",
+                kind = mcp_persist_core::telemetry::kind_of_log(log),
+                before
+            ))
             .await
     }
 
@@ -196,7 +209,10 @@ impl LogStore for RedisStore {
             Ok(())
         };
         self.bounded("delete", work)
-            .instrument(debug_span!("redis.delete_log", log = log.as_str()))
+            .instrument(debug_span!(
+                "redis.delete_log",
+                kind = mcp_persist_core::telemetry::kind_of_log(log)
+            ))
             .await
     }
 }

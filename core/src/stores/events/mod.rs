@@ -66,6 +66,15 @@ impl EventDurability {
     pub const PIPELINED: EventDurability = EventDurability::Pipelined {
         window: Duration::from_millis(10),
     };
+
+    /// `synced`, `written` or `pipelined`, for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventDurability::Synced => "synced",
+            EventDurability::Written => "written",
+            EventDurability::Pipelined { .. } => "pipelined",
+        }
+    }
 }
 
 impl Default for EventLogConfig {
