@@ -29,6 +29,7 @@
 //! | `server` | no | [`server`]: the durable rmcp Streamable HTTP server, and [`rmcp`] |
 //! | `macros` | no | rmcp's `#[tool]`, `#[tool_router]`, `#[tool_handler]` at [`rmcp`], with the `serde`, `serde_json` and `schemars` they use (turns `server` on) |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts (turns `client` on) |
+//! | `otel` | no | OpenTelemetry metrics, and traces kept across restarts (see [`telemetry`]) |
 //! | `rustls` | yes | HTTPS for the client through rustls |
 //! | `native-tls` | no | HTTPS for the client through the platform's TLS library |
 //!
@@ -220,6 +221,18 @@ pub mod client {
 pub mod server {
     #[doc(inline)]
     pub use mcp_persist_transport_http::server::*;
+}
+
+/// Spans and metrics: core's [`Telemetry`](telemetry::Telemetry) (where
+/// metrics go, how session ids appear) and, with `client` or `server`, the
+/// transport's trace helpers. With the `otel` feature metrics are recorded
+/// through the OpenTelemetry API and traces continue across restarts.
+pub mod telemetry {
+    #[doc(inline)]
+    pub use mcp_persist_core::telemetry::*;
+    #[cfg(any(feature = "client", feature = "server"))]
+    #[doc(inline)]
+    pub use mcp_persist_transport_http::telemetry::*;
 }
 
 /// OAuth storage for durable clients (`mcp-persist-transport-http`'s `auth`).

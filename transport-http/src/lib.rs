@@ -36,6 +36,7 @@
 //! | `server` | yes | [`server`]: session and event stores for rmcp, the binding layer, the builder |
 //! | `client` | yes | [`client`]: the durable client decorator, its builder and recovery handle |
 //! | `auth` | no | [`auth`]: OAuth credentials that survive restarts, keyed by issuer and resource, shared safely between processes |
+//! | `otel` | no | OpenTelemetry metrics, and traces continued across restarts (see [`telemetry`]; the spans themselves need no feature) |
 //! | `rustls` | yes | HTTPS for the client (and `auth`'s OAuth requests) through rustls |
 //! | `native-tls` | no | HTTPS for the client through the platform's TLS library (OpenSSL on Linux) |
 //! | `client-rustls` | no | the former name of `rustls`; also turns `client` on |
@@ -55,6 +56,9 @@ pub mod client;
 
 #[cfg(any(feature = "server", feature = "client"))]
 pub mod exactly_once;
+
+#[cfg(any(feature = "server", feature = "client"))]
+pub mod telemetry;
 
 #[cfg(feature = "auth")]
 #[cfg_attr(docsrs, doc(cfg(feature = "auth")))]

@@ -414,6 +414,7 @@ pub struct DurableAuth {
     pending_ttl: Duration,
     allow_private_addresses: bool,
     dpop: bool,
+    telemetry: mcp_persist_core::telemetry::Telemetry,
 }
 
 impl DurableAuth {
@@ -434,7 +435,15 @@ impl DurableAuth {
             pending_ttl: DEFAULT_PENDING_TTL,
             allow_private_addresses: false,
             dpop: true,
+            telemetry: mcp_persist_core::telemetry::Telemetry::disabled(),
         }
+    }
+
+    /// Where refreshes are counted (`mcp_persist.credentials.refreshes`);
+    /// see [`telemetry`](crate::telemetry). Nowhere by default.
+    pub fn telemetry(mut self, telemetry: mcp_persist_core::telemetry::Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
     }
 
     /// The redirect URI registered and sent with authorization requests.

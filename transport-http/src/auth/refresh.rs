@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use mcp_persist_core::{BoxError, Credentials, RefreshOutcome};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::{DurableAuthClient, REFRESH_MARGIN, Registration, workload::workload_grant};
 
@@ -58,6 +58,13 @@ impl<C> DurableAuthClient<C> {
         {
             return Some(current.record);
         }
+        let span = tracing::info_span!(
+            "mcp_persist.credentials.refresh",
+            otel.name = "mcp_persist.credentials.refresh",
+            otel.kind = "client",
+            mcp_persist.outcome = tracing::field::Empty,
+        );
+        crate::telemetry::continue_trace(&span, None);
         let manager = self.inner.auth_manager.clone();
         let shared = self.shared.clone();
         let oauth_http = self.oauth_http.clone();
@@ -99,19 +106,27 @@ impl<C> DurableAuthClient<C> {
                         .ok_or_else(|| -> BoxError { "the refresh returned no token".into() })
                 },
             )
+            .instrument(span.clone())
             .await;
+        let _entered = span.enter();
+        let telemetry = &self.config.telemetry;
         match outcome {
             Ok(RefreshOutcome::Refreshed(stored)) => {
                 info!(issuer = %issuer, "refresh won: this process refreshed and stored the rotated token");
+                span.record("mcp_persist.outcome", "refreshed");
+                telemetry.credential_refresh(true);
                 Some(stored.record)
             }
             Ok(RefreshOutcome::RefreshedByOther(stored)) => {
                 info!(issuer = %issuer, "refresh lost or waited: using the token another process stored");
+                span.record("mcp_persist.outcome", "refreshed_by_other");
                 Some(stored.record)
             }
             Ok(_) => Some(current.record),
             Err(e) => {
                 warn!(issuer = %issuer, error = %e, "shared refresh failed; rmcp will retry on its own");
+                span.record("mcp_persist.outcome", "failed");
+                telemetry.credential_refresh(false);
                 Some(current.record)
             }
         }

@@ -7,6 +7,7 @@ use std::{ops::Range, sync::Arc, time::Duration};
 use mcp_persist_core::{
     ClientStateStore, Error as StoreError, InFlightRequest, KvStore, LegacySession, ServerKey,
     Stores,
+    telemetry::{Side, Telemetry},
 };
 use rmcp::{
     model::InitializeResult,
@@ -48,6 +49,13 @@ pub const DEFAULT_ID_BLOCK: u32 = 256;
 pub trait ClientStateSource {
     /// The client state store.
     fn into_client_state(self) -> ClientStateStore;
+
+    /// Where the client records its metrics: a bundle's
+    /// [`telemetry`](Stores::telemetry), nowhere for anything else (give
+    /// one with [`DurableClientBuilder::telemetry`]).
+    fn telemetry(&self) -> Telemetry {
+        Telemetry::disabled()
+    }
 }
 
 impl ClientStateSource for ClientStateStore {
@@ -60,11 +68,19 @@ impl ClientStateSource for Stores {
     fn into_client_state(self) -> ClientStateStore {
         self.client_state()
     }
+
+    fn telemetry(&self) -> Telemetry {
+        Stores::telemetry(self).clone()
+    }
 }
 
 impl ClientStateSource for &Stores {
     fn into_client_state(self) -> ClientStateStore {
         self.client_state()
+    }
+
+    fn telemetry(&self) -> Telemetry {
+        Stores::telemetry(self).clone()
     }
 }
 
@@ -90,15 +106,18 @@ pub struct DurableClientBuilder {
     journal_delay: Duration,
     id_block: u32,
     recovery: RecoveryConfig,
+    telemetry: Telemetry,
 }
 
 impl DurableClientBuilder {
     /// A client of the MCP endpoint at `endpoint`, keeping its state in
     /// `store`, under the profile `default`.
     pub fn new(endpoint: impl Into<String>, store: impl ClientStateSource) -> Self {
+        let telemetry = store.telemetry();
         DurableClientBuilder {
             endpoint: endpoint.into(),
             profile: "default".to_owned(),
+            telemetry,
             store: store.into_client_state(),
             config: None,
             journal_delay: Duration::from_millis(10),
@@ -134,6 +153,15 @@ impl DurableClientBuilder {
     /// collected again. Zero writes at once.
     pub fn journal_delay(mut self, delay: Duration) -> Self {
         self.journal_delay = delay;
+        self
+    }
+
+    /// Where the client records its metrics (request durations, journal
+    /// entries pending, sessions restored), and how session ids appear in
+    /// its spans; by default what the [`Stores`] bundle it was built from
+    /// says (see [`telemetry`](crate::telemetry)).
+    pub fn telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
         self
     }
 
@@ -201,6 +229,7 @@ impl DurableClientBuilder {
             health.clone(),
             self.journal_delay,
             span.clone(),
+            self.telemetry.clone(),
         );
         let verdict = Arc::new(Verdict::new(journal.clone()));
         let ids = Arc::new(WireIds::new(
@@ -235,7 +264,21 @@ impl DurableClientBuilder {
             inbox.clone(),
         );
 
-        let start = load(&key, &store, &verdict, &session, &ids, &health).await;
+        let restore = tracing::info_span!(
+            "mcp_persist.session.restore",
+            otel.name = "mcp_persist.session.restore",
+            mcp_persist.side = "client",
+            mcp_persist.outcome = tracing::field::Empty,
+        );
+        crate::telemetry::continue_trace(&restore, None);
+        let start = load(&key, &store, &verdict, &session, &ids, &health)
+            .instrument(restore.clone())
+            .await;
+        restore.record("mcp_persist.outcome", start_outcome(&start));
+        if matches!(start, StartKind::Resumed { .. }) {
+            self.telemetry.session_restored(Side::Client);
+        }
+        drop(restore);
         let listed = if matches!(start, StartKind::InMemory { .. }) {
             Vec::new()
         } else {
@@ -285,6 +328,7 @@ impl DurableClientBuilder {
             requests,
             tasks,
             streams,
+            telemetry: self.telemetry,
         };
         let transport = StreamableHttpClientTransport::with_client(
             DurableHttpClient {
@@ -307,6 +351,17 @@ fn client_span(key: &ServerKey) -> Span {
         server = %key.endpoint(),
         profile = %key.profile()
     )
+}
+
+/// How a start went, for the restore span.
+fn start_outcome(start: &StartKind) -> &'static str {
+    match start {
+        StartKind::Resumed { .. } => "resumed",
+        StartKind::Fresh => "fresh",
+        StartKind::FreshAfterBadState { .. } => "fresh_after_bad_state",
+        StartKind::InMemory { .. } => "in_memory",
+        _ => "other",
+    }
 }
 
 /// Reads what is stored for the server and installs it: the era verdict,

@@ -11,6 +11,7 @@
 //! | task calls and their end | [`tasks`](super::tasks) |
 //! | GET streams, their resume, following SSE | [`streams`](super::streams) |
 //! | passing a call on to the wrapped client | [`delegate`](super::delegate) |
+//! | each request's span and duration | [`spans`](super::spans) |
 //!
 //! Every POST is routed by [`Route`]: read that enum to find where a
 //! message goes.
@@ -19,7 +20,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
-use mcp_persist_core::{ServerKey, SessionId};
+use mcp_persist_core::{ServerKey, SessionId, telemetry::Telemetry};
 use rmcp::{
     model::{ClientJsonRpcMessage, ClientNotification, ClientRequest},
     transport::streamable_http_client::{
@@ -34,6 +35,7 @@ use super::{
     era::Era,
     requests::Requests,
     session::Lifecycle,
+    spans::RequestSpan,
     streams::{StreamOwner, Streams},
     tasks::TaskWatch,
 };
@@ -62,6 +64,8 @@ pub(crate) struct Routes {
     pub(crate) requests: Requests,
     pub(crate) tasks: TaskWatch,
     pub(crate) streams: Streams,
+    /// Where request durations go, and how session ids appear in spans.
+    pub(crate) telemetry: Telemetry,
 }
 
 impl<C> std::fmt::Debug for DurableHttpClient<C> {
@@ -111,10 +115,45 @@ enum Route {
 }
 
 impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
-    /// Routes one POST; a response stream stays under the client's span.
-    async fn post(&self, message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
+    /// Routes one POST inside its request's span ([`RequestSpan`]); a
+    /// response stream stays under the client's span.
+    async fn post(&self, mut message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
         let routes = &*self.routes;
-        let response = match self.route(&message, &post) {
+        let modern = routes.era.is_modern();
+        let version = (!modern)
+            .then(|| routes.session.state().current())
+            .flatten()
+            .map(|(_, result)| result.protocol_version.to_string());
+        let session = post.session_id.clone().filter(|_| !modern);
+        let traced = RequestSpan::begin(
+            &mut message,
+            &routes.telemetry,
+            session.as_deref(),
+            version.as_deref(),
+        );
+        let response = match &traced {
+            Some(traced) => {
+                let span = traced.span().clone();
+                self.dispatch(message, post).instrument(span).await
+            }
+            None => self.dispatch(message, post).await,
+        };
+        let response = match traced {
+            Some(traced) => traced.finish(response),
+            None => response,
+        };
+        match response {
+            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => Ok(
+                StreamableHttpPostResponse::Sse(in_span(stream, &routes.span), sid),
+            ),
+            other => other,
+        }
+    }
+
+    /// Sends one POST by its [`Route`].
+    async fn dispatch(&self, message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
+        let routes = &*self.routes;
+        match self.route(&message, &post) {
             Route::Discover => routes.era.discover(&self.inner, message, post).await,
             Route::ModernRequest => {
                 let mut message = message;
@@ -145,12 +184,6 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
                 routes.tasks.watch(response, call)
             }
             Route::Response => post.send(&self.inner, message).await,
-        };
-        match response {
-            Ok(StreamableHttpPostResponse::Sse(stream, sid)) => Ok(
-                StreamableHttpPostResponse::Sse(in_span(stream, &routes.span), sid),
-            ),
-            other => other,
         }
     }
 

@@ -170,6 +170,7 @@ mod recovery;
 mod report;
 mod requests;
 mod session;
+mod spans;
 mod streams;
 mod tasks;
 mod wire;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use mcp_persist_core::{InFlightRequest, RequestId, SessionId};
+use mcp_persist_core::{RequestId, SessionId};
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, NumberOrString, ServerJsonRpcMessage};
 use serde_json::Value;
 
@@ -13,7 +13,7 @@ use super::{
     delegate::method_and_params,
     health::Health,
     ids::WireIds,
-    journal::{JournalScope, JournalTx},
+    journal::{self, JournalScope, JournalTx},
     keys,
     progress::{self, ProgressTokens},
     tasks::{self, TaskWatch},
@@ -75,10 +75,12 @@ impl Requests {
             self.progress
                 .send_as_wire(request, wire, rmcp_token, params.as_ref());
         }
+        // The request's span (current here) names it by its wire id.
+        tracing::Span::current().record("jsonrpc.request.id", wire);
         if self.health.persisting() {
             self.journal.record(
                 JournalScope::Session(session.clone()),
-                InFlightRequest::new(RequestId::Number(wire), method, params),
+                journal::entry(RequestId::Number(wire), method, params),
             );
         }
         Some(wire)

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use mcp_persist_core::{InFlightRequest, RequestId};
+use mcp_persist_core::RequestId;
 use rmcp::{
     model::{
         ClientJsonRpcMessage, ClientRequest, NumberOrString, ServerJsonRpcMessage, ServerResult,
@@ -22,7 +22,7 @@ use tracing::{debug, info};
 use super::{
     delegate::{PostResult, method_and_params},
     health::Health,
-    journal::{JournalScope, JournalTx},
+    journal::{self, JournalScope, JournalTx},
     keys,
 };
 
@@ -82,7 +82,7 @@ impl TaskWatch {
         let id = keys::journal_id(&key);
         self.journal.record(
             JournalScope::Sessionless,
-            InFlightRequest::new(id.clone(), method, params),
+            journal::entry(id.clone(), method, params),
         );
         Some(ModernCall { local, id })
     }

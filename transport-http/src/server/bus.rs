@@ -32,14 +32,14 @@ use std::{
     time::Duration,
 };
 
-use mcp_persist_core::{FleetNotice, NotificationBus};
+use mcp_persist_core::{FleetNotice, NotificationBus, telemetry::Telemetry};
 use rmcp::{
     ErrorData, RoleServer,
     model::{ResourceUpdatedNotificationParam, SubscriptionFilter},
     service::{Peer, SubscriptionContext, SubscriptionSendError},
 };
 use tokio::sync::broadcast;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 /// Notices buffered per local listener before a slow one starts missing some.
 const LOCAL_BUFFER: usize = 1024;
@@ -54,6 +54,8 @@ struct Inner {
     bus: NotificationBus,
     local: broadcast::Sender<FleetNotice>,
     instance: String,
+    /// Publish-to-delivery lag (`mcp_persist.bus.lag`).
+    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for FleetBus {
@@ -78,12 +80,22 @@ impl FleetBus {
     /// instance's listeners, until every clone of the returned value is
     /// dropped.
     pub async fn start(bus: NotificationBus) -> mcp_persist_core::Result<FleetBus> {
+        FleetBus::start_with(bus, Telemetry::disabled()).await
+    }
+
+    /// [`start`](Self::start), recording each delivery's lag in
+    /// `telemetry` (see [`telemetry`](crate::telemetry)).
+    pub async fn start_with(
+        bus: NotificationBus,
+        telemetry: Telemetry,
+    ) -> mcp_persist_core::Result<FleetBus> {
         let head = bus.head().await?;
         let (local, _) = broadcast::channel(LOCAL_BUFFER);
         let inner = Arc::new(Inner {
             bus,
             local,
             instance: random_id(),
+            telemetry,
         });
         tokio::spawn(tail(Arc::downgrade(&inner), head));
         info!(instance = %inner.instance, from = head, "fleet bus started");
@@ -92,10 +104,20 @@ impl FleetBus {
 
     /// Publishes `notice` to every instance (this one included, through the
     /// shared log like everyone else, so all see the same order).
+    /// The publication is a `mcp_persist.bus.publish` span (a child of
+    /// whatever span publishes), whose `traceparent` travels with the
+    /// notice: each instance's delivery continues that trace.
     pub async fn publish(&self, notice: FleetNotice) -> mcp_persist_core::Result<()> {
+        let span = tracing::info_span!(
+            "mcp_persist.bus.publish",
+            otel.name = "mcp_persist.bus.publish",
+            otel.kind = "producer",
+        );
+        let traceparent = crate::telemetry::traceparent_of(&span);
         self.inner
             .bus
-            .publish(notice, Some(&self.inner.instance))
+            .publish_traced(notice, Some(&self.inner.instance), traceparent)
+            .instrument(span)
             .await?;
         Ok(())
     }
@@ -209,6 +231,17 @@ async fn tail(inner: Weak<Inner>, mut after: u64) {
                     return;
                 };
                 for (_, message) in messages {
+                    let span = tracing::info_span!(
+                        "mcp_persist.bus.deliver",
+                        otel.name = "mcp_persist.bus.deliver",
+                        otel.kind = "consumer",
+                    );
+                    crate::telemetry::continue_trace(&span, message.traceparent.as_deref());
+                    let _entered = span.enter();
+                    let lag = mcp_persist_core::Timestamp::now()
+                        .as_unix_millis()
+                        .saturating_sub(message.published_at.as_unix_millis());
+                    strong.telemetry.bus_delivered(Duration::from_millis(lag));
                     // No local listener is not an error.
                     let _ = strong.local.send(message.notice);
                 }

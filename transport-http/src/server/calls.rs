@@ -40,16 +40,17 @@ use std::{
 };
 
 use mcp_persist_core::{
-    CallAnswer, CallKey, CallRecord, CallStatus, CallStore, Liveness, Stored, Stores, stores::Begin,
+    CallAnswer, CallKey, CallRecord, CallStatus, CallStore, Liveness, Stored, Stores,
+    stores::Begin, telemetry::Telemetry,
 };
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
     model::*,
     service::{MaybeSendFuture, NotificationContext, RequestContext, SubscriptionContext},
 };
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
-use super::{binding::PrincipalFn, instance::InstanceLife};
+use super::{binding::PrincipalFn, instance::InstanceLife, spans::ServedRequest};
 
 pub use crate::exactly_once::{
     ANSWER_NOT_KEPT, EXACTLY_ONCE, IDEMPOTENCY_KEY, OUTCOME_UNKNOWN, STILL_RUNNING,
@@ -167,20 +168,33 @@ impl Calls {
 }
 
 /// An rmcp service that serves keyed `tools/call` requests exactly once and
-/// passes everything else to the handler it wraps;
+/// passes everything else to the handler it wraps, each request in its
+/// span (see [`telemetry`](crate::telemetry));
 /// [`DurableServer::service`](super::DurableServer::service) wraps every
 /// handler in one.
 pub struct KeyedCalls<H> {
     inner: Arc<H>,
     calls: Option<Arc<Calls>>,
+    telemetry: Telemetry,
 }
 
 impl<H> KeyedCalls<H> {
-    pub(crate) fn new(inner: H, calls: Option<Arc<Calls>>) -> Self {
+    pub(crate) fn new(inner: H, calls: Option<Arc<Calls>>, telemetry: Telemetry) -> Self {
         KeyedCalls {
             inner: Arc::new(inner),
             calls,
+            telemetry,
         }
+    }
+
+    /// The span of a request to serve (see [`ServedRequest`]).
+    fn served(
+        &self,
+        method: &'static str,
+        tool: Option<&str>,
+        context: &RequestContext<RoleServer>,
+    ) -> ServedRequest {
+        ServedRequest::new(&self.telemetry, method.to_owned(), tool, context)
     }
 }
 
@@ -238,7 +252,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         &self,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.ping(context)
+        let served = self.served("ping", None, &context);
+        served.serve(self.inner.ping(context))
     }
 
     async fn initialize(
@@ -246,7 +261,10 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        let mut result = self.inner.initialize(request, context).await?;
+        let served = self.served("initialize", None, &context);
+        let mut result = served
+            .serve(self.inner.initialize(request, context))
+            .await?;
         if self.calls.is_some() {
             advertise(&mut result.capabilities);
         }
@@ -272,7 +290,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         &self,
         context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, ErrorData> {
-        let mut result = self.inner.discover(context).await?;
+        let served = self.served("server/discover", None, &context);
+        let mut result = served.serve(self.inner.discover(context)).await?;
         if self.calls.is_some() {
             advertise(&mut result.capabilities);
         }
@@ -284,7 +303,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CompleteResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.complete(request, context)
+        let served = self.served("completion/complete", None, &context);
+        served.serve(self.inner.complete(request, context))
     }
 
     #[allow(deprecated)]
@@ -293,7 +313,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.set_level(request, context)
+        let served = self.served("logging/setLevel", None, &context);
+        served.serve(self.inner.set_level(request, context))
     }
 
     fn get_prompt(
@@ -301,7 +322,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<GetPromptResponse, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.get_prompt(request, context)
+        let served = self.served("prompts/get", None, &context);
+        served.serve(self.inner.get_prompt(request, context))
     }
 
     fn list_prompts(
@@ -309,7 +331,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListPromptsResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.list_prompts(request, context)
+        let served = self.served("prompts/list", None, &context);
+        served.serve(self.inner.list_prompts(request, context))
     }
 
     fn list_resources(
@@ -317,7 +340,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListResourcesResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.list_resources(request, context)
+        let served = self.served("resources/list", None, &context);
+        served.serve(self.inner.list_resources(request, context))
     }
 
     fn list_resource_templates(
@@ -326,7 +350,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListResourceTemplatesResult, ErrorData>> + MaybeSendFuture + '_
     {
-        self.inner.list_resource_templates(request, context)
+        let served = self.served("resources/templates/list", None, &context);
+        served.serve(self.inner.list_resource_templates(request, context))
     }
 
     fn read_resource(
@@ -334,7 +359,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ReadResourceResponse, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.read_resource(request, context)
+        let served = self.served("resources/read", None, &context);
+        served.serve(self.inner.read_resource(request, context))
     }
 
     fn accepted_subscription_filter(
@@ -357,7 +383,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.subscribe(request, context)
+        let served = self.served("resources/subscribe", None, &context);
+        served.serve(self.inner.subscribe(request, context))
     }
 
     #[allow(deprecated)]
@@ -366,7 +393,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.unsubscribe(request, context)
+        let served = self.served("resources/unsubscribe", None, &context);
+        served.serve(self.inner.unsubscribe(request, context))
     }
 
     async fn call_tool(
@@ -374,11 +402,14 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let served = self.served("tools/call", Some(&request.name), &context);
         match (&self.calls, key_of(&request, &context)) {
             (Some(calls), Some(key)) => {
-                calls.serve(self.inner.clone(), request, key, context).await
+                served
+                    .serve(calls.serve(self.inner.clone(), request, key, context))
+                    .await
             }
-            _ => self.inner.call_tool(request, context).await,
+            _ => served.serve(self.inner.call_tool(request, context)).await,
         }
     }
 
@@ -387,7 +418,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListToolsResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.list_tools(request, context)
+        let served = self.served("tools/list", None, &context);
+        served.serve(self.inner.list_tools(request, context))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -399,7 +431,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<CustomResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.on_custom_request(request, context)
+        let served = ServedRequest::new(&self.telemetry, request.method.clone(), None, &context);
+        served.serve(self.inner.on_custom_request(request, context))
     }
 
     fn on_cancelled(
@@ -453,7 +486,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<GetTaskResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.get_task(request, context)
+        let served = self.served("tasks/get", None, &context);
+        served.serve(self.inner.get_task(request, context))
     }
 
     fn update_task(
@@ -461,7 +495,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.update_task(request, context)
+        let served = self.served("tasks/update", None, &context);
+        served.serve(self.inner.update_task(request, context))
     }
 
     fn cancel_task(
@@ -469,7 +504,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<(), ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.cancel_task(request, context)
+        let served = self.served("tasks/cancel", None, &context);
+        served.serve(self.inner.cancel_task(request, context))
     }
 
     fn list_skills(
@@ -477,7 +513,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ListSkillsResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.list_skills(request, context)
+        let served = self.served("skills/list", None, &context);
+        served.serve(self.inner.list_skills(request, context))
     }
 
     fn get_skill(
@@ -485,7 +522,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         request: GetSkillRequestParams,
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<GetSkillResult, ErrorData>> + MaybeSendFuture + '_ {
-        self.inner.get_skill(request, context)
+        let served = self.served("skills/get", None, &context);
+        served.serve(self.inner.get_skill(request, context))
     }
 
     fn read_resource_directory(
@@ -494,7 +532,8 @@ impl<H: ServerHandler> ServerHandler for KeyedCalls<H> {
         context: RequestContext<RoleServer>,
     ) -> impl Future<Output = Result<ReadResourceDirectoryResult, ErrorData>> + MaybeSendFuture + '_
     {
-        self.inner.read_resource_directory(request, context)
+        let served = self.served("resources/directory/read", None, &context);
+        served.serve(self.inner.read_resource_directory(request, context))
     }
 }
 
@@ -625,8 +664,9 @@ impl Calls {
     ) -> Result<CallToolResponse, ErrorData> {
         context.ct = tokio_util::sync::CancellationToken::new();
         let calls = self.clone();
+        let span = tracing::Span::current();
         let task = tokio::spawn(async move {
-            let outcome = inner.call_tool(call, context).await;
+            let outcome = inner.call_tool(call, context).instrument(span).await;
             // The answer goes out while it is being kept: its store write
             // overlaps the response's own (on SQLite the two share a commit).
             // Until it lands another attempt finds the call running here and

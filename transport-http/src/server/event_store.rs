@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use mcp_persist_core::{EventId, SessionId, StoredEvent};
+use mcp_persist_core::{EventId, SessionId, StoredEvent, telemetry::Telemetry};
 use rmcp::{
     model::ServerJsonRpcMessage,
     transport::streamable_http_server::session::{
@@ -16,7 +16,7 @@ use rmcp::{
     },
 };
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, field::Empty, warn};
 
 use super::instance::InstanceLife;
 
@@ -57,6 +57,7 @@ pub struct DurableEventStore {
     tail_idle: Duration,
     life: Option<Arc<InstanceLife>>,
     retry: Option<Duration>,
+    telemetry: Telemetry,
 }
 
 impl std::fmt::Debug for DurableEventStore {
@@ -81,7 +82,15 @@ impl DurableEventStore {
             tail_idle,
             life: None,
             retry: None,
+            telemetry: Telemetry::disabled(),
         }
+    }
+
+    /// The same store, counting events appended and replayed in
+    /// `telemetry` (see [`telemetry`](crate::telemetry)).
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
     }
 
     /// The same store, sending `retry` (the SSE reconnection hint) in the
@@ -113,6 +122,7 @@ impl DurableEventStore {
             tail_idle: self.tail_idle,
             life: self.life.clone(),
             retry: self.retry,
+            telemetry: self.telemetry.clone(),
         }
     }
 
@@ -146,6 +156,8 @@ impl RmcpEventStore for DurableEventStore {
             .events
             .append(stream_id, self.session.get(), &payload)
             .await?;
+        self.telemetry
+            .events_appended(1, self.events.config().durability.name());
         Ok(id.to_string())
     }
 
@@ -160,20 +172,40 @@ impl RmcpEventStore for DurableEventStore {
             "replaying events, then tailing"
         );
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(pump(
+        let span = tracing::info_span!(
+            "mcp_persist.replay",
+            otel.name = "mcp_persist.replay",
+            mcp.session.id = self
+                .session
+                .get()
+                .and_then(|s| self.telemetry.session_attribute(s.as_str())),
+            mcp_persist.events.count = Empty,
+        );
+        crate::telemetry::continue_trace(&span, None);
+        let telemetry = self.telemetry.clone();
+        let replay = pump(
             self.events.clone(),
             after,
             tx,
             self.tail_idle,
             self.life.clone(),
             self.retry,
-        ));
+        );
+        tokio::spawn(
+            async move {
+                let delivered = replay.await;
+                tracing::Span::current().record("mcp_persist.events.count", delivered);
+                telemetry.events_replayed(delivered);
+            }
+            .instrument(span),
+        );
         Ok(Box::pin(ReceiverStream(rx)))
     }
 }
 
 /// Replays, then tails, one stream into `tx` until its final response is
-/// sent, the client goes away, or nothing new comes for `idle`.
+/// sent, the client goes away, or nothing new comes for `idle`; returns how
+/// many events it sent (the priming event not counted).
 async fn pump(
     events: mcp_persist_core::EventLog,
     mut after: EventId,
@@ -181,20 +213,20 @@ async fn pump(
     idle: Duration,
     life: Option<Arc<InstanceLife>>,
     retry: Option<Duration>,
-) {
+) -> u64 {
     let request_stream = !after.stream().ends_with(COMMON_STREAM_SUFFIX);
     if request_stream && already_complete(&events, &after).await {
         debug!(
             stream = after.stream(),
             "resumed after the final response; nothing more to send"
         );
-        return;
+        return 0;
     }
     if tx.send(priming(&after, retry)).await.is_err() {
-        return;
+        return 0;
     }
     let mut quiet = Duration::ZERO;
-    let mut delivered = 0usize;
+    let mut delivered = 0u64;
     // A request stream written by another instance: check that instance's
     // lease whenever the stream is quiet, every half grace period.
     let watch = match (&life, request_stream) {
@@ -217,13 +249,13 @@ async fn pump(
             .max(Duration::from_millis(1));
         let batch = tokio::select! {
             batch = events.tail(&after, slice) => batch,
-            () = tx.closed() => return,
+            () = tx.closed() => return delivered,
         };
         let batch: Vec<StoredEvent> = match batch {
             Ok(batch) => batch,
             Err(e) => {
                 warn!(stream = after.stream(), error = %e, "event replay stopped: the store failed");
-                return;
+                return delivered;
             }
         };
         if batch.is_empty() {
@@ -245,7 +277,7 @@ async fn pump(
                 if let Some(message) = orphan_error(request, writer) {
                     let _ = tx.send(message).await;
                 }
-                return;
+                return delivered;
             }
             quiet += slice;
             if quiet >= idle {
@@ -253,7 +285,7 @@ async fn pump(
                     stream = after.stream(),
                     delivered, "no new events within the tail limit; ending the stream"
                 );
-                return;
+                return delivered;
             }
             continue;
         }
@@ -268,7 +300,7 @@ async fn pump(
                 Ok(message) => message,
                 Err(e) => {
                     warn!(stream = after.stream(), seq = after.seq(), error = %e, "stored event is not a JSON-RPC message; ending the replay");
-                    return;
+                    return delivered;
                 }
             };
             let last = request_stream
@@ -281,7 +313,7 @@ async fn pump(
                 .await
                 .is_err()
             {
-                return;
+                return delivered;
             }
             delivered += 1;
             if last {
@@ -289,7 +321,7 @@ async fn pump(
                     stream = after.stream(),
                     delivered, "final response delivered; replay complete"
                 );
-                return;
+                return delivered;
             }
         }
     }

@@ -38,6 +38,7 @@ mod event_store;
 mod instance;
 mod manager;
 mod session_store;
+mod spans;
 pub mod tasks;
 
 use std::{sync::Arc, time::Duration};
@@ -240,6 +241,7 @@ impl DurableServerBuilder {
             DurableEventStore::new(e, self.tail_idle)
                 .with_liveness(life.clone())
                 .with_retry(session_config.sse_retry)
+                .with_telemetry(self.stores.telemetry().clone())
         });
         let manager = Arc::new(DurableSessionManager::new(
             sessions.clone(),
@@ -247,7 +249,10 @@ impl DurableServerBuilder {
             session_config,
         ));
         let mut config = self.config;
-        config.session_store = Some(Arc::new(DurableSessionStore::new(sessions.clone())));
+        config.session_store = Some(Arc::new(
+            DurableSessionStore::new(sessions.clone())
+                .with_telemetry(self.stores.telemetry().clone()),
+        ));
         let principal = self
             .principal
             .unwrap_or_else(|| Arc::new(binding::principal_from_extension));
@@ -313,7 +318,7 @@ impl DurableServer {
     /// This instance's end of the fleet notification bus on this server's
     /// stores (see the [module docs](crate::server::bus)), tailing it from now on.
     pub async fn fleet_bus(&self, retention: mcp_persist_core::BusRetention) -> Result<FleetBus> {
-        FleetBus::start(self.stores.bus(retention)?).await
+        FleetBus::start_with(self.stores.bus(retention)?, self.stores.telemetry().clone()).await
     }
 
     /// A builder over `stores` (sessions and, unless
@@ -364,7 +369,10 @@ impl DurableServer {
         F: Fn() -> std::result::Result<H, std::io::Error> + Send + Sync + 'static,
     {
         let calls = self.calls.clone();
-        let factory = move || factory().map(|handler| KeyedCalls::new(handler, calls.clone()));
+        let telemetry = self.stores.telemetry().clone();
+        let factory = move || {
+            factory().map(|handler| KeyedCalls::new(handler, calls.clone(), telemetry.clone()))
+        };
         let service =
             StreamableHttpService::new(factory, self.manager.clone(), self.config.clone());
         tower_layer::Layer::layer(&self.layer, service)

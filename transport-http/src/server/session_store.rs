@@ -1,13 +1,16 @@
 //! rmcp's `SessionStore` over core's [`ServerSessionStore`](mcp_persist_core::ServerSessionStore).
 
-use mcp_persist_core::{Error, ServerSession, SessionId};
+use mcp_persist_core::{
+    Error, ServerSession, SessionId,
+    telemetry::{Side, Telemetry},
+};
 use rmcp::{
     model::InitializeRequestParams,
     transport::streamable_http_server::session::{
         SessionState, SessionStore as RmcpSessionStore, SessionStoreError,
     },
 };
-use tracing::{debug, error, warn};
+use tracing::{Instrument, debug, error, warn};
 
 tokio::task_local! {
     /// The principal of the request being served, set by
@@ -62,27 +65,33 @@ impl DeleteOutcome {
 #[derive(Debug, Clone)]
 pub struct DurableSessionStore {
     sessions: mcp_persist_core::ServerSessionStore,
+    telemetry: Telemetry,
 }
 
 impl DurableSessionStore {
     /// A store over core's session store (which carries the idle TTL).
     pub fn new(sessions: mcp_persist_core::ServerSessionStore) -> Self {
-        DurableSessionStore { sessions }
+        DurableSessionStore {
+            sessions,
+            telemetry: Telemetry::disabled(),
+        }
+    }
+
+    /// The same store, counting restored sessions in `telemetry` (see
+    /// [`telemetry`](crate::telemetry)).
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
     }
 
     /// The underlying typed store.
     pub fn inner(&self) -> &mcp_persist_core::ServerSessionStore {
         &self.sessions
     }
-}
 
-#[async_trait::async_trait]
-impl RmcpSessionStore for DurableSessionStore {
-    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
-        let Ok(id) = SessionId::new(session_id) else {
-            return Ok(None);
-        };
-        let Some(session) = self.sessions.load(&id).await? else {
+    /// The stored `initialize` of session `id`, to replay on this instance.
+    async fn restore(&self, id: &SessionId) -> Result<Option<SessionState>, SessionStoreError> {
+        let Some(session) = self.sessions.load(id).await? else {
             debug!("no live session to restore under this id");
             return Ok(None);
         };
@@ -96,6 +105,33 @@ impl RmcpSessionStore for DurableSessionStore {
             })?;
         debug!(session = %id, "loaded session for restore");
         Ok(Some(SessionState::new(params)))
+    }
+}
+
+#[async_trait::async_trait]
+impl RmcpSessionStore for DurableSessionStore {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        let Ok(id) = SessionId::new(session_id) else {
+            return Ok(None);
+        };
+        let span = tracing::info_span!(
+            "mcp_persist.session.restore",
+            otel.name = "mcp_persist.session.restore",
+            mcp_persist.side = "server",
+            mcp.session.id = self.telemetry.session_attribute(id.as_str()),
+            mcp_persist.outcome = tracing::field::Empty,
+        );
+        let restored = self.restore(&id).instrument(span.clone()).await;
+        let outcome = match &restored {
+            Ok(Some(_)) => {
+                self.telemetry.session_restored(Side::Server);
+                "restored"
+            }
+            Ok(None) => "unknown",
+            Err(_) => "failed",
+        };
+        span.record("mcp_persist.outcome", outcome);
+        restored
     }
 
     async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {

@@ -39,6 +39,7 @@ use std::{
 
 use mcp_persist_core::{
     ClientStateStore, InFlightRequest, RequestId, ServerKey, ServerProfile, SessionId,
+    telemetry::Telemetry,
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{Span, warn};
@@ -284,6 +285,20 @@ impl JournalTx {
     }
 }
 
+/// A request to journal: its method and params as sent, and the
+/// `traceparent` its params carry (the request's span), so that whoever
+/// collects it later continues its trace.
+pub(crate) fn entry(
+    id: RequestId,
+    method: String,
+    params: Option<serde_json::Value>,
+) -> InFlightRequest {
+    let mut request = InFlightRequest::new(id, method, params);
+    request.traceparent =
+        crate::telemetry::traceparent_in(request.params.as_ref()).map(str::to_owned);
+    request
+}
+
 /// Starts the writer on its own thread; its logs go to `span` (the
 /// client's).
 pub(crate) fn spawn(
@@ -292,11 +307,20 @@ pub(crate) fn spawn(
     health: Arc<Health>,
     delay: Duration,
     span: Span,
+    telemetry: Telemetry,
 ) -> JournalTx {
     let (tx, rx) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let writer = Writer::new(store, key, health.clone(), delay, rx, wake.clone());
+    let writer = Writer::new(
+        store,
+        key,
+        health.clone(),
+        delay,
+        rx,
+        wake.clone(),
+        telemetry,
+    );
     let writer_health = health.clone();
     // The application's log subscriber, for the writer's warnings too.
     let dispatch = tracing::dispatcher::get_default(Clone::clone);

@@ -10,6 +10,7 @@ use std::{
 
 use mcp_persist_core::{
     ClientStateStore, InFlightRequest, PutMode, RequestId, ServerKey, ServerProfile, SessionId,
+    telemetry::Telemetry,
 };
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
@@ -60,6 +61,9 @@ pub(super) struct Writer {
     /// The newest standalone cursor per session, and since when it waits.
     standalone: BTreeMap<SessionId, (String, Instant)>,
     flushes: Vec<Done>,
+    /// Counts the entries this process journaled and saw no answer to
+    /// (`mcp_persist.journal.pending`).
+    telemetry: Telemetry,
 }
 
 impl Writer {
@@ -70,8 +74,10 @@ impl Writer {
         delay: Duration,
         rx: mpsc::UnboundedReceiver<(Instant, Op)>,
         wake: Arc<Notify>,
+        telemetry: Telemetry,
     ) -> Self {
         Writer {
+            telemetry,
             store,
             key,
             health,
@@ -100,6 +106,8 @@ impl Writer {
                 done.send();
             }
             if closed {
+                // What is left unanswered is the next process's to list.
+                self.telemetry.journal_pending(-self.unanswered());
                 debug!("client journal closed; everything committed");
                 return;
             }
@@ -146,7 +154,7 @@ impl Writer {
                 self.saves.push(Err(sid));
             }
             Op::Record(scope, record) => {
-                self.entries.insert(
+                let replaced = self.entries.insert(
                     (scope, record.id.clone()),
                     Entry {
                         record: *record,
@@ -155,6 +163,9 @@ impl Writer {
                         answered_at: None,
                     },
                 );
+                if replaced.is_none_or(|e| e.answered_at.is_some()) {
+                    self.telemetry.journal_pending(1);
+                }
             }
             Op::Cursor(scope, id, event) => {
                 if let Some(e) = self.entries.get_mut(&(scope, id)) {
@@ -173,9 +184,15 @@ impl Writer {
                 match self.entries.get_mut(&key) {
                     // Answered before it was ever written: nothing to undo.
                     Some(e) if !e.written => {
+                        if e.answered_at.is_none() {
+                            self.telemetry.journal_pending(-1);
+                        }
                         self.entries.remove(&key);
                     }
                     Some(e) => {
+                        if e.answered_at.is_none() {
+                            self.telemetry.journal_pending(-1);
+                        }
                         e.answered_at.get_or_insert(at);
                     }
                     // Journaled by an earlier process: delete it from the store.
@@ -183,13 +200,18 @@ impl Writer {
                 }
             }
             Op::TaskDone(scope, task) => {
+                let mut ended = 0;
                 self.entries.retain(|(s, _), e| {
                     if *s != scope || e.record.task_id.as_deref() != Some(task.as_str()) {
                         return true;
                     }
+                    if e.answered_at.is_none() {
+                        ended += 1;
+                    }
                     e.answered_at.get_or_insert(at);
                     e.written
                 });
+                self.telemetry.journal_pending(-ended);
             }
             Op::Standalone(sid, event) => {
                 let since = self.standalone.get(&sid).map_or(at, |(_, since)| *since);
@@ -323,7 +345,18 @@ impl Writer {
         }
     }
 
+    /// How many entries this process journaled are still unanswered.
+    fn unanswered(&self) -> i64 {
+        let n = self
+            .entries
+            .values()
+            .filter(|e| e.answered_at.is_none())
+            .count();
+        i64::try_from(n).unwrap_or(i64::MAX)
+    }
+
     fn clear(&mut self) {
+        self.telemetry.journal_pending(-self.unanswered());
         self.entries.clear();
         self.saves.clear();
         self.profile = None;

@@ -91,6 +91,22 @@ impl Recoverer {
     }
 }
 
+/// The span of recovering `request` (`mcp_persist.recover {method}`): in
+/// logs under the client's span `parent`; in its trace a child of the
+/// request's original span, whose `traceparent` the journal kept.
+pub(crate) fn recovery_span(parent: &Span, request: &InFlightRequest, how: &'static str) -> Span {
+    let span = tracing::info_span!(
+        parent: parent,
+        "mcp_persist.recover",
+        otel.name = %format!("mcp_persist.recover {}", request.method),
+        mcp.method.name = %request.method,
+        jsonrpc.request.id = %request.id,
+        mcp_persist.recovery = how,
+    );
+    crate::telemetry::continue_trace(&span, request.traceparent.as_deref());
+    span
+}
+
 /// How the answer to one interrupted request can be had.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -10,7 +10,7 @@ use rmcp::{
 };
 use tracing::{Instrument, info};
 
-use super::{RecoveredAnswer, Recoverer, RecoveryError};
+use super::{RecoveredAnswer, Recoverer, RecoveryError, recovery_span};
 use crate::client::journal::JournalScope;
 
 /// A `tools/call` whose answer was lost (its process stopped, its stream
@@ -68,10 +68,17 @@ impl ReissuedCall {
         &self,
         client: &Peer<RoleClient>,
     ) -> Result<RecoveredAnswer, RecoveryError> {
+        let span = recovery_span(&self.context.span, &self.request, "reissue");
         let mut params = self.request.params.clone().unwrap_or_default();
-        // The earlier process's progress token means nothing to this one.
         if let Some(meta) = params.get_mut("_meta").and_then(|m| m.as_object_mut()) {
+            // The earlier process's progress token means nothing to this one.
             meta.remove("progressToken");
+            // The call sent again is a child of this recovery, itself a
+            // child of the call's first attempt.
+            meta.remove("traceparent");
+            if let Some(traceparent) = crate::telemetry::traceparent_of(&span) {
+                meta.insert("traceparent".to_owned(), traceparent.into());
+            }
         }
         let params: CallToolRequestParams =
             serde_json::from_value(params).map_err(|e| RecoveryError::UnexpectedAnswer {
@@ -82,7 +89,7 @@ impl ReissuedCall {
             self.context.config.timeout,
             client.send_request(ClientRequest::CallToolRequest(CallToolRequest::new(params))),
         )
-        .instrument(self.context.span.clone())
+        .instrument(span)
         .await
         .map_err(|_| RecoveryError::Timeout {
             after: self.context.config.timeout,

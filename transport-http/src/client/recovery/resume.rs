@@ -12,9 +12,9 @@ use rmcp::model::{
 };
 use serde_json::Value;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, Span, debug, info, warn};
 
-use super::{RecoveredAnswer, Recoverer, RecoveryError};
+use super::{RecoveredAnswer, Recoverer, RecoveryError, recovery_span};
 use crate::client::{
     headers::version_headers,
     journal::JournalScope,
@@ -51,6 +51,8 @@ pub struct ResumedRequest {
     deadline: Option<Instant>,
     done: bool,
     deliver: bool,
+    /// The recovery's span, from the first [`next`](Self::next) on.
+    trace: Option<Span>,
 }
 
 impl std::fmt::Debug for ResumedRequest {
@@ -79,6 +81,7 @@ impl ResumedRequest {
             deadline: None,
             done: false,
             deliver: false,
+            trace: None,
         }
     }
 
@@ -107,7 +110,10 @@ impl ResumedRequest {
     /// answer arrives or the recovery timeout passes. Once the answer is
     /// read, the request leaves the journal.
     pub async fn next(&mut self) -> Option<Result<RecoveredMessage, RecoveryError>> {
-        let span = self.context.span.clone();
+        let span = self
+            .trace
+            .get_or_insert_with(|| recovery_span(&self.context.span, &self.request, "resume"))
+            .clone();
         self.next_message().instrument(span).await
     }
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info};
 
-use super::{RecoveredAnswer, Recoverer, RecoveryError};
+use super::{RecoveredAnswer, Recoverer, RecoveryError, recovery_span};
 use crate::client::{headers::version_headers, journal::JournalScope, wire::WireError};
 
 /// Where a recovered task stands once [`RecoveredTask::collect`] returns.
@@ -195,7 +195,7 @@ impl RecoveredTask {
         client: Option<&Peer<RoleClient>>,
     ) -> Result<TaskOutcome, RecoveryError> {
         self.poll_until_done(client)
-            .instrument(self.context.span.clone())
+            .instrument(recovery_span(&self.context.span, &self.request, "task"))
             .await
     }
 

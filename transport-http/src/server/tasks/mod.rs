@@ -49,8 +49,8 @@ use std::{
 
 pub use context::TaskContext;
 use mcp_persist_core::{
-    Liveness, ResumableOperation, Stored, Stores, TaskId, TaskOwner, TaskRecord, TaskStore,
-    TaskUpdate, Timestamp,
+    Liveness, ResumableOperation, Stored, Stores, TaskId, TaskOwner, TaskRecord, TaskStatus,
+    TaskStore, TaskUpdate, Timestamp, telemetry::Telemetry,
 };
 use rmcp::{
     ErrorData, RoleServer,
@@ -60,7 +60,7 @@ use rmcp::{
 };
 use serde_json::Value;
 use tokio::sync::{Notify, oneshot, watch};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, Span, debug, info, warn};
 use wire::{store_error, unknown_task};
 
 use super::{binding::PrincipalFn, instance::InstanceLife};
@@ -142,6 +142,7 @@ impl DurableTasksBuilder {
         let (stop, stopped) = watch::channel(false);
         let grace = self.life.grace();
         let runtime = Arc::new(Runtime {
+            telemetry: self.stores.telemetry().clone(),
             store,
             instance: self.life.id().to_owned(),
             life: self.life,
@@ -183,6 +184,8 @@ struct Local {
 }
 
 pub(super) struct Runtime {
+    /// Counts statuses, takeovers and lost leases.
+    telemetry: Telemetry,
     store: TaskStore,
     instance: String,
     life: Arc<InstanceLife>,
@@ -268,7 +271,10 @@ impl DurableTasks {
         .with_resumable(resumable)
         .with_client_capabilities(
             serde_json::to_value(cx.client_capabilities().unwrap_or_default()).ok(),
-        );
+        )
+        // The request's span (current here): every run of the operation
+        // continues its trace.
+        .with_traceparent(crate::telemetry::traceparent_of(&tracing::Span::current()));
         // Registered before the record exists, so no reader on this
         // instance ever sees the task without its operation.
         let ctx = rt.register_local(&id, 1);
@@ -277,7 +283,9 @@ impl DurableTasks {
             return Err(store_error("creating the task", &e));
         }
         info!(task = %id, instance = %rt.instance, "task created");
-        rt.clone().run(id, 1, operation(ctx));
+        rt.telemetry.task_status(TaskStatus::Working.name());
+        let span = run_span("mcp_persist.task.run", &record, 1);
+        rt.clone().run(id, 1, operation(ctx), span);
         Ok(CreateTaskResult::new(wire::task(&record)))
     }
 
@@ -459,8 +467,8 @@ impl Runtime {
 
     /// Runs `future` as generation `generation` of task `id` on this
     /// instance, and settles the task with its outcome.
-    fn run(self: Arc<Self>, id: TaskId, generation: u64, future: TaskFuture) {
-        let operation = tokio::spawn(future);
+    fn run(self: Arc<Self>, id: TaskId, generation: u64, future: TaskFuture, span: Span) {
+        let operation = tokio::spawn(future.instrument(span));
         let poke = {
             let mut local = self.lock_local();
             let Some(entry) = local.get_mut(&id) else {
@@ -537,6 +545,7 @@ impl Runtime {
             match written {
                 Ok(TaskUpdate::Updated(s)) => {
                     info!(task = %id, status = ?s.record.status, generation, "task settled");
+                    self.telemetry.task_status(s.record.status.name());
                     return;
                 }
                 Ok(_) if fenced => {
@@ -579,6 +588,9 @@ impl Runtime {
             };
             if let Some(why) = stop {
                 info!(task = %id, generation, why, "stopping the task's operation");
+                if why == "taken over" {
+                    self.telemetry.lease_lost();
+                }
                 if let Some(local) = self.lock_local().remove(&id)
                     && let Some(abort) = local.abort
                 {
@@ -693,10 +705,14 @@ impl Runtime {
                 if let Some((operation, arguments)) = operation {
                     let generation = stored.record.owner.generation;
                     info!(task = %id, dead = %old.instance, generation, "took over a resumable task whose instance stopped");
+                    self.telemetry.task_takeover();
                     let ctx = self.register_local(&id, generation);
-                    self.clone().run(id, generation, operation(ctx, arguments));
+                    let span = run_span("mcp_persist.task.takeover", &stored.record, generation);
+                    self.clone()
+                        .run(id, generation, operation(ctx, arguments), span);
                 } else {
                     info!(task = %id, dead = %old.instance, "task failed: the instance running it stopped");
+                    self.telemetry.task_status(TaskStatus::Failed.name());
                 }
                 Ok(stored.record)
             }
@@ -721,6 +737,20 @@ impl Runtime {
         }
         Ok(())
     }
+}
+
+/// The span of one run of a task's operation (`name` is
+/// `mcp_persist.task.run`, or `mcp_persist.task.takeover` for a run taken
+/// over from a stopped instance): a child of the request that created the
+/// task, whose `traceparent` the record keeps.
+fn run_span(name: &'static str, record: &TaskRecord, generation: u64) -> Span {
+    let span = tracing::info_span!(
+        "mcp_persist.task",
+        otel.name = name,
+        mcp_persist.task.generation = generation,
+    );
+    crate::telemetry::continue_trace(&span, record.traceparent.as_deref());
+    span
 }
 
 /// Sweeps for orphaned tasks every half grace period, until the runtime is
