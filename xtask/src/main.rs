@@ -383,6 +383,8 @@ const FEATURE_SETS: &[(&str, &str)] = &[
     ("mcp-persist", "server"),
     ("mcp-persist", "client"),
     ("mcp-persist", "auth"),
+    // Metrics in core, and the transport's trace context without a server.
+    ("mcp-persist", "otel,client"),
     // The README's programs, with exactly the dependencies it lists.
     ("mcp-persist-readme", ""),
 ];
