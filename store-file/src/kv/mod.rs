@@ -20,7 +20,8 @@ use self::format::{
 };
 use crate::{
     fsio::{
-        hashed_name, io, io_error, is_hashed_name, is_live, unix_micros, unix_ms, write_atomic,
+        ReadNow, hashed_name, io, io_error, is_hashed_name, is_live, read_now, unix_micros,
+        unix_ms, write_atomic,
     },
     store::StoreDir,
 };
@@ -29,6 +30,22 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct Kv {
     store: Arc<StoreDir>,
+}
+
+/// The largest record file [`Kv::get_now`] reads on the calling thread;
+/// larger ones (and their size check) go to the blocking pool.
+const READ_NOW_MAX: u64 = 64 * 1024;
+
+/// The entry a stored record gives a reader: a live value, or nothing.
+fn live_entry(stored: Stored) -> Option<KvEntry> {
+    match stored {
+        Stored::Value {
+            version,
+            expires_ms,
+            value,
+        } if is_live(expires_ms, unix_ms()) => Some(KvEntry::new(value, Version::new(version))),
+        _ => None,
+    }
 }
 
 /// What the file of a key holds, as far as a write is concerned.
@@ -54,6 +71,12 @@ impl Kv {
         (name, path)
     }
 
+    /// The length of the largest record file this store writes.
+    fn record_limit(&self) -> u64 {
+        (HEADER + mcp_persist_core::backend::MAX_KEY_BYTES + self.store.options.max_value_bytes)
+            as u64
+    }
+
     /// Reads the file of `key`: `None` when there is none.
     fn read_record(&self, key: &str, path: &Path) -> Result<Option<Stored>, Error> {
         let mut file = match File::open(path) {
@@ -63,10 +86,7 @@ impl Kv {
         };
         let meta = file.metadata().map_err(io("inspect", path))?;
         self.store.check_file_mode(path, &meta);
-        let limit = (HEADER
-            + mcp_persist_core::backend::MAX_KEY_BYTES
-            + self.store.options.max_value_bytes) as u64;
-        if meta.len() > limit {
+        if meta.len() > self.record_limit() {
             return Err(Error::corrupt(
                 key,
                 format!(
@@ -120,16 +140,26 @@ impl Kv {
 
     pub(crate) fn get(&self, key: &str) -> Result<Option<KvEntry>, Error> {
         let (_, path) = self.path(key);
-        Ok(match self.read_record(key, &path)? {
-            Some(Stored::Value {
-                version,
-                expires_ms,
-                value,
-            }) if is_live(expires_ms, unix_ms()) => {
-                Some(KvEntry::new(value, Version::new(version)))
+        Ok(self.read_record(key, &path)?.and_then(live_entry))
+    }
+
+    /// [`get`](Kv::get) on the calling thread, when the record is small and
+    /// the kernel can serve it from memory without waiting
+    /// ([`read_now`]); `None` when it cannot, and the caller reads it on the
+    /// blocking pool. The file is looked up by its path each time, as by
+    /// `get`: a record another process renamed into place before this call
+    /// is the one read.
+    pub(crate) fn get_now(&self, key: &str) -> Option<Result<Option<KvEntry>, Error>> {
+        let (_, path) = self.path(key);
+        // A file over the limit is reported by the blocking read.
+        match read_now(&path, READ_NOW_MAX.min(self.record_limit())) {
+            ReadNow::Missing => Some(Ok(None)),
+            ReadNow::WouldWait => None,
+            ReadNow::Read(bytes, mode) => {
+                self.store.check_mode(&path, mode);
+                Some(decode(key, bytes).map(live_entry))
             }
-            _ => None,
-        })
+        }
     }
 
     pub(crate) fn put(
