@@ -359,6 +359,30 @@ pub(crate) fn read_now(path: &Path, max: u64) -> ReadNow {
     }
 }
 
+/// Whether `dir` is on a local disk filesystem (ext2/3/4, XFS, Btrfs, F2FS,
+/// bcachefs, ZFS, tmpfs), where opening a file that the kernel has looked
+/// up already never waits for a server: [`read_now`] is tried only there.
+/// Network and FUSE filesystems do work in `open` itself, which no flag
+/// forbids.
+#[cfg(target_os = "linux")]
+pub(crate) fn is_local_filesystem(dir: &Path) -> bool {
+    const LOCAL: [i128; 7] = [
+        0xEF53,      // ext2, ext3, ext4
+        0x5846_5342, // XFS
+        0x9123_683E, // Btrfs
+        0xF2F5_2010, // F2FS
+        0xCA45_1A4E, // bcachefs
+        0x2FC1_2FC1, // ZFS
+        0x0102_1994, // tmpfs
+    ];
+    rustix::fs::statfs(dir).is_ok_and(|fs| LOCAL.contains(&i128::from(fs.f_type)))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn is_local_filesystem(_dir: &Path) -> bool {
+    false
+}
+
 /// Elsewhere every read waits on the blocking pool.
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn read_now(_path: &Path, _max: u64) -> ReadNow {
@@ -379,6 +403,9 @@ mod tests {
             read_now(&path, 1024),
             ReadNow::Missing | ReadNow::WouldWait
         ));
+        // Where the tests run, at least: on a local disk or in memory.
+        #[cfg(target_os = "linux")]
+        assert!(is_local_filesystem(dir.path()));
         let bytes: Vec<u8> = (0..=255).cycle().take(3000).collect();
         fs::write(&path, &bytes).expect("write");
         // Once read the ordinary way, it is in memory.

@@ -38,8 +38,9 @@
 //!   stay inside the directory, as distinct records.
 //! * **The async runtime never blocks.** Every file operation runs through
 //!   [`tokio::task::spawn_blocking`]; a tokio runtime must be running. The
-//!   one exception waits for nothing: a `get` of a record of at most 64 KiB
-//!   is first tried on the calling thread with Linux calls that fail
+//!   one exception waits for nothing: on a local filesystem (ext4, XFS,
+//!   Btrfs, F2FS, bcachefs, ZFS, tmpfs), a `get` of a record of at most
+//!   64 KiB is first tried on the calling thread with Linux calls that fail
 //!   instead of waiting for the disk (`openat2` with `RESOLVE_CACHED`,
 //!   `statx` with `AT_STATX_DONT_SYNC`, `preadv2` with `RWF_NOWAIT`), and
 //!   goes to the blocking pool when any of them would wait.

@@ -20,8 +20,8 @@ use self::format::{
 };
 use crate::{
     fsio::{
-        ReadNow, hashed_name, io, io_error, is_hashed_name, is_live, read_now, unix_micros,
-        unix_ms, write_atomic,
+        ReadNow, hashed_name, io, io_error, is_hashed_name, is_live, is_local_filesystem, read_now,
+        unix_micros, unix_ms, write_atomic,
     },
     store::StoreDir,
 };
@@ -30,6 +30,9 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct Kv {
     store: Arc<StoreDir>,
+    /// Whether gets may be tried at once ([`Kv::get_now`]): the records
+    /// are on a local filesystem, whose opens never wait for a server.
+    read_now: bool,
 }
 
 /// The largest record file [`Kv::get_now`] reads on the calling thread;
@@ -62,7 +65,8 @@ enum Slot {
 
 impl Kv {
     pub(crate) fn new(store: Arc<StoreDir>) -> Self {
-        Kv { store }
+        let read_now = is_local_filesystem(&store.kv_dir);
+        Kv { store, read_now }
     }
 
     fn path(&self, key: &str) -> (String, PathBuf) {
@@ -150,6 +154,9 @@ impl Kv {
     /// `get`: a record another process renamed into place before this call
     /// is the one read.
     pub(crate) fn get_now(&self, key: &str) -> Option<Result<Option<KvEntry>, Error>> {
+        if !self.read_now {
+            return None;
+        }
         let (_, path) = self.path(key);
         // A file over the limit is reported by the blocking read.
         match read_now(&path, READ_NOW_MAX.min(self.record_limit())) {
