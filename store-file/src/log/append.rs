@@ -173,10 +173,13 @@ impl Logs {
                     (&frames, last, last_rel, last_crc, expires_ms),
                     known_reserved,
                 )
-                .and_then(|tail| {
-                    // Kept open for the appends that follow.
-                    self.open_for_append(&hashed, &dir, &tail)?;
-                    Ok(tail)
+                .inspect(|tail| {
+                    // Kept open for the appends that follow. The records are
+                    // in, whatever happens here: a segment that cannot be
+                    // opened now is opened by the next append.
+                    if let Err(e) = self.open_for_append(&hashed, &dir, tail) {
+                        debug!(log = name, error = %e, "could not keep a new segment open");
+                    }
                 })?,
         };
         // The mark covers every number before any is acknowledged.
@@ -239,7 +242,7 @@ impl Logs {
             trim.trim_before = trim.trim_before.max(first);
             write_trim(dir, &trim)?;
         }
-        if let Some(t) = live.or(expired.map(|(t, _)| t)).filter(|t| t.format >= 2) {
+        if let Some(t) = live.filter(|t| t.format >= 2) {
             // Until the new segment is sealed behind this one, a process
             // that kept this one open must not take it for the last.
             let path = dir.join(segment_name(t.seg_first));
@@ -248,6 +251,21 @@ impl Logs {
                 .open(&path)
                 .map_err(io("open for appending", &path))?;
             write_roll_notice(&file, &path)?;
+        }
+        if let Some((t, _)) = expired.filter(|(t, _)| t.format >= 2) {
+            // The same until the expired segments are removed; a kept
+            // descriptor is not used for an expired log anyway (only a
+            // clock stepped back could make it look live), so a segment
+            // that cannot be written is no reason to refuse the append.
+            let path = dir.join(segment_name(t.seg_first));
+            if let Err(e) = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io("open for appending", &path))
+                .and_then(|file| write_roll_notice(&file, &path))
+            {
+                debug!(log = name, error = %e, "could not set the roll notice of an expired log");
+            }
         }
         if let Some(t) = live {
             // The full segment may end in frames another append wrote
