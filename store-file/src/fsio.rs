@@ -277,3 +277,158 @@ pub(crate) fn u64_at(bytes: &[u8], at: usize) -> u64 {
             .expect("an 8-byte slice converts"),
     )
 }
+
+/// What [`read_now`] found.
+pub(crate) enum ReadNow {
+    /// The whole file, and its mode.
+    Read(Vec<u8>, u32),
+    /// No file at that path.
+    Missing,
+    /// Not without waiting (a lookup, an attribute or a page not in memory,
+    /// a file larger than asked for, or calls this kernel lacks): read it on
+    /// the blocking pool instead.
+    WouldWait,
+}
+
+/// Reads the whole file at `path`, at most `max` bytes, on the calling
+/// thread, when the kernel can serve every step from memory: each call used
+/// fails rather than waits (`openat2` with `RESOLVE_CACHED`, `statx` with
+/// `AT_STATX_DONT_SYNC`, `preadv2` with `RWF_NOWAIT`), so an async task can
+/// make it without blocking its thread. Anything else is
+/// [`ReadNow::WouldWait`], and errors are left to the blocking read to
+/// report.
+#[cfg(target_os = "linux")]
+pub(crate) fn read_now(path: &Path, max: u64) -> ReadNow {
+    use rustix::{
+        fs::{AtFlags, Mode, OFlags, ResolveFlags, StatxFlags},
+        io::{Errno, ReadWriteFlags},
+    };
+    /// Set once this kernel has refused one of the calls as unknown.
+    static UNSUPPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let unsupported = |e: Errno| {
+        if matches!(e, Errno::NOSYS | Errno::INVAL | Errno::OPNOTSUPP) {
+            UNSUPPORTED.store(true, Ordering::Relaxed);
+        }
+        ReadNow::WouldWait
+    };
+    if UNSUPPORTED.load(Ordering::Relaxed) {
+        return ReadNow::WouldWait;
+    }
+    let fd = match rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::CACHED,
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return ReadNow::Missing,
+        Err(e) => return unsupported(e),
+    };
+    let wanted = StatxFlags::SIZE | StatxFlags::MODE;
+    let stat = match rustix::fs::statx(
+        &fd,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+        wanted,
+    ) {
+        Ok(stat) if stat.stx_mask & wanted.bits() == wanted.bits() => stat,
+        Ok(_) => return ReadNow::WouldWait,
+        Err(e) => return unsupported(e),
+    };
+    if stat.stx_size > max {
+        return ReadNow::WouldWait;
+    }
+    // One byte more than the length, to see that the file ends there.
+    let len = stat.stx_size as usize;
+    let mut bytes = vec![0u8; len + 1];
+    match rustix::io::preadv2(
+        &fd,
+        &mut [std::io::IoSliceMut::new(&mut bytes)],
+        0,
+        ReadWriteFlags::NOWAIT,
+    ) {
+        Ok(n) if n == len => {
+            bytes.truncate(len);
+            ReadNow::Read(bytes, u32::from(stat.stx_mode))
+        }
+        // Part of it only (the rest is not in memory), or a file that
+        // changed length meanwhile: the blocking read looks again.
+        Ok(_) => ReadNow::WouldWait,
+        Err(e) => unsupported(e),
+    }
+}
+
+/// Whether `dir` is on a local disk filesystem (ext2/3/4, XFS, Btrfs, F2FS,
+/// bcachefs, ZFS, tmpfs), where opening a file that the kernel has looked
+/// up already never waits for a server: [`read_now`] is tried only there.
+/// Network and FUSE filesystems do work in `open` itself, which no flag
+/// forbids.
+#[cfg(target_os = "linux")]
+pub(crate) fn is_local_filesystem(dir: &Path) -> bool {
+    const LOCAL: [i128; 7] = [
+        0xEF53,      // ext2, ext3, ext4
+        0x5846_5342, // XFS
+        0x9123_683E, // Btrfs
+        0xF2F5_2010, // F2FS
+        0xCA45_1A4E, // bcachefs
+        0x2FC1_2FC1, // ZFS
+        0x0102_1994, // tmpfs
+    ];
+    rustix::fs::statfs(dir).is_ok_and(|fs| LOCAL.contains(&i128::from(fs.f_type)))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn is_local_filesystem(_dir: &Path) -> bool {
+    false
+}
+
+/// Elsewhere every read waits on the blocking pool.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn read_now(_path: &Path, _max: u64) -> ReadNow {
+    ReadNow::WouldWait
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the kernel can do without waiting, `read_now` either reads
+    /// the whole file or declines; it never returns part of a file.
+    #[test]
+    fn read_now_reads_whole_files_or_declines() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("record");
+        assert!(matches!(
+            read_now(&path, 1024),
+            ReadNow::Missing | ReadNow::WouldWait
+        ));
+        // Where the tests run, at least: on a local disk or in memory.
+        #[cfg(target_os = "linux")]
+        assert!(is_local_filesystem(dir.path()));
+        let bytes: Vec<u8> = (0..=255).cycle().take(3000).collect();
+        fs::write(&path, &bytes).expect("write");
+        // Once read the ordinary way, it is in memory.
+        assert_eq!(fs::read(&path).expect("read"), bytes);
+        match read_now(&path, 4096) {
+            ReadNow::Read(read, mode) => {
+                assert_eq!(read, bytes);
+                assert_eq!(
+                    mode & 0o777,
+                    fs::metadata(&path).expect("meta").permissions().mode() & 0o777
+                );
+            }
+            ReadNow::WouldWait => {}
+            ReadNow::Missing => panic!("the file is there"),
+        }
+        // Larger than asked for: declined, never cut.
+        assert!(matches!(read_now(&path, 2999), ReadNow::WouldWait));
+        fs::write(&path, b"").expect("write");
+        assert!(
+            matches!(
+                read_now(&path, 10),
+                ReadNow::Read(ref read, _) if read.is_empty()
+            ) || matches!(read_now(&path, 10), ReadNow::WouldWait)
+        );
+    }
+}

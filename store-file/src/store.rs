@@ -180,9 +180,13 @@ impl StoreDir {
 
     /// Warns, once per handle, about a record file open to group or others.
     pub(crate) fn check_file_mode(&self, path: &Path, meta: &fs::Metadata) {
-        if meta.permissions().mode() & 0o077 != 0 && !self.warned_mode.swap(true, Ordering::Relaxed)
-        {
-            warn_if_open_to_others(path, meta.permissions().mode());
+        self.check_mode(path, meta.permissions().mode());
+    }
+
+    /// [`check_file_mode`](Self::check_file_mode) from the mode alone.
+    pub(crate) fn check_mode(&self, path: &Path, mode: u32) {
+        if mode & 0o077 != 0 && !self.warned_mode.swap(true, Ordering::Relaxed) {
+            warn_if_open_to_others(path, mode);
         }
     }
 

@@ -8,8 +8,12 @@
 //! statement undoes that job alone. Each caller gets its answer only after the
 //! shared `COMMIT` returned, so a write that returned `Ok` is on disk, and the
 //! cost of the commit (one fsync of the WAL) is shared by every job of the
-//! batch. Nothing waits on purpose: while one batch commits, the next one
-//! gathers in the queue.
+//! batch. While one batch commits, the next one gathers in the queue; when
+//! the last batch had several jobs, the next also waits (a quarter of the
+//! last batch's time, at most 0.5 ms) for as many, so that the callers just
+//! answered, who send their next job at once, share the next commit rather
+//! than leave it to the half of them who were waiting (64 appenders: 32
+//! appends per commit before, 64 with the wait).
 
 use std::{
     panic::AssertUnwindSafe,
@@ -36,6 +40,8 @@ use crate::{
 const MAX_BATCH_JOBS: usize = 512;
 /// ...and once their payloads reach this many bytes, the batch is closed.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// The longest a batch waits for the callers of the last one to come back.
+const MAX_LINGER: Duration = Duration::from_micros(500);
 
 /// A unit of work for the writer thread.
 trait Job: Send {
@@ -264,6 +270,8 @@ fn serve(
     // `Durability::Full` drops to NORMAL for a batch whose every job waived
     // the sync, and goes back before the next batch that needs it.
     let mut syncing = full;
+    // How many jobs the last batch had, and how long it took to run.
+    let mut last: Option<(usize, Duration)> = None;
     let mut next_sweep = sweep_interval.map(|every| Instant::now() + every);
     loop {
         let first = match next_sweep {
@@ -283,14 +291,29 @@ fn serve(
         };
         let mut bytes = first.weight();
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_JOBS && bytes < MAX_BATCH_BYTES {
-            match queue.try_recv() {
-                Ok(job) => {
-                    bytes = bytes.saturating_add(job.weight());
-                    batch.push(job);
-                }
-                Err(_) => break,
+        // While the callers answered by the last commit send their next
+        // jobs, gather as many as that commit had, for a fraction of what
+        // it took at most: concurrent callers then share one commit instead
+        // of splitting into two cohorts that alternate.
+        let linger = match last {
+            Some((jobs, took)) if jobs > 1 => {
+                Some((jobs, Instant::now() + (took / 4).min(MAX_LINGER)))
             }
+            _ => None,
+        };
+        while batch.len() < MAX_BATCH_JOBS && bytes < MAX_BATCH_BYTES {
+            let next = match queue.try_recv() {
+                Ok(job) => Some(job),
+                Err(_) => match linger {
+                    Some((jobs, until)) if batch.len() < jobs => queue
+                        .recv_timeout(until.saturating_duration_since(Instant::now()))
+                        .ok(),
+                    _ => None,
+                },
+            };
+            let Some(job) = next else { break };
+            bytes = bytes.saturating_add(job.weight());
+            batch.push(job);
         }
         stats.running.store(batch.len(), Ordering::Relaxed);
         stats.queued.fetch_sub(batch.len(), Ordering::Relaxed);
@@ -306,7 +329,9 @@ fn serve(
                 }
             }
         }
+        let began = Instant::now();
         let outcome = run_batch(conn, ctx, &mut batch);
+        last = Some((batch.len(), began.elapsed()));
         match &outcome {
             Ok(()) => {
                 stats.transactions.fetch_add(1, Ordering::Relaxed);

@@ -20,7 +20,8 @@ use self::format::{
 };
 use crate::{
     fsio::{
-        hashed_name, io, io_error, is_hashed_name, is_live, unix_micros, unix_ms, write_atomic,
+        ReadNow, hashed_name, io, io_error, is_hashed_name, is_live, is_local_filesystem, read_now,
+        unix_micros, unix_ms, write_atomic,
     },
     store::StoreDir,
 };
@@ -29,6 +30,25 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct Kv {
     store: Arc<StoreDir>,
+    /// Whether gets may be tried at once ([`Kv::get_now`]): the records
+    /// are on a local filesystem, whose opens never wait for a server.
+    read_now: bool,
+}
+
+/// The largest record file [`Kv::get_now`] reads on the calling thread;
+/// larger ones (and their size check) go to the blocking pool.
+const READ_NOW_MAX: u64 = 64 * 1024;
+
+/// The entry a stored record gives a reader: a live value, or nothing.
+fn live_entry(stored: Stored) -> Option<KvEntry> {
+    match stored {
+        Stored::Value {
+            version,
+            expires_ms,
+            value,
+        } if is_live(expires_ms, unix_ms()) => Some(KvEntry::new(value, Version::new(version))),
+        _ => None,
+    }
 }
 
 /// What the file of a key holds, as far as a write is concerned.
@@ -45,13 +65,20 @@ enum Slot {
 
 impl Kv {
     pub(crate) fn new(store: Arc<StoreDir>) -> Self {
-        Kv { store }
+        let read_now = is_local_filesystem(&store.kv_dir);
+        Kv { store, read_now }
     }
 
     fn path(&self, key: &str) -> (String, PathBuf) {
         let name = hashed_name("kv", key);
         let path = self.store.kv_dir.join(&name);
         (name, path)
+    }
+
+    /// The length of the largest record file this store writes.
+    fn record_limit(&self) -> u64 {
+        (HEADER + mcp_persist_core::backend::MAX_KEY_BYTES + self.store.options.max_value_bytes)
+            as u64
     }
 
     /// Reads the file of `key`: `None` when there is none.
@@ -63,10 +90,7 @@ impl Kv {
         };
         let meta = file.metadata().map_err(io("inspect", path))?;
         self.store.check_file_mode(path, &meta);
-        let limit = (HEADER
-            + mcp_persist_core::backend::MAX_KEY_BYTES
-            + self.store.options.max_value_bytes) as u64;
-        if meta.len() > limit {
+        if meta.len() > self.record_limit() {
             return Err(Error::corrupt(
                 key,
                 format!(
@@ -120,16 +144,29 @@ impl Kv {
 
     pub(crate) fn get(&self, key: &str) -> Result<Option<KvEntry>, Error> {
         let (_, path) = self.path(key);
-        Ok(match self.read_record(key, &path)? {
-            Some(Stored::Value {
-                version,
-                expires_ms,
-                value,
-            }) if is_live(expires_ms, unix_ms()) => {
-                Some(KvEntry::new(value, Version::new(version)))
+        Ok(self.read_record(key, &path)?.and_then(live_entry))
+    }
+
+    /// [`get`](Kv::get) on the calling thread, when the record is small and
+    /// the kernel can serve it from memory without waiting
+    /// ([`read_now`]); `None` when it cannot, and the caller reads it on the
+    /// blocking pool. The file is looked up by its path each time, as by
+    /// `get`: a record another process renamed into place before this call
+    /// is the one read.
+    pub(crate) fn get_now(&self, key: &str) -> Option<Result<Option<KvEntry>, Error>> {
+        if !self.read_now {
+            return None;
+        }
+        let (_, path) = self.path(key);
+        // A file over the limit is reported by the blocking read.
+        match read_now(&path, READ_NOW_MAX.min(self.record_limit())) {
+            ReadNow::Missing => Some(Ok(None)),
+            ReadNow::WouldWait => None,
+            ReadNow::Read(bytes, mode) => {
+                self.store.check_mode(&path, mode);
+                Some(decode(key, bytes).map(live_entry))
             }
-            _ => None,
-        })
+        }
     }
 
     pub(crate) fn put(

@@ -14,8 +14,8 @@ use tracing::{debug, warn};
 use super::{
     Cut, Empty, Logs,
     format::{
-        LOG_FORMAT, encode_frames, encode_segment_header, read_trim, segment_name, write_slot,
-        write_trim,
+        LOG_FORMAT, encode_frames, encode_segment_header, read_trim, segment_name,
+        write_roll_notice, write_slot, write_trim,
     },
     mark, report,
     tail::{Slot, Tail},
@@ -50,7 +50,16 @@ impl Logs {
         let (hashed, dir) = self.paths(name);
         let guard = self.store.lock_stripe("log", &hashed)?;
         let now = unix_ms();
-        let scanned = self.scan_tail(&hashed, &dir, name, Cut::Must)?;
+        // The segment this handle kept open after its last append, when it
+        // is still the log's last and nothing changed it since (`open`);
+        // else the long way, listing the log's directory.
+        let kept = self
+            .kept_tail(&hashed, &dir)
+            .filter(|(t, _)| is_live(t.expires_ms, now));
+        let scanned = match &kept {
+            Some((t, _)) => Some((*t, Vec::new())),
+            None => self.scan_tail(&hashed, &dir, name, Cut::Must)?,
+        };
         self.recovered().insert(hashed.clone());
         // `handed`: the highest number the log may have handed out; the new
         // records go above it. `live`: the last segment, when the log goes on
@@ -127,10 +136,10 @@ impl Logs {
         let mut tail = match in_place {
             Some(t) => {
                 let path = dir.join(segment_name(t.seg_first));
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(io("open for appending", &path))?;
+                let file = match kept {
+                    Some((_, file)) => file,
+                    None => self.open_for_append(&hashed, &dir, &t)?,
+                };
                 file.write_all_at(&frames, t.end)
                     .map_err(io("write", &path))?;
                 // After the frames: a slot never names a frame not written.
@@ -152,15 +161,26 @@ impl Logs {
                     ..t
                 }
             }
-            None => self.start_segment(
-                name,
-                &dir,
-                live.as_ref(),
-                expired.as_ref().map(|(_, segments)| segments.as_slice()),
-                (next, follows),
-                (&frames, last, last_rel, last_crc, expires_ms),
-                known_reserved,
-            )?,
+            None => self
+                .start_segment(
+                    name,
+                    &dir,
+                    live.as_ref(),
+                    expired
+                        .as_ref()
+                        .map(|(t, segments)| (t, segments.as_slice())),
+                    (next, follows),
+                    (&frames, last, last_rel, last_crc, expires_ms),
+                    known_reserved,
+                )
+                .inspect(|tail| {
+                    // Kept open for the appends that follow. The records are
+                    // in, whatever happens here: a segment that cannot be
+                    // opened now is opened by the next append.
+                    if let Err(e) = self.open_for_append(&hashed, &dir, tail) {
+                        debug!(log = name, error = %e, "could not keep a new segment open");
+                    }
+                })?,
         };
         // The mark covers every number before any is acknowledged.
         if last > tail.reserved {
@@ -202,14 +222,15 @@ impl Logs {
     /// Starts a segment at `first` (following `follows`) with the encoded
     /// frames of an append: after the last segment `live` when it is full,
     /// of the old format or followed by skipped numbers (sealing it), or in
-    /// place of the `expired` segments of a log, or as a log's first.
+    /// place of the `expired` segments of a log (whose last is described by
+    /// the tail given with them), or as a log's first.
     #[allow(clippy::too_many_arguments)]
     fn start_segment(
         &self,
         name: &str,
         dir: &Path,
         live: Option<&Tail>,
-        expired: Option<&[u64]>,
+        expired: Option<(&Tail, &[u64])>,
         (first, follows): (u64, u64),
         (frames, last, last_rel, last_crc, expires_ms): (&[u8], u64, u64, u32, u64),
         reserved: u64,
@@ -220,6 +241,31 @@ impl Logs {
             let mut trim = read_trim(dir, name)?;
             trim.trim_before = trim.trim_before.max(first);
             write_trim(dir, &trim)?;
+        }
+        if let Some(t) = live.filter(|t| t.format >= 2) {
+            // Until the new segment is sealed behind this one, a process
+            // that kept this one open must not take it for the last.
+            let path = dir.join(segment_name(t.seg_first));
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io("open for appending", &path))?;
+            write_roll_notice(&file, &path)?;
+        }
+        if let Some((t, _)) = expired.filter(|(t, _)| t.format >= 2) {
+            // The same until the expired segments are removed; a kept
+            // descriptor is not used for an expired log anyway (only a
+            // clock stepped back could make it look live), so a segment
+            // that cannot be written is no reason to refuse the append.
+            let path = dir.join(segment_name(t.seg_first));
+            if let Err(e) = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io("open for appending", &path))
+                .and_then(|file| write_roll_notice(&file, &path))
+            {
+                debug!(log = name, error = %e, "could not set the roll notice of an expired log");
+            }
         }
         if let Some(t) = live {
             // The full segment may end in frames another append wrote
@@ -260,7 +306,7 @@ impl Logs {
             write_slot(&file, &path, sealed)?;
             file.sync_data().map_err(io("fsync", &path))?;
         }
-        if let Some(segments) = expired {
+        if let Some((_, segments)) = expired {
             for old in segments {
                 let path = dir.join(segment_name(*old));
                 match fs::remove_file(&path) {

@@ -18,7 +18,7 @@
 //! | 40 | 8 | commit slot: every frame up to this number had been synced |
 //! | 48 | 8 | commit slot: first number of the segment started after it (0: none) |
 //! | 56 | 4 | commit slot: CRC-32 of bytes 32..56 |
-//! | 60 | 4 | reserved |
+//! | 60 | 4 | roll notice: non-zero while a segment may be started after this one |
 //! | 64 | | log name |
 //!
 //! Format 1 headers (still read, never written) are bytes 0..16 as above,
@@ -41,6 +41,16 @@
 //! contiguous within a segment, and a segment starts above the number it
 //! follows; u64::MAX is never used. Every frame carries the log's expiry as
 //! of its append, so the last frame says whether the whole log has expired.
+//! An append that starts a segment first sets the roll notice of the last
+//! one (without a sync: it speaks to running processes only), then creates
+//! the new segment, then seals the old one by rewriting its slot, which
+//! clears the notice. A handle that keeps the last segment of a log open
+//! between appends (see [`super::open`]) trusts it only while its slot
+//! names no next segment and its notice is clear, so a segment started by
+//! another process that crashed before sealing is never appended over. An
+//! in-place append rewrites the slot too, clearing a notice left by such a
+//! crash. Readers ignore the notice.
+//!
 //! `trim.json` holds the sequence number below which records are dropped,
 //! and, for a log set aside by
 //! [`FileStore::quarantine_log`](crate::FileStore::quarantine_log), the
@@ -70,6 +80,9 @@ const V2_FIXED: usize = 64;
 /// Where the commit slot of a format 2 segment is, and its size.
 pub(super) const SLOT_AT: u64 = 32;
 const SLOT: usize = 32;
+/// Where the roll notice of a format 2 segment is: the last four bytes of
+/// the slot's block, outside its checksum, zero whenever the slot is written.
+const ROLL_NOTICE_AT: u64 = 60;
 pub(super) const FRAME: usize = 24;
 pub(super) const TRIM_FILE: &str = "trim.json";
 
@@ -142,6 +155,22 @@ pub(super) fn read_slot(file: &File) -> Option<Slot> {
     let mut bytes = [0u8; SLOT];
     file.read_exact_at(&mut bytes, SLOT_AT).ok()?;
     decode_slot(&bytes)
+}
+
+/// Reads the commit slot of a segment of format 2 (if it checks out) and
+/// whether its roll notice is set; `None` when the block cannot be read.
+pub(super) fn read_slot_and_notice(file: &File) -> Option<(Option<Slot>, bool)> {
+    let mut bytes = [0u8; SLOT];
+    file.read_exact_at(&mut bytes, SLOT_AT).ok()?;
+    let notice = u32_at(&bytes, (ROLL_NOTICE_AT - SLOT_AT) as usize) != 0;
+    Some((decode_slot(&bytes), notice))
+}
+
+/// Sets the roll notice of a format 2 segment: a segment may be started
+/// after it. Not synced: only running processes read it.
+pub(super) fn write_roll_notice(file: &File, path: &Path) -> Result<(), Error> {
+    file.write_all_at(&1u32.to_le_bytes(), ROLL_NOTICE_AT)
+        .map_err(io("write", path))
 }
 
 pub(super) fn write_slot(file: &File, path: &Path, slot: Slot) -> Result<(), Error> {

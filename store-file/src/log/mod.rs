@@ -3,7 +3,8 @@
 //! per log ([`mark`]).
 //!
 //! The work is split by concern: [`scan`] finds where a log ends and cuts
-//! a torn tail, [`append`] and [`ops`] are the operations, [`quarantine`]
+//! a torn tail, [`open`] keeps the last segment of a log open between
+//! appends, [`append`] and [`ops`] are the operations, [`quarantine`]
 //! sets a damaged log aside, [`sweep`] reclaims expired logs, [`verify`]
 //! checks every file.
 //!
@@ -24,6 +25,7 @@ mod append;
 mod format;
 mod frames;
 pub(crate) mod mark;
+mod open;
 mod ops;
 mod quarantine;
 mod scan;
@@ -52,6 +54,8 @@ pub(crate) struct Logs {
     tails: Mutex<HashMap<String, Tail>>,
     /// Logs whose torn tail this handle has already checked for and cut.
     recovered: Mutex<HashSet<String>>,
+    /// The last segment of the logs this handle appends to, kept open.
+    open: Mutex<open::OpenSegments>,
     /// Group commit of synced appends, when on and trustworthy here.
     group: Option<GroupCommit>,
 }
@@ -64,6 +68,7 @@ impl Logs {
             store,
             tails: Mutex::new(HashMap::new()),
             recovered: Mutex::new(HashSet::new()),
+            open: Mutex::new(open::OpenSegments::default()),
             group,
         })
     }

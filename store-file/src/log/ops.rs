@@ -241,6 +241,7 @@ impl Logs {
         }
         sync_dir(&self.store.log_dir)?;
         self.tails().remove(hashed);
+        self.open_segments().forget(hashed);
         if let Err(e) = fs::remove_dir_all(&trash) {
             warn!(path = %trash.display(), error = %e, "could not empty the trash");
         }

@@ -90,6 +90,7 @@ impl Logs {
         trim.trim_before = next;
         write_trim(&dir, &trim)?;
         self.tails().remove(&hashed);
+        self.open_segments().forget(&hashed);
         self.recovered().remove(&hashed);
         warn!(
             log = name,

@@ -87,6 +87,8 @@ impl Logs {
                 remove_stale_temps(&dir, STALE_TEMP_AGE)?;
             }
         }
+        // Segments kept open whose files another process deleted.
+        self.open_segments().forget_deleted();
         remove_stale_temps(&self.store.mark_dir, STALE_TEMP_AGE)?;
         self.store.empty_trash();
         Ok(removed)
