@@ -458,6 +458,8 @@ struct Bench {
     target: &'static str,
     /// Services it needs (their URLs go to it in the environment).
     services: &'static [Service],
+    /// Features of its package it needs (`--features`), if any.
+    features: &'static str,
 }
 
 const BENCHES: &[Bench] = &[
@@ -466,60 +468,77 @@ const BENCHES: &[Bench] = &[
         package: "mcp-persist-store-file",
         target: "bench_file",
         services: &[],
+        features: "",
     },
     Bench {
         name: "sqlite",
         package: "mcp-persist-store-sqlite",
         target: "bench_sqlite",
         services: &[],
+        features: "",
     },
     Bench {
         name: "sealing",
         package: "mcp-persist-store-sqlite",
         target: "bench_sealing",
         services: &[],
+        features: "",
     },
     Bench {
         name: "redis",
         package: "mcp-persist-store-redis",
         target: "bench_redis",
         services: &[Service::Redis],
+        features: "",
     },
     Bench {
         name: "postgres",
         package: "mcp-persist-store-postgres",
         target: "bench_postgres",
         services: &[Service::Postgres],
+        features: "",
     },
     Bench {
         name: "dynamodb",
         package: "mcp-persist-lambda-example",
         target: "bench_dynamodb",
         services: &[Service::Moto],
+        features: "",
     },
     Bench {
         name: "server",
         package: "mcp-persist-transport-http",
         target: "bench_server",
         services: &[Service::Redis],
+        features: "",
     },
     Bench {
         name: "client",
         package: "mcp-persist-transport-http",
         target: "bench_client",
         services: &[],
+        features: "",
     },
     Bench {
         name: "tasks",
         package: "mcp-persist-transport-http",
         target: "bench_tasks",
         services: &[Service::Redis],
+        features: "",
+    },
+    Bench {
+        name: "otel",
+        package: "mcp-persist-transport-http",
+        target: "bench_otel",
+        services: &[],
+        features: "otel",
     },
     Bench {
         name: "bus",
         package: "mcp-persist-transport-http",
         target: "bench_bus",
         services: &[Service::Redis, Service::Postgres],
+        features: "",
     },
 ];
 
@@ -562,6 +581,9 @@ fn bench(args: &[String]) -> Result<()> {
         println!("\n==> bench {}", b.name);
         let mut cmd = cargo();
         cmd.args(["bench", "--quiet", "-p", b.package, "--bench", b.target]);
+        if !b.features.is_empty() {
+            cmd.args(["--features", b.features]);
+        }
         for service in b.services {
             let env = match service {
                 Service::Redis => redis.as_ref().map(|s| s.env()),
