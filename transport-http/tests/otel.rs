@@ -472,6 +472,34 @@ async fn the_metrics_an_operator_watches_count_what_happened() -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(meters_b.total("mcp_persist.bus.lag", &[]), 1.0);
+    // Each instance's delivery is a child of the publication, in its trace
+    // (a delivery's span ends just after its lag is recorded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let spans = finished();
+        let publish = spans
+            .iter()
+            .filter(|s| s["name"] == "mcp_persist.bus.publish")
+            .find(|p| {
+                spans
+                    .iter()
+                    .any(|s| s["name"] == "tools/call touch_tools" && s["span"] == p["parent"])
+            })
+            .context("the publication, a child of the call that published")?;
+        let deliveries: Vec<&Value> = spans
+            .iter()
+            .filter(|s| s["name"] == "mcp_persist.bus.deliver" && s["parent"] == publish["span"])
+            .collect();
+        assert!(deliveries.iter().all(|d| d["trace"] == publish["trace"]));
+        if deliveries.len() == 2 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "one delivery per instance: {deliveries:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // A task running on A that another instance takes over behind A's
     // back: A finds its lease lost and stops the operation.
