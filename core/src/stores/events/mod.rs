@@ -380,6 +380,50 @@ mod tests {
         }
     }
 
+    /// A server starting more streams than the cache holds, all of them
+    /// recent: the cache stays bounded (it grew without bound, and scanned
+    /// itself whole on every new stream, before), and a stream it forgot
+    /// goes on with its own token and numbering.
+    #[tokio::test]
+    async fn the_stream_cache_stays_bounded_when_every_stream_is_recent() {
+        let store = MemoryStore::new();
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store),
+            EventLogConfig::default(),
+        );
+        let payload = serde_json::json!({"n": 1});
+        let first = events
+            .append("stream-0", None, &payload)
+            .await
+            .expect("append");
+        for i in 1..(STREAM_CACHE_LIMIT * 2 + 10) {
+            events
+                .append(&format!("stream-{i}"), None, &payload)
+                .await
+                .expect("append");
+            let cached = events.streams.lock().expect("lock").len();
+            assert!(
+                cached <= STREAM_CACHE_LIMIT,
+                "{cached} streams cached after {i}"
+            );
+        }
+        assert!(
+            events.cached("stream-0").is_none(),
+            "the oldest was forgotten"
+        );
+        let second = events
+            .append("stream-0", None, &payload)
+            .await
+            .expect("append");
+        assert_eq!(second.seq(), first.seq() + 1);
+        assert_eq!(
+            second.to_string().split_once('-').map(|p| p.0),
+            first.to_string().split_once('-').map(|p| p.0),
+            "the same token"
+        );
+    }
+
     #[tokio::test]
     async fn deleting_a_stream_drops_its_metadata_before_its_log() {
         let store = MemoryStore::new();

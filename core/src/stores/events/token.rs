@@ -30,12 +30,25 @@ impl EventLog {
 
     pub(super) fn cache(&self, stream: &str, entry: StreamCache) {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if streams.len() >= STREAM_CACHE_LIMIT {
+        if streams.len() >= STREAM_CACHE_LIMIT && !streams.contains_key(stream) {
             // Streams quiet for a quarter of the retention are re-read on
             // their next append; nothing is lost by forgetting them.
             let fresh = self.config.retention / 4;
             let now = tokio::time::Instant::now();
             streams.retain(|_, c| now.duration_since(c.meta_refreshed) < fresh);
+            // More streams than the limit were busy within that time (a
+            // server starting hundreds of streams a second): forget the
+            // least recently refreshed, down to half the limit, so the
+            // cache stays bounded and this sweep runs once per half-limit
+            // new streams, not on every one. A forgotten stream re-reads
+            // its metadata at its next append.
+            if streams.len() > STREAM_CACHE_LIMIT / 2 {
+                let mut refreshed: Vec<tokio::time::Instant> =
+                    streams.values().map(|c| c.meta_refreshed).collect();
+                refreshed.sort_unstable();
+                let keep_from = refreshed[refreshed.len() - STREAM_CACHE_LIMIT / 2];
+                streams.retain(|_, c| c.meta_refreshed > keep_from);
+            }
         }
         streams.insert(stream.to_owned(), entry);
     }
