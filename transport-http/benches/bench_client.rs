@@ -192,13 +192,49 @@ async fn main() -> Result<()> {
         );
     }
     println!("aim: exactly-once on at >= 0.90 of off, on every store");
+    println!(
+        "(one client: each call waits for its call record's commit, one more on its path; {CONCURRENT_CLIENTS} clients: the server's throughput, commits shared)"
+    );
     Ok(())
 }
 
+/// Clients calling at once in the concurrent exactly-once rows.
+const CONCURRENT_CLIENTS: usize = 8;
+
+/// Calls/s of `clients` durable clients (journals in memory, the same for
+/// both servers) calling `url` at once for [`STEADY`].
+async fn concurrent_rate(url: &str, clients: usize) -> Result<f64> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let store = Arc::new(MemoryStore::new());
+            let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
+            let client = ().serve(transport).await?;
+            let mut n = 0u64;
+            while start.elapsed() < STEADY {
+                client.call_tool(CallToolRequestParams::new("echo")).await?;
+                n += 1;
+            }
+            client.cancel().await?;
+            Ok::<_, anyhow::Error>(n)
+        }));
+    }
+    let mut calls = 0u64;
+    for task in tasks {
+        calls += task.await??;
+    }
+    Ok(calls as f64 / start.elapsed().as_secs_f64())
+}
+
 /// Steady-state calls/s of the durable client against a durable server
-/// serving [`Echo`] with exactly-once calls off and on, on each store:
-/// `(store, off, on)`, each the best of three alternating runs.
-async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(&'static str, f64, f64)>> {
+/// serving [`Echo`] with exactly-once calls off and on, on each store, from
+/// one client (each call waits for the one before: the call record's commit
+/// is on every call's path) and from [`CONCURRENT_CLIENTS`] at once (commits
+/// shared, what a server's throughput sees): `(row, off, on)`, each the best
+/// of three alternating runs.
+async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(String, f64, f64)>> {
     let mut figures = Vec::new();
     for name in ["memory", "SQLite", "SQLite, Durability::Normal"] {
         let mut urls = Vec::new();
@@ -229,6 +265,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(&'static st
             urls.push(format!("http://{addr}/mcp"));
         }
         let (mut off, mut on) = (0f64, 0f64);
+        let (mut off_n, mut on_n) = (0f64, 0f64);
         for round in 0..3 {
             for (i, url) in urls.iter().enumerate() {
                 let db = folder.join(format!("client-{name}-{round}-{i}.db"));
@@ -239,9 +276,17 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(&'static st
                 client.cancel().await?;
                 let best = if i == 0 { &mut off } else { &mut on };
                 *best = best.max(calls);
+                let calls = concurrent_rate(url, CONCURRENT_CLIENTS).await?;
+                let best = if i == 0 { &mut off_n } else { &mut on_n };
+                *best = best.max(calls);
             }
         }
-        figures.push((name, off, on));
+        figures.push((format!("{name}, 1 client"), off, on));
+        figures.push((
+            format!("{name}, {CONCURRENT_CLIENTS} clients at once"),
+            off_n,
+            on_n,
+        ));
     }
     Ok(figures)
 }
