@@ -184,15 +184,34 @@ impl DurableClientBuilder {
 
     /// Builds with rmcp's default HTTP client settings (no idle connection
     /// pool, same-origin redirects not followed).
+    ///
+    /// The HTTP client is made on a blocking thread while the store is
+    /// read: loading the platform's root certificates takes about as long
+    /// as reading the store (2 ms here). A plain-HTTP endpoint (a local or
+    /// sidecar server) loads none: redirects are not followed, so its
+    /// client never opens a TLS connection.
     pub async fn build(self) -> Result<(DurableTransport, ClientHandle), ClientError> {
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| ClientError::Http {
-                source: Box::new(e),
-            })?;
-        self.build_with_client(client).await
+        let plain = self
+            .endpoint
+            .get(..7)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"));
+        let client = tokio::task::spawn_blocking(move || http_client(plain));
+        let client = async move {
+            client
+                .await
+                .map_err(|e| ClientError::Http {
+                    source: Box::new(e),
+                })?
+                .map_err(|e| ClientError::Http {
+                    source: Box::new(e),
+                })
+        };
+        let key = ServerKey::new(&self.endpoint, &self.profile)
+            .map_err(|source| ClientError::InvalidTarget { source })?;
+        let span = client_span(&key);
+        self.build_in_span(key, client, span.clone())
+            .instrument(span)
+            .await
     }
 
     /// Builds over any rmcp HTTP client (rmcp's `AuthClient`, a configured
@@ -208,17 +227,17 @@ impl DurableClientBuilder {
         let key = ServerKey::new(&self.endpoint, &self.profile)
             .map_err(|source| ClientError::InvalidTarget { source })?;
         let span = client_span(&key);
-        self.build_in_span(key, client, span.clone())
+        self.build_in_span(key, async { Ok(client) }, span.clone())
             .instrument(span)
             .await
     }
 
     /// Wires each concern to the parts of the client's state it uses, and
-    /// reads the store.
+    /// reads the store; `client` is awaited once the store has been read.
     async fn build_in_span<C: StreamableHttpClient + Sync>(
         self,
         key: ServerKey,
-        client: C,
+        client: impl std::future::Future<Output = Result<C, ClientError>>,
         span: Span,
     ) -> Result<(DurableTransport<C>, ClientHandle), ClientError> {
         let store = self.store;
@@ -294,6 +313,7 @@ impl DurableClientBuilder {
             _ => {}
         }
 
+        let client = client.await?;
         let mut config = self
             .config
             .unwrap_or_else(|| StreamableHttpClientTransportConfig::with_uri(key.endpoint()));
@@ -339,6 +359,24 @@ impl DurableClientBuilder {
         );
         Ok((transport, handle))
     }
+}
+
+/// The HTTP client [`DurableClientBuilder::build`] uses: no idle connection
+/// pool, redirects not followed; for a `plain` (`http://`) endpoint, with
+/// no root certificates loaded.
+fn http_client(plain: bool) -> reqwest::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .redirect(reqwest::redirect::Policy::none());
+    #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    let builder = if plain {
+        builder.tls_certs_only(std::iter::empty())
+    } else {
+        builder
+    };
+    #[cfg(not(any(feature = "rustls", feature = "native-tls")))]
+    let _ = plain;
+    builder.build()
 }
 
 /// The client's span: entered around everything the client does, so that
