@@ -182,6 +182,22 @@ async fn main() -> Result<()> {
         "| answered mark in the store after the answer (median; the SIGKILL window, calls over 10 ms) | loopback | | {:.1} ms | |",
         ms(window)
     );
+    let verdict = |met: bool| if met { "met" } else { "not met" };
+    let whole = direct.durable_start_close.as_secs_f64() / direct.stock_start_close.as_secs_f64();
+    println!(
+        "aim: start to first tool result, loopback, whole process (close included), no slower than stock rmcp: {whole:.2} of stock's time ({})",
+        verdict(whole <= 1.0)
+    );
+    let faster = delayed.stock_start.as_secs_f64() / delayed.durable_start.as_secs_f64();
+    println!(
+        "aim: start to first tool result at +50 ms RTT, at least 2.9 times faster than stock rmcp: {faster:.2} times ({})",
+        verdict(faster >= 2.9)
+    );
+    let steady = direct.durable_rate / direct.stock_rate;
+    println!(
+        "aim: steady-state tool calls/s, loopback, at least 0.95 of stock rmcp: {steady:.2} ({})",
+        verdict(steady >= 0.95)
+    );
     println!();
     println!("| durable client to a durable server | store | exactly-once off | on | ratio |");
     println!("|---|---|---|---|---|");

@@ -966,6 +966,39 @@ async fn bench() -> anyhow::Result<()> {
             );
         }
     }
+    // Against what a user would run instead: stock rmcp with its in-memory
+    // defaults, measured in this run.
+    let against_stock = |name: &str, what: &str, ratio: f64, aim: f64| {
+        println!(
+            "aim: {name}, {what}, at least {aim:.2} of stock rmcp: {ratio:.2} ({})",
+            if ratio >= aim { "met" } else { "not met" }
+        );
+    };
+    if let Some((one, _)) = rate_of("durable, memory event store") {
+        against_stock(
+            "durable, memory event store",
+            "events/s on one stream",
+            one / baseline,
+            0.95,
+        );
+    }
+    for name in [
+        "durable, file, pipelined",
+        "durable, sqlite, pipelined",
+        "durable, redis, pipelined",
+    ] {
+        if let Some((one, _)) = rate_of(name) {
+            against_stock(name, "events/s on one stream", one / baseline, 0.85);
+        }
+    }
+    if let Some((_, many)) = rate_of("durable, sqlite event store") {
+        against_stock(
+            "durable, sqlite synced",
+            "events/s over 64 streams",
+            many / baseline_many,
+            0.6,
+        );
+    }
     if let Some((_, p99)) = latency_of("durable, sqlite, pipelined") {
         let added = p99.saturating_sub(base_p99);
         println!(
