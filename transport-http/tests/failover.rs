@@ -533,3 +533,113 @@ async fn durable_client_reports_a_call_in_a_lost_window_as_lost() -> anyhow::Res
     assert_eq!(handle.interrupted().len(), 1, "a lost call stays listed");
     Ok(())
 }
+
+/// A memory store whose writes of SSE stream metadata take 300 ms: the gap
+/// in which an instance could stop between a stream's first event and the
+/// record of the request it answers, made wide enough to see.
+struct SlowStreamRecords(MemoryStore);
+
+#[async_trait::async_trait]
+impl mcp_persist_core::KvStore for SlowStreamRecords {
+    async fn get(
+        &self,
+        key: &mcp_persist_core::Key,
+    ) -> mcp_persist_core::Result<Option<mcp_persist_core::KvEntry>> {
+        self.0.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &mcp_persist_core::Key,
+        value: Vec<u8>,
+        options: mcp_persist_core::PutOptions,
+    ) -> mcp_persist_core::Result<mcp_persist_core::Version> {
+        if mcp_persist_core::declare::EVENT_STREAM.matches(key.as_str()) {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+        self.0.put(key, value, options).await
+    }
+    async fn delete(
+        &self,
+        key: &mcp_persist_core::Key,
+        if_version: Option<mcp_persist_core::Version>,
+    ) -> mcp_persist_core::Result<bool> {
+        self.0.delete(key, if_version).await
+    }
+    async fn list(&self, prefix: &str) -> mcp_persist_core::Result<Vec<mcp_persist_core::Key>> {
+        self.0.list(prefix).await
+    }
+}
+
+impl mcp_persist_core::Backend for SlowStreamRecords {
+    fn backend_name(&self) -> &'static str {
+        "slow-stream-records"
+    }
+}
+
+/// The request a POST stream answers is in the store as soon as the
+/// stream's first event id can reach the client, so an instance stopping
+/// right after it can never leave a stream whose orphan error could name no
+/// request (it went out with `"id": null`, which no client can match: found
+/// by `cargo xtask load`, an instance SIGKILLed just after a call began).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_names_its_request_before_its_first_event_goes_out() -> anyhow::Result<()> {
+    let memory = MemoryStore::new();
+    let stores = Stores::from_parts(
+        std::sync::Arc::new(SlowStreamRecords(memory.clone())),
+        Some(std::sync::Arc::new(memory.clone())),
+    );
+    let instance = Instance::in_process(stores.clone(), &[]).await?;
+    let http = reqwest::Client::new();
+    let session = raw_initialize(&http, &instance.url(), "alice").await?;
+    for id in [2, 3] {
+        let call = serde_json::json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {
+                "name": "slow_progress",
+                "arguments": { "count": 2, "delay_ms": 400, "tag": format!("named-{id}") },
+                "_meta": { "progressToken": format!("p-{id}") }
+            }
+        });
+        let mut response = http
+            .post(instance.url())
+            .header("x-demo-user", "alice")
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(call.to_string())
+            .send()
+            .await?;
+        // The stream's first event, its priming event (an id, no message).
+        let ids = |body: &str| -> Vec<String> {
+            body.lines()
+                .filter_map(|l| l.strip_prefix("id:"))
+                .map(|s| s.trim().to_owned())
+                .collect()
+        };
+        let mut body = String::new();
+        while ids(&body).is_empty() {
+            let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
+                .await??
+                .ok_or_else(|| anyhow::anyhow!("the call's stream ended early: {body}"))?;
+            body.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert!(
+            support::event_ids(&body).is_empty(),
+            "the first event carried a message; the priming event was meant: {body}"
+        );
+        let first: mcp_persist_core::EventId = ids(&body)[0].parse()?;
+        let origin = stores
+            .events(mcp_persist_core::EventLogConfig::default())?
+            .origin(first.stream())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no record of the stream"))?;
+        assert_eq!(
+            origin.request,
+            Some(serde_json::json!(id)),
+            "the stream's first event went out before its request was recorded"
+        );
+        drop(response);
+    }
+    Ok(())
+}

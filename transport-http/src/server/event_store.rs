@@ -58,6 +58,20 @@ pub struct DurableEventStore {
     life: Option<Arc<InstanceLife>>,
     retry: Option<Duration>,
     telemetry: Telemetry,
+    opening: Arc<Opening>,
+}
+
+/// The request whose stream a session is opening: rmcp stores a POST
+/// stream's first event (its priming event) before it hands the request to
+/// the handler, under a stream id of its own making, so the session manager
+/// names the request here first and the first event of a stream new here
+/// records it with the stream's metadata (see
+/// [`EventLog::append_opening`](mcp_persist_core::EventLog::append_opening)).
+#[derive(Default)]
+struct Opening {
+    /// One stream opens at a time per session.
+    turn: tokio::sync::Mutex<()>,
+    request: std::sync::Mutex<Option<serde_json::Value>>,
 }
 
 impl std::fmt::Debug for DurableEventStore {
@@ -83,6 +97,7 @@ impl DurableEventStore {
             life: None,
             retry: None,
             telemetry: Telemetry::disabled(),
+            opening: Arc::default(),
         }
     }
 
@@ -123,7 +138,34 @@ impl DurableEventStore {
             life: self.life.clone(),
             retry: self.retry,
             telemetry: self.telemetry.clone(),
+            opening: Arc::default(),
         }
+    }
+
+    /// Runs `open` (rmcp opening the stream of `request`, the JSON-RPC id of
+    /// a client request) with that id waiting for the stream's first event,
+    /// which records it with the stream's metadata; also says whether a
+    /// first event took it (when none did, rmcp sends no priming event and
+    /// the caller records the request once the stream's first event names
+    /// it). Openings in one session take turns; rmcp's session worker stores
+    /// their first events one at a time anyway.
+    pub(crate) async fn opening<T>(
+        &self,
+        request: serde_json::Value,
+        open: impl Future<Output = T>,
+    ) -> (T, bool) {
+        let _turn = self.opening.turn.lock().await;
+        *self.opening_request() = Some(request);
+        let opened = open.await;
+        let taken = self.opening_request().take().is_none();
+        (opened, taken)
+    }
+
+    fn opening_request(&self) -> std::sync::MutexGuard<'_, Option<serde_json::Value>> {
+        self.opening
+            .request
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Names the session owning this store's streams. Later calls are ignored.
@@ -152,10 +194,29 @@ impl RmcpEventStore for DurableEventStore {
         event: &ServerSseMessage,
     ) -> Result<String, EventStoreError> {
         let payload = to_payload(event)?;
-        let id = self
-            .events
-            .append(stream_id, self.session.get(), &payload)
-            .await?;
+        // The priming event of a request stream this instance has not seen:
+        // the one being opened (the events of streams that exist leave the
+        // request for the stream it belongs to).
+        let opening = if event.message.is_some()
+            || stream_id.ends_with(COMMON_STREAM_SUFFIX)
+            || self.events.knows(stream_id)
+        {
+            None
+        } else {
+            self.opening_request().take()
+        };
+        let id = match &opening {
+            Some(request) => {
+                self.events
+                    .append_opening(stream_id, self.session.get(), &payload, request)
+                    .await?
+            }
+            None => {
+                self.events
+                    .append(stream_id, self.session.get(), &payload)
+                    .await?
+            }
+        };
         self.telemetry
             .events_appended(1, self.events.config().durability.name());
         Ok(id.to_string())

@@ -60,7 +60,7 @@ pub enum SessionManagerError {
 /// * **Resume.** `Last-Event-ID` replays from the shared log and tails it,
 ///   so a stream another instance is still writing is delivered live.
 pub struct DurableSessionManager {
-    sessions: RwLock<HashMap<SessionId, Arc<LocalSessionManager>>>,
+    sessions: RwLock<HashMap<SessionId, Held>>,
     session_config: SessionConfig,
     store: mcp_persist_core::ServerSessionStore,
     events: Option<DurableEventStore>,
@@ -77,6 +77,14 @@ impl std::fmt::Debug for DurableSessionManager {
 }
 
 type LocalTransport = <LocalSessionManager as SessionManager>::Transport;
+
+/// A session this instance holds: rmcp's worker, and the event store it
+/// writes the session's streams to.
+#[derive(Clone)]
+struct Held {
+    local: Arc<LocalSessionManager>,
+    events: Option<DurableEventStore>,
+}
 
 /// The transport of one session's handler: rmcp's local session worker,
 /// with the server's requests checked against the capabilities the client
@@ -224,7 +232,7 @@ impl DurableSessionManager {
         (Arc::new(local), events)
     }
 
-    async fn local(&self, id: &SessionId) -> Result<Arc<LocalSessionManager>, SessionManagerError> {
+    async fn held(&self, id: &SessionId) -> Result<Held, SessionManagerError> {
         self.sessions
             .read()
             .await
@@ -233,10 +241,14 @@ impl DurableSessionManager {
             .ok_or(SessionManagerError::NotFound)
     }
 
+    async fn local(&self, id: &SessionId) -> Result<Arc<LocalSessionManager>, SessionManagerError> {
+        Ok(self.held(id).await?.local)
+    }
+
     async fn drop_local(&self, id: &SessionId) -> Result<(), SessionManagerError> {
-        let local = self.sessions.write().await.remove(id);
-        if let Some(local) = local {
-            local.close_session(id).await?;
+        let held = self.sessions.write().await.remove(id);
+        if let Some(held) = held {
+            held.local.close_session(id).await?;
         }
         Ok(())
     }
@@ -249,10 +261,13 @@ impl SessionManager for DurableSessionManager {
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (local, events) = self.new_local();
         let (id, transport) = local.create_session().await?;
-        if let Some(events) = events {
+        if let Some(events) = &events {
             events.bind(StoredSessionId::new(id.as_ref())?);
         }
-        self.sessions.write().await.insert(id.clone(), local);
+        self.sessions
+            .write()
+            .await
+            .insert(id.clone(), Held { local, events });
         Ok((id, SessionTransport::new(transport)))
     }
 
@@ -292,7 +307,7 @@ impl SessionManager for DurableSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        let local = self.local(id).await?;
+        let Held { local, events } = self.held(id).await?;
         let request = match &message {
             ClientJsonRpcMessage::Request(r) => serde_json::to_value(&r.id).ok(),
             _ => None,
@@ -302,9 +317,21 @@ impl SessionManager for DurableSessionManager {
         {
             warn!(error = %e, "could not register this instance's liveness lease; retrying at the next request");
         }
-        let stream = local.create_stream(id, message).await?;
-        match (request, &self.events) {
+        // The stream's first event records the request it answers, so that
+        // no instance ever resumes it without knowing what to answer should
+        // this one stop; `describing` below covers a stream whose first
+        // event comes later (a server configured without priming events).
+        let (stream, recorded) = match (&request, &events) {
             (Some(request), Some(events)) => {
+                let (stream, recorded) = events
+                    .opening(request.clone(), local.create_stream(id, message))
+                    .await;
+                (stream?, recorded)
+            }
+            _ => (local.create_stream(id, message).await?, false),
+        };
+        match (request, &self.events) {
+            (Some(request), Some(events)) if !recorded => {
                 Ok(boxed(describing(stream, events.inner().clone(), request)))
             }
             _ => Ok(boxed(stream)),
@@ -348,12 +375,12 @@ impl SessionManager for DurableSessionManager {
             return Ok(RestoreOutcome::AlreadyPresent);
         }
         let (local, events) = self.new_local();
-        if let Some(events) = events {
+        if let Some(events) = &events {
             events.bind(stored_id.clone());
         }
         match local.restore_session(id.clone()).await? {
             RestoreOutcome::Restored(transport) => {
-                sessions.insert(id, local);
+                sessions.insert(id, Held { local, events });
                 info!(session = %stored_id, "restoring session from the shared store");
                 Ok(RestoreOutcome::Restored(SessionTransport::new(transport)))
             }

@@ -279,6 +279,41 @@ impl EventLog {
         session: Option<&SessionId>,
         payload: &serde_json::Value,
     ) -> Result<EventId> {
+        self.append_with(stream, session, payload, None).await
+    }
+
+    /// Stores the first event of a request's stream, like
+    /// [`append`](Self::append), and records `request` (the JSON-RPC id the
+    /// stream answers) in the stream's metadata in the same write that
+    /// creates it. An instance resuming the stream after its writer stopped
+    /// can then answer that request, however soon the writer stopped; there
+    /// is no moment in which the stream exists but its request is unknown.
+    /// On a stream that already exists it is `append`, and `request` is not
+    /// recorded (see [`describe_request`](Self::describe_request)).
+    pub async fn append_opening(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        payload: &serde_json::Value,
+        request: &serde_json::Value,
+    ) -> Result<EventId> {
+        self.append_with(stream, session, payload, Some(request))
+            .await
+    }
+
+    /// Whether this instance has `stream` in its cache of streams it wrote
+    /// or read recently (a stream it does not know may still exist).
+    pub fn knows(&self, stream: &str) -> bool {
+        self.cached(stream).is_some()
+    }
+
+    async fn append_with(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        payload: &serde_json::Value,
+        request: Option<&serde_json::Value>,
+    ) -> Result<EventId> {
         crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
         let data = encode(&EventRecord {
             payload: payload.clone(),
@@ -297,12 +332,12 @@ impl EventLog {
                 // on above the numbers of an earlier log of the same name,
                 // and the stream's next events are numbered on from it.
                 PipelinedStart::AtOnce(known) => {
-                    return self.append_now(stream, session, known, data).await;
+                    return self.append_now(stream, session, request, known, data).await;
                 }
             }
         }
         let known = self.stream_token(stream).await?;
-        self.append_now(stream, session, known, data).await
+        self.append_now(stream, session, request, known, data).await
     }
 
     /// Deletes a stream and its events.

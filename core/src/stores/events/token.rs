@@ -129,6 +129,7 @@ impl EventLog {
         &self,
         stream: &str,
         session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
         known: Option<([u8; 16], u64)>,
         seq: u64,
     ) -> Result<[u8; 16]> {
@@ -147,9 +148,9 @@ impl EventLog {
                     stream,
                     seq, last, "the event log started again; the stream gets a new token"
                 );
-                self.renew(stream, session, Some(token), seq).await
+                self.renew(stream, session, None, Some(token), seq).await
             }
-            None => self.renew(stream, session, None, seq).await,
+            None => self.renew(stream, session, request, None, seq).await,
         }
     }
 
@@ -160,6 +161,7 @@ impl EventLog {
         &self,
         stream: &str,
         session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
         stale: Option<[u8; 16]>,
         seq: u64,
     ) -> Result<[u8; 16]> {
@@ -198,7 +200,7 @@ impl EventLog {
                 }
                 None => {
                     let token = random_token()?;
-                    let meta = self.new_meta(session, &token, seq);
+                    let meta = self.new_meta(session, request, &token, seq);
                     // Losing the race to create it: the next attempt reads
                     // the winner's token.
                     write(
@@ -231,6 +233,7 @@ impl EventLog {
     pub(super) fn new_meta(
         &self,
         session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
         token: &[u8; 16],
         last_seq: u64,
     ) -> StreamMeta {
@@ -240,7 +243,7 @@ impl EventLog {
             created_at: Timestamp::now(),
             dropped_through: 0,
             writer: self.writer.as_deref().map(str::to_owned),
-            request: None,
+            request: request.cloned(),
             last_seq,
         }
     }

@@ -20,6 +20,7 @@ impl EventLog {
         &self,
         stream: &str,
         session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
         known: Option<([u8; 16], u64)>,
         data: Vec<u8>,
     ) -> Result<EventId> {
@@ -38,7 +39,7 @@ impl EventLog {
                 "append returned no sequence number",
             )
         })?;
-        let token = self.settle(stream, session, known, seq).await?;
+        let token = self.settle(stream, session, request, known, seq).await?;
         self.after_append(stream).await;
         Ok(EventId::new(token, seq, stream))
     }
@@ -98,7 +99,7 @@ impl EventLog {
         // The stream's metadata went (it expired, or was deleted) while this
         // instance kept writing it: a new token, written with the next commit.
         let token = random_token()?;
-        let meta = self.new_meta(session, &token, 0);
+        let meta = self.new_meta(session, None, &token, 0);
         self.cache(
             stream,
             StreamCache {
@@ -270,7 +271,13 @@ impl EventLog {
                 && expected.first().is_some_and(|sent| first < *sent)
                 && let Some(cached) = self.cached(stream)
                 && let Err(e) = self
-                    .renew(stream, session.as_ref(), Some(cached.token), stored_last)
+                    .renew(
+                        stream,
+                        session.as_ref(),
+                        None,
+                        Some(cached.token),
+                        stored_last,
+                    )
                     .await
             {
                 warn!(stream, error = %e, "could not give a restarted event log a new token");
