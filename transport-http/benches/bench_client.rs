@@ -199,11 +199,22 @@ async fn main() -> Result<()> {
         verdict(steady >= 0.95)
     );
     println!();
-    println!("| durable client to a durable server | store | exactly-once off | on | ratio |");
-    println!("|---|---|---|---|---|");
-    for (store, off, on) in &dedup {
+    println!(
+        "| durable client to a durable server | store | exactly-once off | on | ratio | server commits (writes) per call, off / on |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for Dedup {
+        row,
+        off,
+        on,
+        commits,
+    } in &dedup
+    {
+        let commits = commits.map_or(String::new(), |[off, on]| {
+            format!("{:.1} ({:.1}) / {:.1} ({:.1})", off.0, off.1, on.0, on.1)
+        });
         println!(
-            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {store} | {off:.0} | {on:.0} | {:.2} |",
+            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {row} | {off:.0} | {on:.0} | {:.2} | {commits} |",
             on / off
         );
     }
@@ -212,6 +223,15 @@ async fn main() -> Result<()> {
         "(one client: each call waits for its call record's commit, one more on its path; {CONCURRENT_CLIENTS} clients: the server's throughput, commits shared)"
     );
     Ok(())
+}
+
+/// One exactly-once row: calls/s off and on, and for one client on
+/// SQLite the server's commits and writes per call, off and on.
+struct Dedup {
+    row: String,
+    off: f64,
+    on: f64,
+    commits: Option<[(f64, f64); 2]>,
 }
 
 /// Clients calling at once in the concurrent exactly-once rows.
@@ -250,22 +270,33 @@ async fn concurrent_rate(url: &str, clients: usize) -> Result<f64> {
 /// is on every call's path) and from [`CONCURRENT_CLIENTS`] at once (commits
 /// shared, what a server's throughput sees): `(row, off, on)`, each the best
 /// of three alternating runs.
-async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(String, f64, f64)>> {
+async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
     let mut figures = Vec::new();
     for name in ["memory", "SQLite", "SQLite, Durability::Normal"] {
         let mut urls = Vec::new();
+        // The SQLite servers' stores, to count their commits.
+        let mut handles: Vec<Option<SqliteStore>> = Vec::new();
         for (i, exactly_once) in [ExactlyOnce::disabled(), ExactlyOnce::new()]
             .into_iter()
             .enumerate()
         {
             let db = folder.join(format!("server-{}-{i}.db", figures.len()));
             let stores = match name {
-                "memory" => Stores::new(MemoryStore::new()),
-                "SQLite" => Stores::new(SqliteStore::open(db).await?),
+                "memory" => {
+                    handles.push(None);
+                    Stores::new(MemoryStore::new())
+                }
+                "SQLite" => {
+                    let s = SqliteStore::open(db).await?;
+                    handles.push(Some(s.clone()));
+                    Stores::new(s)
+                }
                 _ => {
                     let mut options = mcp_persist_store_sqlite::SqliteOptions::default();
                     options.durability = mcp_persist_store_sqlite::Durability::Normal;
-                    Stores::new(SqliteStore::open_with(db, options).await?)
+                    let s = SqliteStore::open_with(db, options).await?;
+                    handles.push(Some(s.clone()));
+                    Stores::new(s)
                 }
             };
             let server = DurableServer::builder(stores)
@@ -282,13 +313,25 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(String, f64
         }
         let (mut off, mut on) = (0f64, 0f64);
         let (mut off_n, mut on_n) = (0f64, 0f64);
+        let mut commits = [(0f64, 0f64); 2];
         for round in 0..3 {
             for (i, url) in urls.iter().enumerate() {
                 let db = folder.join(format!("client-{name}-{round}-{i}.db"));
                 let store = Arc::new(SqliteStore::open(db).await?);
                 let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
                 let client = ().serve(transport).await?;
+                let before = handles[i]
+                    .as_ref()
+                    .map(|h| (h.write_stats(), Instant::now()));
                 let calls = rate(|| client.call_tool(CallToolRequestParams::new("echo"))).await?;
+                if let (Some((b, started)), Some(h)) = (before, handles[i].as_ref()) {
+                    let a = h.write_stats();
+                    let n = calls * started.elapsed().as_secs_f64();
+                    commits[i] = (
+                        (a.transactions - b.transactions) as f64 / n,
+                        (a.operations - b.operations) as f64 / n,
+                    );
+                }
                 client.cancel().await?;
                 let best = if i == 0 { &mut off } else { &mut on };
                 *best = best.max(calls);
@@ -297,12 +340,19 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<(String, f64
                 *best = best.max(calls);
             }
         }
-        figures.push((format!("{name}, 1 client"), off, on));
-        figures.push((
-            format!("{name}, {CONCURRENT_CLIENTS} clients at once"),
-            off_n,
-            on_n,
-        ));
+        let sqlite = handles.iter().all(Option::is_some);
+        figures.push(Dedup {
+            row: format!("{name}, 1 client"),
+            off,
+            on,
+            commits: sqlite.then_some(commits),
+        });
+        figures.push(Dedup {
+            row: format!("{name}, {CONCURRENT_CLIENTS} clients at once"),
+            off: off_n,
+            on: on_n,
+            commits: None,
+        });
     }
     Ok(figures)
 }

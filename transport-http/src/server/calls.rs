@@ -39,6 +39,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::FutureExt;
 use mcp_persist_core::{
     CallAnswer, CallKey, CallRecord, CallStatus, CallStore, Liveness, Stored, Stores,
     stores::Begin, telemetry::Telemetry,
@@ -651,9 +652,14 @@ impl Calls {
         }
     }
 
-    /// Runs the call to its end in a task of its own (a broken connection
-    /// does not stop it: the client will ask again), keeps its answer, and
-    /// returns it.
+    /// Runs the call to its end, keeps its answer, and returns it.
+    ///
+    /// It runs in the task rmcp gave this request, which nothing aborts: a
+    /// broken connection does not stop it (the client will ask again), and
+    /// its cancellation token is replaced by one nobody cancels. A tool that
+    /// panics is answered with an internal error and its record stays
+    /// running, so a later attempt hears "outcome unknown" once this
+    /// instance is gone, never a second run.
     async fn run<H: ServerHandler>(
         self: &Arc<Self>,
         inner: Arc<H>,
@@ -663,26 +669,23 @@ impl Calls {
         running: Stored<CallRecord>,
     ) -> Result<CallToolResponse, ErrorData> {
         context.ct = tokio_util::sync::CancellationToken::new();
+        let outcome = std::panic::AssertUnwindSafe(inner.call_tool(call, context))
+            .catch_unwind()
+            .await
+            .map_err(|_| {
+                warn!(tool = %running.record.tool, "a keyed call's tool panicked; its answer is not kept");
+                ErrorData::internal_error("the tool call stopped without an answer: it panicked", None)
+            })?;
+        // The answer goes out while it is being kept: its store write
+        // overlaps the response's own (on SQLite the two share a commit).
+        // Until it lands another attempt finds the call running here and
+        // waits for it; only if this instance dies in between does a later
+        // attempt (of a client that lost this answer) hear "outcome
+        // unknown", as for a call cut while it ran.
+        let kept = outcome.clone();
         let calls = self.clone();
-        let span = tracing::Span::current();
-        let task = tokio::spawn(async move {
-            let outcome = inner.call_tool(call, context).instrument(span).await;
-            // The answer goes out while it is being kept: its store write
-            // overlaps the response's own (on SQLite the two share a commit).
-            // Until it lands another attempt finds the call running here and
-            // waits for it; only if this instance dies in between does a
-            // later attempt (of a client that lost this answer) hear
-            // "outcome unknown", as for a call cut while it ran.
-            let kept = outcome.clone();
-            tokio::spawn(async move { calls.keep(&key, &running, &kept).await });
-            outcome
-        });
-        task.await.map_err(|e| {
-            ErrorData::internal_error(
-                format!("the tool call stopped without an answer: {e}"),
-                None,
-            )
-        })?
+        tokio::spawn(async move { calls.keep(&key, &running, &kept).await }.in_current_span());
+        outcome
     }
 
     /// Keeps the answer of a call that ran here.
