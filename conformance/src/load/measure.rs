@@ -127,19 +127,8 @@ fn kind_of(name: &str, log: bool) -> String {
 
 /// Measures the store `url` names (the URL the fleet opened).
 pub async fn measure(url: &str) -> Result<Usage> {
-    if let Some(rest) = url.strip_prefix("redis+cluster://") {
-        let nodes: Vec<String> = rest
-            .split('?')
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches('/')
-            .split(',')
-            .map(|n| format!("redis://{}/", n.trim()))
-            .collect();
+    if let Some(nodes) = redis_nodes(url) {
         redis_usage(&nodes).await
-    } else if url.starts_with("redis://") {
-        let node = url.split('?').next().unwrap_or(url).to_owned();
-        redis_usage(&[node]).await
     } else if let Some(path) = url.strip_prefix("sqlite:") {
         let path = path.to_owned();
         tokio::task::spawn_blocking(move || sqlite_usage(&path))
@@ -150,6 +139,106 @@ pub async fn measure(url: &str) -> Result<Usage> {
     } else {
         bail!("cannot measure the store {url}: redis, redis+cluster, sqlite and postgres are known")
     }
+}
+
+/// The Redis nodes a store URL names, or `None` for another backend.
+fn redis_nodes(url: &str) -> Option<Vec<String>> {
+    if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        Some(
+            rest.split('?')
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                .split(',')
+                .map(|n| format!("redis://{}/", n.trim()))
+                .collect(),
+        )
+    } else if url.starts_with("redis://") {
+        Some(vec![url.split('?').next().unwrap_or(url).to_owned()])
+    } else {
+        None
+    }
+}
+
+/// The cost cut a run measures on Redis: `stream-node-max-bytes` lowered
+/// from its default (4,096) to this, so that a short stream's first node
+/// is not reserved at 4 KB whatever it holds.
+pub const STREAM_NODE_MAX_BYTES: u64 = 1024;
+
+/// On Redis, sets `stream-node-max-bytes` to [`STREAM_NODE_MAX_BYTES`] on
+/// every node and writes every SSE event log again, entry by entry with its
+/// ids and expiry, so that the same events are held as a server so
+/// configured would have held them; returns the logs rewritten, or `None`
+/// for a store that is not Redis. For the end of a run only: a log written
+/// meanwhile by a server would race with the rewrite.
+pub async fn repack_redis_streams(url: &str) -> Result<Option<u64>> {
+    let Some(nodes) = redis_nodes(url) else {
+        return Ok(None);
+    };
+    let mut rewritten = 0u64;
+    for node in &nodes {
+        let client = redis::Client::open(node.as_str()).context("a Redis node URL")?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .with_context(|| format!("connecting to {node}"))?;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("stream-node-max-bytes")
+            .arg(STREAM_NODE_MAX_BYTES)
+            .query_async(&mut conn)
+            .await
+            .with_context(|| format!("CONFIG SET stream-node-max-bytes on {node}"))?;
+        let mut logs = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            // Event logs only: the heartbeat and bus logs are still being
+            // written by the live fleet.
+            logs.extend(keys.into_iter().filter(|k| {
+                matches!(parse_redis_key(k), Some((name, true, _)) if kind_of(&name, true) == declare::EVENT.kind)
+            }));
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        for key in logs {
+            type Entry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+            let entries: Vec<Entry> = redis::cmd("XRANGE")
+                .arg(key.as_slice())
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await?;
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(key.as_slice())
+                .query_async(&mut conn)
+                .await?;
+            let mut pipe = redis::pipe();
+            pipe.atomic().cmd("DEL").arg(key.as_slice()).ignore();
+            for (id, fields) in &entries {
+                let xadd = pipe.cmd("XADD").arg(key.as_slice()).arg(id);
+                for (field, value) in fields {
+                    xadd.arg(field.as_slice()).arg(value.as_slice());
+                }
+                xadd.ignore();
+            }
+            if ttl > 0 {
+                pipe.cmd("PEXPIRE").arg(key.as_slice()).arg(ttl).ignore();
+            }
+            if !entries.is_empty() {
+                let _: () = pipe.query_async(&mut conn).await?;
+                rewritten += 1;
+            }
+        }
+    }
+    Ok(Some(rewritten))
 }
 
 /// The store key or log name inside a Redis key `<prefix>{kv:NAME}[:ver]`

@@ -135,6 +135,24 @@ pub struct Report {
     pub per_stream: Option<f64>,
     /// Bytes per stored event.
     pub per_event: Option<f64>,
+    /// On Redis, the same store again after the cost cut
+    /// ([`measure::repack_redis_streams`]), measured at the end of the run.
+    pub cut: Option<Cut>,
+}
+
+/// What the store held after a cost cut, measured in the same run.
+#[derive(Debug, Serialize)]
+pub struct Cut {
+    /// What was cut.
+    pub what: String,
+    /// What the store held then.
+    pub store: Usage,
+    /// Bytes per session, per stream and per event then.
+    pub per_session: Option<f64>,
+    /// Bytes per SSE stream, its events apart, then.
+    pub per_stream: Option<f64>,
+    /// Bytes per stored event then.
+    pub per_event: Option<f64>,
 }
 
 /// `mcp-persist-load drive`.
@@ -265,6 +283,35 @@ async fn drive(options: &Options, fleet: Arc<Fleet>) -> Result<Report> {
     } else {
         None
     };
+    // The cost cut, on the same events: the run's servers are done
+    // writing, so every log can be written again as a server configured so
+    // would have written it.
+    let cut = match measure::repack_redis_streams(&options.store).await {
+        Ok(Some(logs)) => {
+            println!("measuring the store again after the cost cut ({logs} event logs rewritten)");
+            match measure::measure(&options.store).await {
+                Ok(usage) => Some(Cut {
+                    what: format!(
+                        "Redis stream-node-max-bytes {} (default 4096), {logs} event logs rewritten",
+                        measure::STREAM_NODE_MAX_BYTES
+                    ),
+                    per_session: usage.per_session(),
+                    per_stream: usage.per_stream(),
+                    per_event: usage.per_event(),
+                    store: usage,
+                }),
+                Err(e) => {
+                    eprintln!("could not measure the store after the cost cut: {e:#}");
+                    None
+                }
+            }
+        }
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("could not apply the cost cut: {e:#}");
+            None
+        }
+    };
     Ok(Report {
         backend: scheme(&options.store).to_owned(),
         instances: options.instances,
@@ -278,6 +325,7 @@ async fn drive(options: &Options, fleet: Arc<Fleet>) -> Result<Report> {
         per_stream: store.as_ref().and_then(Usage::per_stream),
         per_event: store.as_ref().and_then(Usage::per_event),
         store,
+        cut,
     })
 }
 
@@ -497,6 +545,25 @@ fn print_report(r: &Report) {
             show(r.per_stream),
             show(r.per_event),
             show(average)
+        );
+    }
+    if let Some(cut) = &r.cut {
+        let show = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0} B"));
+        let (log_bytes, logs) = cut.store.of(mcp_persist_core::declare::EVENT.kind);
+        println!("\nafter the cost cut: {}", cut.what);
+        println!(
+            "event logs: {} bytes over {} logs ({:.0} B per log); total (backend's own count): {} bytes",
+            thousands(log_bytes),
+            thousands(logs),
+            log_bytes as f64 / logs.max(1) as f64,
+            thousands(cut.store.total_bytes)
+        );
+        println!(
+            "per session {}, per stream {} (before: {}), per event {}",
+            show(cut.per_session),
+            show(cut.per_stream),
+            show(r.per_stream),
+            show(cut.per_event)
         );
     }
     println!(
