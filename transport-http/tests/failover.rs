@@ -46,6 +46,26 @@ async fn post_body(
     Ok(request.body(body.to_string()).send().await?.text().await?)
 }
 
+/// POSTs `call` as alice in `session` (2025-11-25); the response, its SSE
+/// body unread.
+async fn post_call(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    call: &serde_json::Value,
+) -> anyhow::Result<reqwest::Response> {
+    Ok(http
+        .post(url)
+        .header("x-demo-user", "alice")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(call.to_string())
+        .send()
+        .await?)
+}
+
 /// The configured interval, not rmcp's 3 s default, on POST and GET streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_retry_on_every_stream() -> anyhow::Result<()> {
@@ -166,16 +186,7 @@ async fn orphaned_call_is_answered_on_the_other_instance() -> anyhow::Result<()>
             "_meta": { "progressToken": "p-orphan" }
         }
     });
-    let mut response = http
-        .post(a.url())
-        .header("x-demo-user", "alice")
-        .header("mcp-session-id", &session)
-        .header("mcp-protocol-version", "2025-11-25")
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(call.to_string())
-        .send()
-        .await?;
+    let mut response = post_call(&http, &a.url(), &session, &call).await?;
     // Read until three progress events have arrived, keeping the last id.
     let mut body = String::new();
     while support::event_ids(&body).len() < 4 {
@@ -311,16 +322,7 @@ async fn crash_mid_stream(level: &str) -> anyhow::Result<()> {
             "_meta": { "progressToken": "p-piped" }
         }
     });
-    let mut response = http
-        .post(a.url())
-        .header("x-demo-user", "alice")
-        .header("mcp-session-id", &session)
-        .header("mcp-protocol-version", "2025-11-25")
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(call.to_string())
-        .send()
-        .await?;
+    let mut response = post_call(&http, &a.url(), &session, &call).await?;
     let mut body = String::new();
     while support::event_ids(&body).len() < 200 {
         let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
@@ -600,16 +602,7 @@ async fn a_stream_names_its_request_before_its_first_event_goes_out() -> anyhow:
                 "_meta": { "progressToken": format!("p-{id}") }
             }
         });
-        let mut response = http
-            .post(instance.url())
-            .header("x-demo-user", "alice")
-            .header("mcp-session-id", &session)
-            .header("mcp-protocol-version", "2025-11-25")
-            .header("accept", "application/json, text/event-stream")
-            .header("content-type", "application/json")
-            .body(call.to_string())
-            .send()
-            .await?;
+        let mut response = post_call(&http, &instance.url(), &session, &call).await?;
         // The stream's first event, its priming event (an id, no message).
         let ids = |body: &str| -> Vec<String> {
             body.lines()

@@ -160,6 +160,29 @@ fn redis_nodes(url: &str) -> Option<Vec<String>> {
     }
 }
 
+/// A connection to one Redis node.
+async fn connect(node: &str) -> Result<redis::aio::MultiplexedConnection> {
+    redis::Client::open(node)
+        .context("a Redis node URL")?
+        .get_multiplexed_async_connection()
+        .await
+        .with_context(|| format!("connecting to {node}"))
+}
+
+/// One page of a node's keys from `cursor`: the next cursor (0 at the end)
+/// and the keys.
+async fn scan(
+    conn: &mut redis::aio::MultiplexedConnection,
+    cursor: u64,
+) -> Result<(u64, Vec<Vec<u8>>)> {
+    Ok(redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await?)
+}
+
 /// The cost cut a run measures on Redis: `stream-node-max-bytes` lowered
 /// from its default (4,096) to this, so that a short stream's first node
 /// is not reserved at 4 KB whatever it holds.
@@ -177,11 +200,7 @@ pub async fn repack_redis_streams(url: &str) -> Result<Option<u64>> {
     };
     let mut rewritten = 0u64;
     for node in &nodes {
-        let client = redis::Client::open(node.as_str()).context("a Redis node URL")?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .with_context(|| format!("connecting to {node}"))?;
+        let mut conn = connect(node).await?;
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
             .arg("stream-node-max-bytes")
@@ -192,12 +211,7 @@ pub async fn repack_redis_streams(url: &str) -> Result<Option<u64>> {
         let mut logs = Vec::new();
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
+            let (next, keys) = scan(&mut conn, cursor).await?;
             // Event logs only: the heartbeat and bus logs are still being
             // written by the live fleet.
             logs.extend(keys.into_iter().filter(|k| {
@@ -270,11 +284,7 @@ async fn redis_usage(nodes: &[String]) -> Result<Usage> {
     };
     let mut points = Vec::new();
     for node in nodes {
-        let client = redis::Client::open(node.as_str()).context("a Redis node URL")?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .with_context(|| format!("connecting to {node}"))?;
+        let mut conn = connect(node).await?;
         let info: String = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut conn)
@@ -286,12 +296,7 @@ async fn redis_usage(nodes: &[String]) -> Result<Usage> {
             .unwrap_or_default();
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
+            let (next, keys) = scan(&mut conn, cursor).await?;
             let mut pipe = redis::pipe();
             for key in &keys {
                 pipe.cmd("MEMORY")
