@@ -212,6 +212,79 @@ async fn a_404_erases_no_journaled_request() {
     );
 }
 
+/// A memory store whose deletes take 300 ms: a store busy enough that a
+/// client's last writes are still under way when the next client reads.
+struct SlowDeletes(MemoryStore);
+
+#[async_trait::async_trait]
+impl mcp_persist_core::KvStore for SlowDeletes {
+    async fn get(
+        &self,
+        key: &mcp_persist_core::Key,
+    ) -> mcp_persist_core::Result<Option<mcp_persist_core::KvEntry>> {
+        self.0.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &mcp_persist_core::Key,
+        value: Vec<u8>,
+        options: mcp_persist_core::PutOptions,
+    ) -> mcp_persist_core::Result<mcp_persist_core::Version> {
+        self.0.put(key, value, options).await
+    }
+    async fn delete(
+        &self,
+        key: &mcp_persist_core::Key,
+        if_version: Option<mcp_persist_core::Version>,
+    ) -> mcp_persist_core::Result<bool> {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.0.delete(key, if_version).await
+    }
+    async fn list(&self, prefix: &str) -> mcp_persist_core::Result<Vec<mcp_persist_core::Key>> {
+        self.0.list(prefix).await
+    }
+}
+
+impl mcp_persist_core::Backend for SlowDeletes {
+    fn backend_name(&self) -> &'static str {
+        "slow-deletes"
+    }
+}
+
+/// On a runtime that runs on one thread (this test's), dropping a client
+/// cannot wait for its store. A client built right after, in the same
+/// process, still starts from what the dropped one ended with: a request
+/// it dismissed is not handed back, however long the store takes to
+/// delete it. (Found failing under load in CI: the next client read the
+/// store while the dismissal was still being written.)
+#[tokio::test]
+async fn a_client_built_right_after_a_drop_starts_from_what_it_ended_with() {
+    let server = client_support::start_server(1).await;
+    let memory = Arc::new(MemoryStore::new());
+    let interrupted = session_with_interrupted_call(&server.url, &memory).await;
+    let store = Arc::new(SlowDeletes(MemoryStore::clone(&memory)));
+    let build = || async {
+        DurableClientBuilder::new(&server.url, store.clone())
+            .build()
+            .await
+            .expect("build")
+    };
+
+    let (transport, handle) = build().await;
+    assert_eq!(handle.interrupted(), vec![interrupted.clone()]);
+    handle.dismiss(&interrupted);
+    drop((transport, handle));
+    for _next in 0..2 {
+        let (_transport, handle) = build().await;
+        assert!(handle.resumed(), "the session is still stored");
+        assert!(
+            handle.interrupted().is_empty(),
+            "a dismissed request came back: {:?}",
+            handle.interrupted()
+        );
+    }
+}
+
 #[tokio::test]
 async fn restarted_server_gives_session_gone_and_end_session_succeeds() {
     forgotten_session_case(Fixture::Rmcp).await;

@@ -241,6 +241,9 @@ impl DurableClientBuilder {
         span: Span,
     ) -> Result<(DurableTransport<C>, ClientHandle), ClientError> {
         let store = self.store;
+        // A client of this server dropped earlier in this process may
+        // still be committing what it ended with.
+        journal::settle(&key).await;
         let health = Arc::new(Health::new());
         let journal = journal::spawn(
             store.clone(),

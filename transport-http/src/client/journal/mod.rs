@@ -29,6 +29,13 @@
 //! shuts down) does the same for what came after. A process that ends
 //! without dropping (SIGKILL, `std::process::exit`) loses what the window
 //! held.
+//!
+//! On a runtime that runs on the dropping thread alone (`#[tokio::test]`,
+//! a `current_thread` runtime) a drop cannot wait: a store driven by that
+//! runtime could not take the writes while the thread blocks. The drop
+//! starts the flush, and the next client built for the same server in
+//! this process awaits it before it reads the store, so a client built
+//! right after another was dropped starts from what that one ended with.
 
 mod writer;
 
@@ -170,6 +177,43 @@ struct Closer {
     /// The client's span, for the warnings of whoever drops the last
     /// sender.
     span: Span,
+    /// The server the journal is kept for: a flush a drop could not wait
+    /// for is settled by the next client built for it.
+    key: ServerKey,
+}
+
+/// Flushes started by a drop that could not wait for them (on a runtime
+/// that runs on the dropping thread alone), each with the server whose
+/// journal it commits. The next client built for that server in this
+/// process awaits them before it reads the store: what the dropped client
+/// dismissed, answered or saved is what the new one starts from.
+static UNSETTLED: Mutex<Vec<(ServerKey, oneshot::Receiver<()>)>> = Mutex::new(Vec::new());
+
+/// Waits (at most [`EXIT_WAIT`] each) for the flushes that dropped clients
+/// of `key` started and could not wait for. Awaited, not blocked on: a
+/// store driven by this runtime makes progress meanwhile.
+pub(crate) async fn settle(key: &ServerKey) {
+    let pending: Vec<_> = {
+        let mut unsettled = lock(&UNSETTLED);
+        let mut mine = Vec::new();
+        let mut others = Vec::new();
+        for (k, mut rx) in unsettled.drain(..) {
+            if matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+                if k == *key {
+                    mine.push(rx);
+                } else {
+                    others.push((k, rx));
+                }
+            }
+        }
+        *unsettled = others;
+        mine
+    };
+    for rx in pending {
+        if tokio::time::timeout(EXIT_WAIT, rx).await.is_err() {
+            warn!(after = ?EXIT_WAIT, "a dropped client's store did not take its last writes in time; reading the store as it is");
+        }
+    }
 }
 
 impl Drop for Closer {
@@ -209,10 +253,26 @@ impl JournalTx {
 
     /// [`flush`](Self::flush) for a drop: blocks the thread until the store
     /// has everything sent before, at most [`EXIT_WAIT`]. On a runtime
-    /// that runs on this thread alone it only starts the flush: a store
-    /// driven by that runtime (Redis) could not make progress while the
-    /// thread waits.
+    /// that runs on this thread alone it only starts the flush, for the
+    /// next client of the server to await: a store driven by that runtime
+    /// (Redis) could not make progress while the thread waits.
     pub(crate) fn flush_blocking(&self) {
+        let alone = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if alone {
+            // Not waited for here; the next client built for the server
+            // in this process awaits it (see [`settle`]).
+            let (tx, rx) = oneshot::channel();
+            if self
+                .tx
+                .send((Instant::now(), Op::Flush(Done::Async(tx))))
+                .is_ok()
+            {
+                self.wake.notify_one();
+                lock(&UNSETTLED).push((self._closer.key.clone(), rx));
+            }
+            return;
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         if self
             .tx
@@ -223,11 +283,7 @@ impl JournalTx {
         }
         self.wake.notify_one();
         let _span = self._closer.span.enter();
-        let alone = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
-        if !alone
-            && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(EXIT_WAIT)
-        {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(EXIT_WAIT) {
             warn!(after = ?EXIT_WAIT, "the client's store did not take its writes in time");
         }
     }
@@ -314,7 +370,7 @@ pub(crate) fn spawn(
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let writer = Writer::new(
         store,
-        key,
+        key.clone(),
         health.clone(),
         delay,
         rx,
@@ -360,6 +416,7 @@ pub(crate) fn spawn(
             wake,
             done: Mutex::new(done),
             span,
+            key,
         }),
     }
 }
