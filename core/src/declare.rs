@@ -189,13 +189,32 @@ impl Eq for Declaration {}
 
 /// Escapes a key component: `%` and `/` become `%25` and `%2F`.
 pub(crate) fn escape(s: &str, out: &mut String) {
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '/' => out.push_str("%2F"),
-            c => out.push(c),
+    // Runs without `%` or `/` are copied whole: a key is built on every
+    // store operation, and most components need no escape at all.
+    let mut rest = s;
+    while let Some(at) = rest.find(['%', '/']) {
+        out.push_str(&rest[..at]);
+        out.push_str(if rest.as_bytes()[at] == b'%' {
+            "%25"
+        } else {
+            "%2F"
+        });
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+}
+
+/// Whether `s` is a component [`escape`] could have written: every `%`
+/// starts `%25` or `%2F`.
+fn escaped_well(s: &str) -> bool {
+    let mut rest = s;
+    while let Some(at) = rest.find('%') {
+        match rest.get(at..at + 3) {
+            Some("%25" | "%2F") => rest = &rest[at + 3..],
+            _ => return false,
         }
     }
+    true
 }
 
 /// Undoes [`escape`]; `None` for a stray `%`.
@@ -248,7 +267,10 @@ impl Declaration {
                 ),
             ));
         }
-        let mut key = String::from(self.prefix);
+        let mut key = String::with_capacity(
+            self.prefix.len() + components.iter().map(|c| c.len() + 1).sum::<usize>(),
+        );
+        key.push_str(self.prefix);
         for (i, c) in components.iter().enumerate() {
             if i > 0 {
                 key.push('/');
@@ -287,9 +309,24 @@ impl Declaration {
         parts.into_iter().map(unescape).collect()
     }
 
-    /// Whether `key` is a key of this kind.
+    /// Whether `key` is a key of this kind: what [`parse`](Self::parse)
+    /// accepts, without unescaping anything (telemetry names the kind of
+    /// every key a store operation touches).
     pub fn matches(&self, key: &str) -> bool {
-        self.parse(key).is_some()
+        if self.components.is_empty() {
+            return key == self.prefix;
+        }
+        let Some(rest) = key.strip_prefix(self.prefix) else {
+            return false;
+        };
+        let mut parts = 0;
+        for part in rest.split('/') {
+            parts += 1;
+            if parts > self.components.len() || part.is_empty() || !escaped_well(part) {
+                return false;
+            }
+        }
+        parts == self.components.len()
     }
 
     /// The name of the log a record of this kind under `key` owns, if any.
@@ -623,6 +660,28 @@ mod tests {
             assert!(d.parse(&format!("{key}/extra")).is_none() || d.components.is_empty());
         }
         assert!(SERVER_SESSION.parse("server/session/a%2").is_none());
+        // `matches` says what `parse` would, for keys of every kind and
+        // damaged ones: bad escapes, empty, missing or extra components.
+        let mut keys: Vec<String> = Vec::new();
+        for d in ALL {
+            let comps: Vec<&str> = odd.iter().copied().take(d.components.len()).collect();
+            let key = d.key(&comps).to_string();
+            keys.extend([
+                format!("{key}/extra"),
+                format!("{key}%"),
+                format!("{key}%2"),
+                format!("{key}%41"),
+                format!("{key}/"),
+                key.replacen('/', "//", 1),
+                d.prefix.to_owned(),
+                key,
+            ]);
+        }
+        for d in ALL {
+            for key in &keys {
+                assert_eq!(d.matches(key), d.parse(key).is_some(), "{} {key:?}", d.kind);
+            }
+        }
         assert!(SERVER_SESSION.parse("server/session/").is_none());
         assert!(SERVER_SESSION.try_key(&["a", "b"]).is_err());
         assert_eq!(
