@@ -380,3 +380,86 @@ async fn a_killed_instances_call_is_unknown_or_run_again_if_declared_safe() -> a
     assert_eq!(runs(&file, "refresh", "k6"), 2);
     Ok(())
 }
+
+/// A handler whose `boom` tool counts its runs, then panics.
+#[derive(Clone, Default)]
+struct Panics(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl rmcp::ServerHandler for Panics {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(
+            rmcp::model::ServerCapabilities::builder()
+                .enable_tools()
+                .build(),
+        )
+    }
+    async fn call_tool(
+        &self,
+        _request: rmcp::model::CallToolRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        panic!("the tool failed in a way it did not expect");
+    }
+}
+
+/// A durable server serving [`Panics`] with `config`, on a free port.
+async fn panicking_server(
+    config: mcp_persist_transport_http::server::ExactlyOnce,
+) -> anyhow::Result<(String, Panics)> {
+    let handler = Panics::default();
+    let server =
+        mcp_persist_transport_http::server::DurableServer::builder(Stores::new(MemoryStore::new()))
+            .exactly_once(config)
+            .build()?;
+    let served = handler.clone();
+    let router =
+        axum::Router::new().nest_service("/mcp", server.service(move || Ok(served.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/mcp", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok((url, handler))
+}
+
+/// A keyed call whose tool panics is settled at once: the attempt that ran
+/// it hears that it panicked; the next attempt hears "outcome unknown" right
+/// away (it used to wait the whole wait limit and hear "still running", for
+/// as long as the instance lived), or runs it again when it is declared
+/// safe to re-run. Never a second run otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_call_whose_tool_panics_is_settled_at_once() -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let limit = Duration::from_secs(3);
+    let config = mcp_persist_transport_http::server::ExactlyOnce::new().wait_limit(limit);
+
+    let (url, tool) = panicking_server(config.clone()).await?;
+    let first = call(&http, &url, "alice", "boom", json!({}), Some("p1")).await?;
+    assert_eq!(code_of(&first), Some(-32603), "{first}");
+    assert_eq!(first["error"]["data"]["idempotencyKey"], "p1", "{first}");
+    for _attempt in 0..2 {
+        let started = std::time::Instant::now();
+        let again = call(&http, &url, "alice", "boom", json!({}), Some("p1")).await?;
+        assert_eq!(
+            code_of(&again),
+            Some(i64::from(OUTCOME_UNKNOWN.0)),
+            "{again}"
+        );
+        assert!(
+            started.elapsed() < limit,
+            "the attempt waited for an answer"
+        );
+    }
+    assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Another key is another call: it runs.
+    let other = call(&http, &url, "alice", "boom", json!({}), Some("p2")).await?;
+    assert_eq!(code_of(&other), Some(-32603), "{other}");
+    assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    let (url, tool) = panicking_server(config.rerunnable(["boom"])).await?;
+    for run in 1..=2 {
+        let answer = call(&http, &url, "alice", "boom", json!({}), Some("p1")).await?;
+        assert_eq!(code_of(&answer), Some(-32603), "{answer}");
+        assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), run);
+    }
+    Ok(())
+}

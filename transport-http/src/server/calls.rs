@@ -17,6 +17,10 @@
 //! * a call whose instance stopped before it answered runs again only if
 //!   its tool was declared safe to re-run ([`ExactlyOnce::rerunnable`]);
 //!   otherwise every attempt is answered [`OUTCOME_UNKNOWN`], for good;
+//! * a tool that panics is a call cut while it ran, settled at once: the
+//!   attempt that ran it gets an internal error, and the next attempt runs
+//!   it again if it is declared safe to re-run, or hears
+//!   [`OUTCOME_UNKNOWN`];
 //! * a keyed call runs to its end even when the client's connection breaks
 //!   (a closed stream is not taken as cancellation for it: the client will
 //!   ask again), and its answer is kept for [`ExactlyOnce::window`];
@@ -657,9 +661,9 @@ impl Calls {
     /// It runs in the task rmcp gave this request, which nothing aborts: a
     /// broken connection does not stop it (the client will ask again), and
     /// its cancellation token is replaced by one nobody cancels. A tool that
-    /// panics is answered with an internal error and its record stays
-    /// running, so a later attempt hears "outcome unknown" once this
-    /// instance is gone, never a second run.
+    /// panics is answered with an internal error, and its call is settled at
+    /// once (see [`panicked`](Self::panicked)): a later attempt never waits
+    /// for an answer that will not come.
     async fn run<H: ServerHandler>(
         self: &Arc<Self>,
         inner: Arc<H>,
@@ -669,13 +673,12 @@ impl Calls {
         running: Stored<CallRecord>,
     ) -> Result<CallToolResponse, ErrorData> {
         context.ct = tokio_util::sync::CancellationToken::new();
-        let outcome = std::panic::AssertUnwindSafe(inner.call_tool(call, context))
+        let Ok(outcome) = std::panic::AssertUnwindSafe(inner.call_tool(call, context))
             .catch_unwind()
             .await
-            .map_err(|_| {
-                warn!(tool = %running.record.tool, "a keyed call's tool panicked; its answer is not kept");
-                ErrorData::internal_error("the tool call stopped without an answer: it panicked", None)
-            })?;
+        else {
+            return Err(self.panicked(&key, &running).await);
+        };
         // The answer goes out while it is being kept: its store write
         // overlaps the response's own (on SQLite the two share a commit).
         // Until it lands another attempt finds the call running here and
@@ -686,6 +689,32 @@ impl Calls {
         let calls = self.clone();
         tokio::spawn(async move { calls.keep(&key, &running, &kept).await }.in_current_span());
         outcome
+    }
+
+    /// Settles a call whose tool panicked here. Whatever the tool did
+    /// before it panicked is done, so a tool not declared safe to re-run has
+    /// an unknown outcome, and every later attempt hears
+    /// [`OUTCOME_UNKNOWN`] at once (left running, each attempt would wait
+    /// [`ExactlyOnce::wait_limit`] and hear [`STILL_RUNNING`], for as long
+    /// as this instance lives). A tool declared safe to re-run is released:
+    /// the next attempt runs it again. The attempt that ran it gets an
+    /// internal error saying it panicked.
+    async fn panicked(&self, key: &CallKey, running: &Stored<CallRecord>) -> ErrorData {
+        let tool = &running.record.tool;
+        let settled = if self.config.rerunnable.contains(tool) {
+            warn!(tool = %tool, "a keyed call's tool panicked; released, so that the next attempt runs it again (declared safe to re-run)");
+            self.store.release(key, running).await
+        } else {
+            warn!(tool = %tool, "a keyed call's tool panicked; its outcome is unknown, and every later attempt is told so");
+            self.store.mark_unknown(key, running).await.map(|_| ())
+        };
+        if let Err(e) = settled {
+            warn!(error = %e, "could not record how a panicked keyed call ended; a later attempt waits for it, then hears it is still running");
+        }
+        ErrorData::internal_error(
+            "the tool call stopped without an answer: it panicked",
+            Some(serde_json::json!({ "idempotencyKey": key.as_str(), "tool": tool })),
+        )
     }
 
     /// Keeps the answer of a call that ran here.
