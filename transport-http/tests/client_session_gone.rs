@@ -6,6 +6,7 @@
 //! the next start is fresh, and rmcp logs no error on the way.
 
 mod client_support;
+mod slow_store;
 
 use std::{
     io::Write,
@@ -16,14 +17,24 @@ use std::{
 use client_support::{Fixture, TestServer};
 use mcp_persist_core::{ClientStateStore, InFlightRequest, MemoryStore, RequestId, ServerKey};
 use mcp_persist_transport_http::client::{
-    ClientHandle, DurableClientBuilder, LostReason, Recovery, RecoveryError, StartKind,
+    ClientHandle, ClientStateSource, DurableClientBuilder, DurableTransport, LostReason, Recovery,
+    RecoveryError, StartKind,
 };
 use rmcp::{ServiceExt, model::CallToolRequestParams};
 use serde_json::json;
+use slow_store::SlowStore;
 
 fn echo(n: i64) -> CallToolRequestParams {
     CallToolRequestParams::new("echo")
         .with_arguments(json!({ "n": n }).as_object().cloned().expect("object"))
+}
+
+/// A new process's durable client of `url`, its state in `store`.
+async fn build(url: &str, store: impl ClientStateSource) -> (DurableTransport, ClientHandle) {
+    DurableClientBuilder::new(url, store)
+        .build()
+        .await
+        .expect("build")
 }
 
 /// A first process: one call, then a clean close that keeps the session.
@@ -170,12 +181,7 @@ async fn a_404_erases_no_journaled_request() {
     let store = Arc::new(MemoryStore::new());
     let interrupted = session_with_interrupted_call(&server.url, &store).await;
     let server = restart(server, Fixture::Rmcp).await;
-    let build = || async {
-        DurableClientBuilder::new(&server.url, store.clone())
-            .build()
-            .await
-            .expect("build")
-    };
+    let build = || build(&server.url, store.clone());
 
     let (transport, handle) = build().await;
     let stale = handle.session_id().expect("stored session");
@@ -212,45 +218,6 @@ async fn a_404_erases_no_journaled_request() {
     );
 }
 
-/// A memory store whose deletes take 300 ms: a store busy enough that a
-/// client's last writes are still under way when the next client reads.
-struct SlowDeletes(MemoryStore);
-
-#[async_trait::async_trait]
-impl mcp_persist_core::KvStore for SlowDeletes {
-    async fn get(
-        &self,
-        key: &mcp_persist_core::Key,
-    ) -> mcp_persist_core::Result<Option<mcp_persist_core::KvEntry>> {
-        self.0.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &mcp_persist_core::Key,
-        value: Vec<u8>,
-        options: mcp_persist_core::PutOptions,
-    ) -> mcp_persist_core::Result<mcp_persist_core::Version> {
-        self.0.put(key, value, options).await
-    }
-    async fn delete(
-        &self,
-        key: &mcp_persist_core::Key,
-        if_version: Option<mcp_persist_core::Version>,
-    ) -> mcp_persist_core::Result<bool> {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        self.0.delete(key, if_version).await
-    }
-    async fn list(&self, prefix: &str) -> mcp_persist_core::Result<Vec<mcp_persist_core::Key>> {
-        self.0.list(prefix).await
-    }
-}
-
-impl mcp_persist_core::Backend for SlowDeletes {
-    fn backend_name(&self) -> &'static str {
-        "slow-deletes"
-    }
-}
-
 /// On a runtime that runs on one thread (this test's), dropping a client
 /// cannot wait for its store. A client built right after, in the same
 /// process, still starts from what the dropped one ended with: a request
@@ -262,13 +229,11 @@ async fn a_client_built_right_after_a_drop_starts_from_what_it_ended_with() {
     let server = client_support::start_server(1).await;
     let memory = Arc::new(MemoryStore::new());
     let interrupted = session_with_interrupted_call(&server.url, &memory).await;
-    let store = Arc::new(SlowDeletes(MemoryStore::clone(&memory)));
-    let build = || async {
-        DurableClientBuilder::new(&server.url, store.clone())
-            .build()
-            .await
-            .expect("build")
-    };
+    // Deletes take 300 ms: the dropped client's last writes are still
+    // under way when the next client reads.
+    let store =
+        Arc::new(SlowStore::new(MemoryStore::clone(&memory)).deletes(Duration::from_millis(300)));
+    let build = || build(&server.url, store.clone());
 
     let (transport, handle) = build().await;
     assert_eq!(handle.interrupted(), vec![interrupted.clone()]);

@@ -3,9 +3,11 @@
 //! answered with a status every official SDK accepts (and 404 when there is
 //! no session to end), and calls of a killed instance ended with an error.
 
+mod slow_store;
 mod support;
 
 use mcp_persist_core::{MemoryStore, Stores};
+use slow_store::SlowStore;
 use support::{Instance, raw_initialize, run_demo_server_if_asked};
 
 #[test]
@@ -536,48 +538,6 @@ async fn durable_client_reports_a_call_in_a_lost_window_as_lost() -> anyhow::Res
     Ok(())
 }
 
-/// A memory store whose writes of SSE stream metadata take 300 ms: the gap
-/// in which an instance could stop between a stream's first event and the
-/// record of the request it answers, made wide enough to see.
-struct SlowStreamRecords(MemoryStore);
-
-#[async_trait::async_trait]
-impl mcp_persist_core::KvStore for SlowStreamRecords {
-    async fn get(
-        &self,
-        key: &mcp_persist_core::Key,
-    ) -> mcp_persist_core::Result<Option<mcp_persist_core::KvEntry>> {
-        self.0.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &mcp_persist_core::Key,
-        value: Vec<u8>,
-        options: mcp_persist_core::PutOptions,
-    ) -> mcp_persist_core::Result<mcp_persist_core::Version> {
-        if mcp_persist_core::declare::EVENT_STREAM.matches(key.as_str()) {
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        }
-        self.0.put(key, value, options).await
-    }
-    async fn delete(
-        &self,
-        key: &mcp_persist_core::Key,
-        if_version: Option<mcp_persist_core::Version>,
-    ) -> mcp_persist_core::Result<bool> {
-        self.0.delete(key, if_version).await
-    }
-    async fn list(&self, prefix: &str) -> mcp_persist_core::Result<Vec<mcp_persist_core::Key>> {
-        self.0.list(prefix).await
-    }
-}
-
-impl mcp_persist_core::Backend for SlowStreamRecords {
-    fn backend_name(&self) -> &'static str {
-        "slow-stream-records"
-    }
-}
-
 /// The request a POST stream answers is in the store as soon as the
 /// stream's first event id can reach the client, so an instance stopping
 /// right after it can never leave a stream whose orphan error could name no
@@ -587,7 +547,13 @@ impl mcp_persist_core::Backend for SlowStreamRecords {
 async fn a_stream_names_its_request_before_its_first_event_goes_out() -> anyhow::Result<()> {
     let memory = MemoryStore::new();
     let stores = Stores::from_parts(
-        std::sync::Arc::new(SlowStreamRecords(memory.clone())),
+        // Writes of SSE stream metadata take 300 ms: the gap in which an
+        // instance could stop between a stream's first event and the
+        // record of the request it answers, made wide enough to see.
+        std::sync::Arc::new(SlowStore::new(memory.clone()).puts_of(
+            &mcp_persist_core::declare::EVENT_STREAM,
+            std::time::Duration::from_millis(300),
+        )),
         Some(std::sync::Arc::new(memory.clone())),
     );
     let instance = Instance::in_process(stores.clone(), &[]).await?;

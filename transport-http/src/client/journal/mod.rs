@@ -237,16 +237,21 @@ impl JournalTx {
         }
     }
 
+    /// Asks the writer to commit everything sent before and then tell
+    /// `done`; false when the writer is gone.
+    fn request_flush(&self, done: Done) -> bool {
+        let sent = self.tx.send((Instant::now(), Op::Flush(done))).is_ok();
+        if sent {
+            self.wake.notify_one();
+        }
+        sent
+    }
+
     /// Waits until everything sent before is in the store (or dropped,
     /// when the store has failed), cutting the window short.
     pub(crate) async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
-        if self
-            .tx
-            .send((Instant::now(), Op::Flush(Done::Async(tx))))
-            .is_ok()
-        {
-            self.wake.notify_one();
+        if self.request_flush(Done::Async(tx)) {
             let _ = rx.await;
         }
     }
@@ -263,25 +268,15 @@ impl JournalTx {
             // Not waited for here; the next client built for the server
             // in this process awaits it (see [`settle`]).
             let (tx, rx) = oneshot::channel();
-            if self
-                .tx
-                .send((Instant::now(), Op::Flush(Done::Async(tx))))
-                .is_ok()
-            {
-                self.wake.notify_one();
+            if self.request_flush(Done::Async(tx)) {
                 lock(&UNSETTLED).push((self._closer.key.clone(), rx));
             }
             return;
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        if self
-            .tx
-            .send((Instant::now(), Op::Flush(Done::Blocking(tx))))
-            .is_err()
-        {
+        if !self.request_flush(Done::Blocking(tx)) {
             return;
         }
-        self.wake.notify_one();
         let _span = self._closer.span.enter();
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(EXIT_WAIT) {
             warn!(after = ?EXIT_WAIT, "the client's store did not take its writes in time");
