@@ -49,7 +49,7 @@ use mcp_persist_core::{
     telemetry::Telemetry,
 };
 use tokio::sync::{Notify, mpsc, oneshot};
-use tracing::{Span, warn};
+use tracing::{Span, debug, warn};
 
 use self::writer::Writer;
 use super::health::{Health, lock};
@@ -209,6 +209,12 @@ pub(crate) async fn settle(key: &ServerKey) {
         *unsettled = others;
         mine
     };
+    if !pending.is_empty() {
+        debug!(
+            flushes = pending.len(),
+            "awaiting the last writes of a client of this server dropped earlier in this process"
+        );
+    }
     for rx in pending {
         if tokio::time::timeout(EXIT_WAIT, rx).await.is_err() {
             warn!(after = ?EXIT_WAIT, "a dropped client's store did not take its last writes in time; reading the store as it is");
