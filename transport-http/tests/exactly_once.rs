@@ -411,6 +411,15 @@ async fn panicking_server(
     let server =
         mcp_persist_transport_http::server::DurableServer::builder(Stores::new(MemoryStore::new()))
             .exactly_once(config)
+            // The principal is the `x-demo-user` header, as in the example
+            // server.
+            .principal_from(|parts| {
+                parts
+                    .headers
+                    .get("x-demo-user")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            })
             .build()?;
     let served = handler.clone();
     let router =
@@ -447,10 +456,15 @@ async fn a_keyed_call_whose_tool_panics_is_settled_at_once() -> anyhow::Result<(
         );
     }
     assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Another principal's attempt under the same key is a call of its
+    // own: it runs, and learns nothing of alice's.
+    let bob = call(&http, &url, "bob", "boom", json!({}), Some("p1")).await?;
+    assert_eq!(code_of(&bob), Some(-32603), "{bob}");
+    assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), 2);
     // Another key is another call: it runs.
     let other = call(&http, &url, "alice", "boom", json!({}), Some("p2")).await?;
     assert_eq!(code_of(&other), Some(-32603), "{other}");
-    assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), 3);
 
     let (url, tool) = panicking_server(config.rerunnable(["boom"])).await?;
     for run in 1..=2 {

@@ -83,6 +83,13 @@
 //!     requests in flight longer than `journal_delay` can come back this
 //!     way. `cargo xtask bench client` measures the window on SQLite.
 //!
+//!   On a current-thread runtime (`#[tokio::test]`, `current_thread`) the
+//!   drop cannot wait, since the runtime's one thread is the one dropping:
+//!   it starts the commit, the client's writer thread finishes it, and the
+//!   next client built for the same server in this process awaits it
+//!   before reading the store, so it starts from what the dropped one
+//!   ended with (a request dismissed there is not listed again).
+//!
 //!   A store whose connection is driven by the application's runtime
 //!   (Redis) cannot take writes once that runtime has stopped, nor while a
 //!   current-thread runtime's one thread waits: with such a store on a
