@@ -140,7 +140,7 @@ pub use secret::Secret;
 pub use stores::{
     AuthStore, BusMessage, BusRetention, CallAnswer, CallKey, CallRecord, CallStatus, CallStore,
     ClientStateStore, DpopKey, EventDurability, EventLog, EventLogConfig, FleetNotice,
-    InstanceLease, InstanceLeases, KeyRing, Liveness, MAX_NOTICE_BYTES, MAX_REQUEST_ID,
+    InstanceLease, InstanceLeases, KeptAnswer, KeyRing, Liveness, MAX_NOTICE_BYTES, MAX_REQUEST_ID,
     NotificationBus, OwnLease, RefreshLease, RefreshOutcome, ResumableOperation,
     ServerSessionStore, SharedKey, SharedKeyStore, Stored, StoredEvent, Stores, TaskId, TaskOwner,
     TaskRecord, TaskStatus, TaskStore, TaskUpdate,

@@ -81,6 +81,77 @@ pub enum CallAnswer {
     Error(serde_json::Value),
 }
 
+/// A call's answer as it is kept: the JSON text `{"result": …}`,
+/// `{"task": …}` or `{"error": …}`, built straight from the answer (no
+/// intermediate [`serde_json::Value`]) or from a [`CallAnswer`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeptAnswer {
+    text: String,
+}
+
+impl std::fmt::Debug for KeptAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptAnswer")
+            .field("bytes", &self.text.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeptAnswer {
+    /// The `result` of a `tools/call` that completed.
+    pub fn result<T: Serialize + ?Sized>(result: &T) -> Result<KeptAnswer> {
+        KeptAnswer::of("result", result)
+    }
+
+    /// The `CreateTaskResult` of a call answered with a task.
+    pub fn task<T: Serialize + ?Sized>(task: &T) -> Result<KeptAnswer> {
+        KeptAnswer::of("task", task)
+    }
+
+    /// The JSON-RPC `error` a call was answered with.
+    pub fn error<T: Serialize + ?Sized>(error: &T) -> Result<KeptAnswer> {
+        KeptAnswer::of("error", error)
+    }
+
+    fn of<T: Serialize + ?Sized>(kind: &str, value: &T) -> Result<KeptAnswer> {
+        let mut text = Vec::with_capacity(256);
+        text.extend_from_slice(b"{\"");
+        text.extend_from_slice(kind.as_bytes());
+        text.extend_from_slice(b"\":");
+        serde_json::to_writer(&mut text, value).map_err(|e| {
+            Error::invalid("call answer", format!("the {kind} does not serialize: {e}"))
+        })?;
+        text.push(b'}');
+        Ok(KeptAnswer {
+            // serde_json writes UTF-8 only.
+            text: String::from_utf8(text).expect("serde_json writes UTF-8"),
+        })
+    }
+
+    /// The size of its JSON text, in bytes.
+    pub fn len(&self) -> usize {
+        self.text.len()
+    }
+
+    /// Whether its text is empty (never, for an answer built here).
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+}
+
+impl From<CallAnswer> for KeptAnswer {
+    fn from(answer: CallAnswer) -> KeptAnswer {
+        let (kind, value) = match answer {
+            CallAnswer::Result(v) => ("result", v),
+            CallAnswer::Task(v) => ("task", v),
+            CallAnswer::Error(v) => ("error", v),
+        };
+        KeptAnswer {
+            text: serde_json::json!({ kind: value }).to_string(),
+        }
+    }
+}
+
 /// One keyed tool call.
 #[derive(Clone, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -340,7 +411,7 @@ impl CallStore {
         &self,
         key: &CallKey,
         running: &Stored<CallRecord>,
-        answer: CallAnswer,
+        answer: impl Into<KeptAnswer>,
     ) -> Result<bool> {
         self.finish_within(key, running, answer, usize::MAX).await
     }
@@ -352,15 +423,10 @@ impl CallStore {
         &self,
         key: &CallKey,
         running: &Stored<CallRecord>,
-        answer: CallAnswer,
+        answer: impl Into<KeptAnswer>,
         limit: usize,
     ) -> Result<bool> {
-        let (kind, value) = match answer {
-            CallAnswer::Result(v) => ("result", v),
-            CallAnswer::Task(v) => ("task", v),
-            CallAnswer::Error(v) => ("error", v),
-        };
-        let text = serde_json::json!({ kind: value }).to_string();
+        let text = answer.into().text;
         let mut record = running.record.clone();
         record.status = CallStatus::Done;
         record.updated_at = Timestamp::now();
@@ -609,6 +675,53 @@ mod tests {
         assert_eq!(done.status, CallStatus::Done);
         assert_eq!(done.answer()?, None);
         assert!(done.answer_not_kept_bytes.is_some_and(|n| n > 100));
+        Ok(())
+    }
+
+    #[test]
+    fn an_answer_encoded_directly_is_kept_as_one_from_a_json_tree() -> Result<()> {
+        #[derive(Serialize)]
+        struct Answer<'a> {
+            content: Vec<&'a str>,
+            #[serde(rename = "isError")]
+            is_error: bool,
+        }
+        let direct = Answer {
+            content: vec!["a \"quoted\" line\n", "ünïcode"],
+            is_error: false,
+        };
+        let tree = serde_json::to_value(&direct).expect("serializes");
+        for (encoded, answer) in [
+            (
+                KeptAnswer::result(&direct)?,
+                CallAnswer::Result(tree.clone()),
+            ),
+            (KeptAnswer::task(&direct)?, CallAnswer::Task(tree.clone())),
+            (KeptAnswer::error(&direct)?, CallAnswer::Error(tree.clone())),
+        ] {
+            // The same bytes as before, so records of either build read alike.
+            assert_eq!(encoded, KeptAnswer::from(answer.clone()));
+            let record = CallRecord {
+                principal: None,
+                tool: "t".into(),
+                digest: "d".into(),
+                status: CallStatus::Done,
+                owner: "i".into(),
+                runs: 1,
+                answer: Some(Secret::new(encoded.text.clone())),
+                answer_not_kept_bytes: None,
+                created_at: Timestamp::now(),
+                updated_at: Timestamp::now(),
+            };
+            assert_eq!(record.answer()?, Some(answer));
+        }
+        // A value that cannot be JSON is a typed error, not a panic.
+        let mut not_json = std::collections::HashMap::new();
+        not_json.insert((1, 2), "tuple keys");
+        assert!(matches!(
+            KeptAnswer::result(&not_json),
+            Err(Error::InvalidInput { .. })
+        ));
         Ok(())
     }
 }

@@ -34,7 +34,7 @@ pub(crate) mod tool_lock;
 pub use bundle::Stores;
 pub use bus::{BusMessage, BusRetention, FleetNotice, MAX_NOTICE_BYTES, NotificationBus};
 pub use calls::{
-    Begin, CallAnswer, CallKey, CallRecord, CallStatus, CallStore, MAX_CALL_KEY_BYTES,
+    Begin, CallAnswer, CallKey, CallRecord, CallStatus, CallStore, KeptAnswer, MAX_CALL_KEY_BYTES,
 };
 pub use client::{ClientStateStore, MAX_REQUEST_ID};
 pub use credentials::{AuthStore, DpopKey, RefreshLease, RefreshOutcome};

@@ -45,7 +45,7 @@ use std::{
 
 use futures::FutureExt;
 use mcp_persist_core::{
-    CallAnswer, CallKey, CallRecord, CallStatus, CallStore, Liveness, Stored, Stores,
+    CallAnswer, CallKey, CallRecord, CallStatus, CallStore, KeptAnswer, Liveness, Stored, Stores,
     stores::Begin, telemetry::Telemetry,
 };
 use rmcp::{
@@ -684,10 +684,13 @@ impl Calls {
         // Until it lands another attempt finds the call running here and
         // waits for it; only if this instance dies in between does a later
         // attempt (of a client that lost this answer) hear "outcome
-        // unknown", as for a call cut while it ran.
-        let kept = outcome.clone();
+        // unknown", as for a call cut while it ran. The answer is encoded
+        // here, once, so the response is neither cloned nor turned into a
+        // JSON tree to be kept.
+        let kept = kept_answer(&outcome);
         let calls = self.clone();
-        tokio::spawn(async move { calls.keep(&key, &running, &kept).await }.in_current_span());
+        let keeping = async move { calls.keep(&key, &running, kept).await }.in_current_span();
+        start_or_spawn(keeping);
         outcome
     }
 
@@ -717,30 +720,24 @@ impl Calls {
         )
     }
 
-    /// Keeps the answer of a call that ran here.
+    /// Keeps the answer of a call that ran here (`None`: it asked for
+    /// input, and is released to be called again under the same key).
     async fn keep(
         &self,
         key: &CallKey,
         running: &Stored<CallRecord>,
-        outcome: &Result<CallToolResponse, ErrorData>,
+        answer: Option<mcp_persist_core::Result<KeptAnswer>>,
     ) {
-        let answer = match outcome {
-            Ok(CallToolResponse::Complete(r)) => serde_json::to_value(r).map(CallAnswer::Result),
-            Ok(CallToolResponse::Task(t)) => serde_json::to_value(t).map(CallAnswer::Task),
-            Err(e) => serde_json::to_value(e).map(CallAnswer::Error),
-            // Input requested (a multi round-trip call): the tool is called
-            // again with the answers, under the same key.
-            Ok(_) => {
+        let answer = match answer {
+            Some(Ok(answer)) => answer,
+            Some(Err(e)) => {
+                warn!(error = %e, "a keyed call's answer does not serialize; not kept");
+                return;
+            }
+            None => {
                 if let Err(e) = self.store.release(key, running).await {
                     warn!(error = %e, "could not release a keyed call that asked for input");
                 }
-                return;
-            }
-        };
-        let answer = match answer {
-            Ok(answer) => answer,
-            Err(e) => {
-                warn!(error = %e, "a keyed call's answer does not serialize; not kept");
                 return;
             }
         };
@@ -766,6 +763,35 @@ impl Calls {
                 }
             }
         }
+    }
+}
+
+/// The answer to keep for `outcome`; `None` for a call that asked the
+/// client for input (a multi round-trip call: the tool is called again
+/// with the answers, under the same key).
+fn kept_answer(
+    outcome: &Result<CallToolResponse, ErrorData>,
+) -> Option<mcp_persist_core::Result<KeptAnswer>> {
+    match outcome {
+        Ok(CallToolResponse::Complete(r)) => Some(KeptAnswer::result(r)),
+        Ok(CallToolResponse::Task(t)) => Some(KeptAnswer::task(t)),
+        Err(e) => Some(KeptAnswer::error(e)),
+        Ok(_) => None,
+    }
+}
+
+/// Runs `work` on this task as far as it goes without waiting, and spawns
+/// the rest only if it has to wait. A store that answers at once (memory)
+/// costs no task and no wake-up of another worker; on one that waits
+/// (SQLite, Redis) the write is already handed to the store when the
+/// response goes out.
+fn start_or_spawn(work: impl Future<Output = ()> + Send + 'static) {
+    let mut work = Box::pin(work);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if work.as_mut().poll(&mut cx).is_pending() {
+        // Polled again at once by the runtime, which registers its own
+        // waker with whatever the first poll waits on.
+        tokio::spawn(work);
     }
 }
 
