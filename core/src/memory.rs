@@ -57,8 +57,11 @@ struct Inner {
 #[derive(Default)]
 struct State {
     kv: HashMap<Key, KvSlot>,
-    /// Last version handed out per key, kept after deletes so versions never repeat.
-    versions: HashMap<Key, u64>,
+    /// The last version handed out, by any key: versions never repeat, not
+    /// even for a key deleted and written again, and nothing is kept for a
+    /// key once it is gone (a per-key counter kept after deletes grew by one
+    /// entry for every key ever written).
+    last_version: u64,
     logs: HashMap<Key, Log>,
 }
 
@@ -147,9 +150,8 @@ impl KvStore for MemoryStore {
         let mut state = self.state();
         let current = state.live_kv(key, now).map(|s| Version::new(s.version));
         mode.check(key, current)?;
-        let version = state.versions.entry(key.clone()).or_default();
-        *version += 1;
-        let version = *version;
+        state.last_version += 1;
+        let version = state.last_version;
         state.kv.insert(
             key.clone(),
             KvSlot {
@@ -320,5 +322,56 @@ mod tests {
         log.append(&l, vec![b"r".to_vec()], None).await.unwrap();
         assert_eq!(kv.get(&k).await.unwrap().unwrap().value, b"v");
         assert_eq!(log.read_after(&l, 0, 1).await.unwrap()[0].data, b"r");
+    }
+
+    /// A long-lived process writing keys it never writes again (a stream,
+    /// a keyed call each) keeps nothing of them once they are deleted or
+    /// expired and swept, and a key written again after its delete gets a
+    /// version its old one cannot stand in for.
+    #[tokio::test]
+    async fn nothing_is_kept_of_a_key_once_it_is_gone() {
+        let store = MemoryStore::new();
+        let mut first = None;
+        for i in 0..1000 {
+            let k = Key::new(format!("once-{i}")).unwrap();
+            let ttl = (i % 2 == 0).then_some(Duration::from_millis(1));
+            let v = store
+                .put(
+                    &k,
+                    b"v".to_vec(),
+                    PutOptions::new(PutMode::Create).with_ttl(ttl),
+                )
+                .await
+                .unwrap();
+            first.get_or_insert((k.clone(), v));
+            if ttl.is_none() {
+                assert!(store.delete(&k, Some(v)).await.unwrap());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(store.sweep_expired().await.unwrap(), 500);
+        {
+            let state = store.state();
+            assert_eq!((state.kv.len(), state.logs.len()), (0, 0));
+        }
+        let (k, old) = first.unwrap();
+        let new = store
+            .put(&k, b"w".to_vec(), PutOptions::new(PutMode::Create))
+            .await
+            .unwrap();
+        assert_ne!(new, old);
+        let stale = store
+            .put(&k, b"x".to_vec(), PutOptions::new(PutMode::Update(old)))
+            .await;
+        assert!(
+            matches!(stale, Err(crate::Error::Conflict { .. })),
+            "{stale:?}"
+        );
+        assert!(
+            !store
+                .delete(&k, Some(old))
+                .await
+                .is_ok_and(|deleted| deleted)
+        );
     }
 }
