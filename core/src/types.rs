@@ -88,6 +88,15 @@ impl SessionId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id as log lines name it: the first 16 hex digits of its SHA-256
+    /// ([`hash_session_id`](crate::telemetry::hash_session_id)), as spans
+    /// do by default. Enough to follow one session through the logs, and
+    /// useless to present to a server: a session id lets whoever holds it
+    /// act in the session, and log lines reach wherever spans are exported.
+    pub fn hashed(&self) -> String {
+        crate::telemetry::hash_session_id(&self.0)
+    }
 }
 
 impl<'de> Deserialize<'de> for SessionId {

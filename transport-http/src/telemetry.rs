@@ -23,7 +23,10 @@
 //! | `store {operation}` | client | DEBUG | each backend call (`db.system.name`, `db.operation.name`, `mcp_persist.record.kind`) |
 //!
 //! Session ids appear hashed by default
-//! ([`SessionIds`](mcp_persist_core::telemetry::SessionIds)); tokens,
+//! ([`SessionIds`](mcp_persist_core::telemetry::SessionIds)); log lines
+//! name a session by the same hash
+//! ([`SessionId::hashed`](mcp_persist_core::SessionId::hashed)), whatever
+//! that setting says, since an exporter sends them as span events. Tokens,
 //! verifiers, keys, idempotency keys and store keys never appear.
 //!
 //! # One trace across a restart

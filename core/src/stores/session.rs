@@ -90,7 +90,7 @@ impl ServerSessionStore {
             Some(self.idle_ttl),
         )
         .await?;
-        debug!(session = %session.session_id, "stored new server session");
+        debug!(session = %session.session_id.hashed(), "stored new server session");
         Ok(())
     }
 

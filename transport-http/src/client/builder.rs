@@ -469,7 +469,7 @@ async fn load(
             memory_ids(&stored, ids.block())
         }
     };
-    info!(session = %stored.session_id, next_id = ids.start, "resuming stored session");
+    info!(session = %stored.session_id.hashed(), next_id = ids.start, "resuming stored session");
     let session_id = seed.session_id.clone();
     session.install_seed(seed, ids);
     if let Some(event) = stored.last_event_ids.get(STANDALONE_STREAM) {

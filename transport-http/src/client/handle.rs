@@ -208,7 +208,7 @@ impl ClientHandle {
                 .await;
             session.ended(&id);
             self.flush().await;
-            info!(session = %id, "session ended by the application");
+            info!(session = %id.hashed(), "session ended by the application");
             match sent {
                 Ok(()) | Err(WireError::SessionGone) | Err(WireError::EventsGone) => Ok(()),
                 Err(WireError::Other(source)) => Err(ClientError::EndSession { source }),

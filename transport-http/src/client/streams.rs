@@ -164,7 +164,7 @@ impl Streams {
             return None;
         };
         let cursor = self.session.take_standalone_cursor(session)?;
-        info!(session = %session, "resuming the standalone stream where the previous process stopped");
+        info!(session = %session.hashed(), "resuming the standalone stream where the previous process stopped");
         Some(cursor)
     }
 }
@@ -202,7 +202,7 @@ fn session_gone_quietly<E: std::error::Error + Send + Sync + 'static>(
     if http_status(&error) != Some(404) {
         return error;
     }
-    info!(session = ?owner.session().map(SessionId::as_str),
+    info!(session = ?owner.session().map(SessionId::hashed),
         "GET answered 404: the server no longer knows the session; the next request re-initializes");
     StreamableHttpError::ServerDoesNotSupportSse
 }

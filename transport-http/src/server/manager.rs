@@ -293,7 +293,7 @@ impl SessionManager for DurableSessionManager {
         if self.store.touch(&stored_id).await? {
             return Ok(true);
         }
-        info!(session = %stored_id, "session expired or ended elsewhere; closing it here");
+        info!(session = %stored_id.hashed(), "session expired or ended elsewhere; closing it here");
         self.drop_local(id).await?;
         Ok(false)
     }
@@ -381,12 +381,12 @@ impl SessionManager for DurableSessionManager {
         match local.restore_session(id.clone()).await? {
             RestoreOutcome::Restored(transport) => {
                 sessions.insert(id, Held { local, events });
-                info!(session = %stored_id, "restoring session from the shared store");
+                info!(session = %stored_id.hashed(), "restoring session from the shared store");
                 Ok(RestoreOutcome::Restored(SessionTransport::new(transport)))
             }
             RestoreOutcome::AlreadyPresent => Ok(RestoreOutcome::AlreadyPresent),
             _ => {
-                debug!(session = %stored_id, "rmcp declined to restore the session");
+                debug!(session = %stored_id.hashed(), "rmcp declined to restore the session");
                 Ok(RestoreOutcome::NotSupported)
             }
         }

@@ -103,7 +103,7 @@ impl DurableSessionStore {
                 reason: "initialize params do not parse".into(),
                 source: Some(Box::new(e)),
             })?;
-        debug!(session = %id, "loaded session for restore");
+        debug!(session = %id.hashed(), "loaded session for restore");
         Ok(Some(SessionState::new(params)))
     }
 }
@@ -149,7 +149,7 @@ impl RmcpSessionStore for DurableSessionStore {
                 let existing = self.sessions.load(&id).await?;
                 match existing {
                     Some(old) if old.principal != session.principal => {
-                        warn!(session = %id, "refusing to rebind a stored session to another principal");
+                        warn!(session = %id.hashed(), "refusing to rebind a stored session to another principal");
                         Err(Box::new(Error::invalid(
                             "session id",
                             "it is bound to another principal",
@@ -159,7 +159,7 @@ impl RmcpSessionStore for DurableSessionStore {
                 }
             }
             Err(e) => {
-                error!(session = %id, error = %e, "could not store the new session; it cannot be restored elsewhere");
+                error!(session = %id.hashed(), error = %e, "could not store the new session; it cannot be restored elsewhere");
                 Err(Box::new(e))
             }
         }
@@ -173,7 +173,7 @@ impl RmcpSessionStore for DurableSessionStore {
         match self.sessions.delete(&id).await {
             Ok(true) => {
                 DeleteOutcome::record(Deleted::Ended);
-                debug!(session = %id, "deleted session");
+                debug!(session = %id.hashed(), "deleted session");
                 Ok(())
             }
             Ok(false) => {

@@ -82,7 +82,7 @@ impl Lifecycle {
         if post.session_id.is_none()
             && let Some(seed) = self.state.take_seed()
         {
-            info!(session = %seed.session_id, "resuming stored session: answering initialize from the store");
+            info!(session = %seed.session_id.hashed(), "resuming stored session: answering initialize from the store");
             let answer = ServerJsonRpcMessage::response(
                 ServerResult::InitializeResult(seed.result),
                 init_id,
@@ -168,7 +168,7 @@ impl Lifecycle {
         if let Ok(version) = ProtocolVersion::new(result.protocol_version.as_str().to_owned()) {
             self.verdict.set(ServerProfile::new(version.era(), version));
         }
-        info!(session = %session_id, "new session initialized");
+        info!(session = %session_id.hashed(), "new session initialized");
         self.health.notify(ClientNotice::NewSession {
             session_id,
             replaced,
@@ -181,7 +181,7 @@ impl Lifecycle {
         if !self.state.expire(session_id) {
             return;
         }
-        warn!(session = %session_id,
+        warn!(session = %session_id.hashed(),
             "server answered 404: the session and its server-side state are gone; re-initializing");
         self.journal.forget_session(session_id);
         self.health.notify(ClientNotice::SessionExpired {
