@@ -60,6 +60,27 @@ pub fn encode<T: Record>(record: &T) -> Result<Vec<u8>> {
     .map_err(|e| Error::invalid("record", format!("{} does not serialize: {e}", T::KIND)))
 }
 
+/// Encodes one SSE event's record straight from its message: the same
+/// bytes (up to the order of object keys) as an [`EventRecord`] holding
+/// the message as a JSON tree, without building that tree first.
+pub(crate) fn encode_event<P: Serialize + ?Sized>(payload: &P) -> Result<Vec<u8>> {
+    #[derive(Serialize)]
+    struct EventRecordOut<'a, P: ?Sized> {
+        payload: &'a P,
+    }
+    serde_json::to_vec(&EnvelopeOut {
+        kind: EventRecord::KIND,
+        schema: EventRecord::SCHEMA,
+        record: &EventRecordOut { payload },
+    })
+    .map_err(|e| {
+        Error::invalid(
+            "record",
+            format!("{} does not serialize: {e}", EventRecord::KIND),
+        )
+    })
+}
+
 /// Decodes a record read from `key`, checking kind and schema version.
 pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T> {
     let envelope: EnvelopeIn = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {

@@ -391,7 +391,17 @@ impl EventId {
 
 impl fmt::Display for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}-{}", hex(&self.token), self.seq, self.stream)
+        // Sent with every event: the token's digits are written from the
+        // stack rather than from a string of their own.
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut token = [0u8; 32];
+        for (pair, b) in token.chunks_exact_mut(2).zip(self.token) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0xf)];
+        }
+        f.write_str(std::str::from_utf8(&token).map_err(|_| fmt::Error)?)?;
+        write!(f, "-{}-", self.seq)?;
+        f.write_str(&self.stream)
     }
 }
 

@@ -8,11 +8,13 @@ use std::{
     time::Duration,
 };
 
+use serde::Serialize;
+
 use super::{Stored, read, write};
 use crate::retry::retry_cas;
 use crate::{
     Key, KvStore, LogStore, PutMode, Result, declare,
-    records::{EventRecord, StreamMeta, encode},
+    records::{StreamMeta, encode_event},
     types::{EventId, SessionId},
 };
 
@@ -273,13 +275,18 @@ impl EventLog {
 
     /// Stores one event of `stream` (owned by `session`, when the server has
     /// sessions) and returns its id. Committed before it returns.
-    pub async fn append(
+    ///
+    /// `payload` is the event's JSON-RPC message (or `null`, for a priming
+    /// event), encoded straight from its own type: a message need not be
+    /// turned into a [`serde_json::Value`] first. Replay returns it as one.
+    pub async fn append<P: Serialize + ?Sized + Sync>(
         &self,
         stream: &str,
         session: Option<&SessionId>,
-        payload: &serde_json::Value,
+        payload: &P,
     ) -> Result<EventId> {
-        self.append_with(stream, session, payload, None).await
+        let data = encode_event(payload)?;
+        self.append_with(stream, session, data, None).await
     }
 
     /// Stores the first event of a request's stream, like
@@ -290,15 +297,15 @@ impl EventLog {
     /// is no moment in which the stream exists but its request is unknown.
     /// On a stream that already exists it is `append`, and `request` is not
     /// recorded (see [`describe_request`](Self::describe_request)).
-    pub async fn append_opening(
+    pub async fn append_opening<P: Serialize + ?Sized + Sync>(
         &self,
         stream: &str,
         session: Option<&SessionId>,
-        payload: &serde_json::Value,
+        payload: &P,
         request: &serde_json::Value,
     ) -> Result<EventId> {
-        self.append_with(stream, session, payload, Some(request))
-            .await
+        let data = encode_event(payload)?;
+        self.append_with(stream, session, data, Some(request)).await
     }
 
     /// Whether this instance has `stream` in its cache of streams it wrote
@@ -311,13 +318,10 @@ impl EventLog {
         &self,
         stream: &str,
         session: Option<&SessionId>,
-        payload: &serde_json::Value,
+        data: Vec<u8>,
         request: Option<&serde_json::Value>,
     ) -> Result<EventId> {
         crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
-        let data = encode(&EventRecord {
-            payload: payload.clone(),
-        })?;
         if let EventDurability::Pipelined { window } = self.config.durability {
             match self.pipelined_token(stream, session).await? {
                 PipelinedStart::Numbered(token, new_meta) => {
@@ -370,7 +374,10 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::{Backend, LogRecord, MemoryStore, PutOptions};
+    use crate::{
+        Backend, LogRecord, MemoryStore, PutOptions,
+        records::{EventRecord, encode},
+    };
 
     /// A memory log that notes, when a log is deleted, whether the stream's
     /// metadata was still there.
@@ -526,6 +533,63 @@ mod tests {
             events.replay_after(&ids[2].to_string(), None).await,
             Err(Error::NotFound { .. })
         ));
+    }
+
+    /// A message appended as its own type is stored as the record its JSON
+    /// tree made before, and replays as that tree; a priming event (no
+    /// message) is `null`.
+    #[tokio::test]
+    async fn an_event_encoded_from_its_type_replays_as_its_json_tree() {
+        #[derive(Serialize)]
+        struct Progress<'a> {
+            jsonrpc: &'a str,
+            method: &'a str,
+            params: (f64, Option<u8>, &'a str),
+        }
+        let store = MemoryStore::new();
+        let events = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+            EventLogConfig::default(),
+        );
+        let typed = Progress {
+            jsonrpc: "2.0",
+            method: "notifications/progress",
+            params: (0.5, None, "h\u{e9}llo \"w\"\n"),
+        };
+        let tree = serde_json::to_value(&typed).expect("a JSON tree");
+        let first = events
+            .append("s", None, &None::<&Progress<'_>>)
+            .await
+            .expect("priming");
+        events.append("s", None, &typed).await.expect("typed");
+        events.append("s", None, &tree).await.expect("tree");
+        let replayed = events
+            .replay_after(&first.to_string(), None)
+            .await
+            .expect("replay");
+        assert_eq!(replayed.len(), 2);
+        assert_eq!(replayed[0].payload, tree);
+        assert_eq!(replayed[1].payload, tree);
+        // The record itself decodes as the record a tree made.
+        let stored = store
+            .read_after(&log_name("s").expect("name"), 0, 10)
+            .await
+            .expect("read");
+        let records: Vec<EventRecord> = stored
+            .iter()
+            .map(|r| {
+                crate::records::decode(&log_name("s").expect("name"), &r.data).expect("decode")
+            })
+            .collect();
+        assert_eq!(records[0].payload, serde_json::Value::Null);
+        assert_eq!(
+            records[1],
+            EventRecord {
+                payload: tree.clone()
+            }
+        );
+        assert_eq!(records[1], records[2]);
     }
 
     /// Plants a stream as 0.1 wrote it (metadata without `last_seq`) with
