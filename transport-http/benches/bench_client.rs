@@ -12,8 +12,9 @@
 //! * exactly-once: steady-state tool calls/s of the durable client against
 //!   a durable server (in memory, and on a SQLite file fsynced at every
 //!   commit or only at checkpoints) with keyed calls
-//!   deduplicated (a call record read and written twice per call) against
-//!   the same server with deduplication off, in the same run;
+//!   deduplicated (a call record written twice per call: begun before the
+//!   tool runs, its answer kept after) against the same server with
+//!   deduplication off, in the same run;
 //! * answered-mark window: for a call in flight longer than the journal's
 //!   window (so journaled), how long after the answer reached the
 //!   application its entry leaves the store. A SIGKILL within that window
