@@ -226,12 +226,32 @@ pub struct PutOptions {
     /// Expire the record this long after the write; `None` (the default)
     /// keeps it until deleted, and clears any TTL the key had.
     pub ttl: Option<Duration>,
+    /// Whether the backend may acknowledge the write before it reaches the
+    /// disk (default `false`: it is on disk when `put` returns). For a
+    /// write whose loss in a power cut is covered otherwise: a backend that
+    /// commits in order (SQLite's write-ahead log) makes it durable with
+    /// its next synced commit, as [`LogStore::append_unsynced`] does for
+    /// logs. A backend that honours it must still keep an acknowledged
+    /// write through a crash of the process; one that cannot tell syncs it
+    /// like any other write.
+    pub unsynced: bool,
 }
 
 impl PutOptions {
     /// A write with precondition `mode` and no TTL.
     pub const fn new(mode: PutMode) -> Self {
-        PutOptions { mode, ttl: None }
+        PutOptions {
+            mode,
+            ttl: None,
+            unsynced: false,
+        }
+    }
+
+    /// The same write, which the backend may acknowledge before it
+    /// reaches the disk (see [`unsynced`](Self#structfield.unsynced)).
+    pub fn unsynced(mut self) -> Self {
+        self.unsynced = true;
+        self
     }
 
     /// The same write, expiring `ttl` after it (`None`: never).

@@ -166,6 +166,10 @@ pub enum Durability {
     /// `PRAGMA synchronous = FULL`: every commit fsyncs the write-ahead log.
     /// An acknowledged write survives a crash of the process, of the operating
     /// system and a power cut. The default; group commit keeps it cheap.
+    /// A write that waives its sync ([`PutOptions::unsynced()`],
+    /// [`LogStore::append_unsynced`]) commits as under `Normal` when its
+    /// whole group does, and is on disk with the next synced commit (the
+    /// log is written in order).
     #[default]
     Full,
     /// `PRAGMA synchronous = NORMAL`: commits reach the operating system but
@@ -471,13 +475,26 @@ impl KvStore for SqliteStore {
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key, mode = ?options.mode))]
     async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
-        let PutOptions { mode, ttl, .. } = options;
+        let PutOptions {
+            mode,
+            ttl,
+            unsynced,
+            ..
+        } = options;
         check_value(&value, DEFAULT_MAX_VALUE_BYTES)?;
         let key = key.clone();
-        self.write(key.len() + value.len(), false, move |conn, ctx| {
-            ops::kv_put(conn, ctx, &key, &value, mode, ttl)
-        })
-        .await
+        // An unsynced put commits without its fsync when its whole batch
+        // waives it; the next synced commit makes it durable (the log is
+        // written in order). Under `Durability::Normal` nothing is synced.
+        self.inner
+            .writer
+            .run_with(
+                key.len() + value.len(),
+                false,
+                !unsynced,
+                move |conn, ctx| ops::kv_put(conn, ctx, &key, &value, mode, ttl),
+            )
+            .await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(backend = NAME, key))]

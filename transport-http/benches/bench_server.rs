@@ -960,8 +960,9 @@ async fn bench() -> anyhow::Result<()> {
                         .await?,
                     );
                 } else {
-                    one.stock
-                        .push(progress_rate(demo::rmcp_default_router(&opts, Arc::default())).await?);
+                    one.stock.push(
+                        progress_rate(demo::rmcp_default_router(&opts, Arc::default())).await?,
+                    );
                     many.stock.push(
                         concurrent_rate(demo::rmcp_default_router(&opts, Arc::default())).await?,
                     );

@@ -199,13 +199,17 @@ async fn crash_loop(opened: impl Future<Output = Opened>) {
                     Some(entry) => (parse_counter(&entry.value), PutMode::Update(entry.version)),
                     None => (0, PutMode::Create),
                 };
-                kv.put(
-                    &counter,
-                    (n + 1).to_string().into_bytes(),
-                    PutOptions::new(mode),
-                )
-                .await
-                .expect("only this task writes the counter");
+                // Every other put may skip its sync: acknowledged, it
+                // survives the process's crash all the same.
+                let options = PutOptions::new(mode);
+                let options = if n % 2 == 1 {
+                    options.unsynced()
+                } else {
+                    options
+                };
+                kv.put(&counter, (n + 1).to_string().into_bytes(), options)
+                    .await
+                    .expect("only this task writes the counter");
                 println!("ACK kv {}", n + 1);
             }
         });
@@ -410,8 +414,9 @@ fn assert_killed(status: std::process::ExitStatus) {
     assert!(!status.success(), "the child exited on its own: {status}");
 }
 
-/// A writer (one task incrementing a counter by compare-and-swap, four
-/// appending to their own logs, synced and unsynced) is killed with SIGKILL
+/// A writer (one task incrementing a counter by compare-and-swap, its puts
+/// synced and unsynced in turn, four appending to their own logs, synced
+/// and unsynced) is killed with SIGKILL
 /// at a random instant, [`kills`] times (`default_kills` unless
 /// `MCP_PERSIST_KILLS` says); after each kill the store, opened afresh,
 /// holds every acknowledged write, in order, and nothing unreadable.

@@ -46,8 +46,8 @@ use tracing::debug;
 
 use super::{Stored, read, write};
 use crate::{
-    Error, Key, KvStore, PutMode, Result, declare,
-    records::Record,
+    Error, Key, KvStore, PutMode, PutOptions, Result, declare,
+    records::{Record, encode},
     secret::Secret,
     types::{Timestamp, hex},
 };
@@ -487,14 +487,19 @@ impl CallStore {
         running: &Stored<CallRecord>,
         record: &CallRecord,
     ) -> Result<bool> {
-        match write(
-            &*self.kv,
-            &key.store_key()?,
-            record,
-            PutMode::Update(running.version),
-            Some(self.window),
-        )
-        .await
+        // Unsynced: the answer goes out while it is kept, so nothing waits
+        // for this write to reach the disk; a store that commits in order
+        // makes it durable with the next synced commit (on a legacy server,
+        // the response's own event, before the client can see it). The
+        // record begun before the tool ran stays synced: that is what keeps
+        // a tool from running twice.
+        let options = PutOptions::new(PutMode::Update(running.version))
+            .with_ttl(Some(self.window))
+            .unsynced();
+        match self
+            .kv
+            .put(&key.store_key()?, encode(record)?, options)
+            .await
         {
             Ok(_) => Ok(true),
             Err(Error::Conflict { .. } | Error::NotFound { .. }) => Ok(false),
@@ -631,6 +636,84 @@ mod tests {
         assert_eq!(
             calls.load(&key).await?.expect("kept").record.answer()?,
             Some(CallAnswer::Result(serde_json::json!({"n": 1})))
+        );
+        Ok(())
+    }
+
+    /// The record begun before the tool runs is written synced (it is what
+    /// keeps the tool from running twice after a power cut); the answer,
+    /// sent while it is kept, may skip the sync; so may nothing else.
+    #[tokio::test]
+    async fn only_the_kept_answer_may_skip_the_sync() -> Result<()> {
+        use std::sync::Mutex;
+
+        use async_trait::async_trait;
+
+        use crate::{Backend, KvEntry, Version};
+
+        #[derive(Default)]
+        struct Noting {
+            store: MemoryStore,
+            unsynced: Mutex<Vec<bool>>,
+        }
+        impl Backend for Noting {
+            fn backend_name(&self) -> &'static str {
+                "noting"
+            }
+        }
+        #[async_trait]
+        impl KvStore for Noting {
+            async fn get(&self, key: &Key) -> Result<Option<KvEntry>> {
+                self.store.get(key).await
+            }
+            async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
+                self.unsynced
+                    .lock()
+                    .expect("not poisoned")
+                    .push(options.unsynced);
+                self.store.put(key, value, options).await
+            }
+            async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {
+                self.store.delete(key, if_version).await
+            }
+            async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
+                self.store.list(prefix).await
+            }
+        }
+
+        let noting = Arc::new(Noting::default());
+        let calls = CallStore::new(noting.clone(), Duration::from_secs(60));
+        let writes = || std::mem::take(&mut *noting.unsynced.lock().expect("not poisoned"));
+        let d = CallStore::digest("t", &serde_json::json!({}));
+        let key = CallKey::new(Some("alice"), "k1")?;
+        let Begin::Started(running) = calls.begin(&key, "t", &d, "i-1").await? else {
+            panic!("a free key starts");
+        };
+        assert_eq!(writes(), [false], "the record is begun synced");
+        assert!(
+            calls
+                .finish(&key, &running, CallAnswer::Result(serde_json::json!(1)))
+                .await?
+        );
+        assert_eq!(writes(), [true], "the answer may skip the sync");
+
+        let other = CallKey::new(Some("alice"), "k2")?;
+        let Begin::Started(running) = calls.begin(&other, "t", &d, "i-1").await? else {
+            panic!("a free key starts");
+        };
+        calls.mark_unknown(&other, &running).await?.expect("marked");
+        let third = CallKey::new(Some("alice"), "k3")?;
+        let Begin::Started(running) = calls.begin(&third, "t", &d, "i-1").await? else {
+            panic!("a free key starts");
+        };
+        calls
+            .take_over(&third, &running, "i-2")
+            .await?
+            .expect("taken");
+        assert_eq!(
+            writes(),
+            [false; 4],
+            "begins, outcomes and takeovers are synced"
         );
         Ok(())
     }

@@ -27,6 +27,18 @@
 //! * another principal's attempt under the same key is a call of its own;
 //!   the same key with other arguments is refused (`-32602`).
 //!
+//! What is on disk when: the record is written before the tool runs, with
+//! the store's full durability (on SQLite's default `Durability::Full`,
+//! fsynced), so not even a power cut lets a tool not declared safe to
+//! re-run run twice. The answer is kept while it is sent, by a write the
+//! store may acknowledge before it syncs it
+//! ([`PutOptions::unsynced`](mcp_persist_core::PutOptions#structfield.unsynced)):
+//! SQLite puts it on disk with its next synced commit, on a legacy server
+//! normally the response's own event, stored before the client can read
+//! it. An instance that stops (or loses power) before the answer is kept
+//! leaves later attempts hearing [`OUTCOME_UNKNOWN`], as for a call cut
+//! while it ran.
+//!
 //! Servers advertise it as the capability extension [`EXACTLY_ONCE`] (in the
 //! `initialize` result and in `server/discover`), so a client knows when a
 //! re-issue is safe. Requests without a key are untouched.
