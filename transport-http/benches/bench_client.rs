@@ -8,7 +8,8 @@
 //! * start and close: the same, up to the client closed and dropped (the
 //!   durable client's last writes committed), the work a process does
 //!   before it exits;
-//! * steady state: sequential tool calls per second;
+//! * steady state: sequential tool calls per second (the median of
+//!   [`STEADY_ROUNDS`] rounds);
 //! * exactly-once: steady-state tool calls/s of the durable client against
 //!   a durable server (in memory, and on a SQLite file fsynced at every
 //!   commit or only at checkpoints) with keyed calls
@@ -20,6 +21,10 @@
 //!   application its entry leaves the store. A SIGKILL within that window
 //!   lists the call again after the restart (answers are delivered at least
 //!   once); a normal exit commits the mark at once.
+//!
+//! Stock rmcp and the durable client are measured in turn, alternating
+//! which goes first (one restart of each, one steady-state round of each),
+//! so that both meet the process as it is at that point.
 //!
 //! Each is measured on plain loopback and through a local TCP proxy that
 //! delays every chunk by 25 ms each way (50 ms per round trip), where saved
@@ -86,6 +91,8 @@ impl ServerHandler for Echo {
 const RESTARTS: usize = 30;
 const RESTARTS_DELAYED: usize = 8;
 const STEADY: Duration = Duration::from_secs(2);
+/// Rounds of steady-state calls, stock and durable in turn.
+const STEADY_ROUNDS: usize = 3;
 const ONE_WAY_DELAY: Duration = Duration::from_millis(25);
 /// Longer than the journal's window (10 ms): the call is journaled.
 const SLOW_CALL: Duration = Duration::from_millis(30);
@@ -416,26 +423,12 @@ async fn measure(
     requests: &AtomicUsize,
 ) -> Result<Figures> {
     let call = || CallToolRequestParams::new("echo");
-    let median = |mut v: Vec<Duration>| {
+    let median_time = |mut v: Vec<Duration>| {
         v.sort();
         v[v.len() / 2]
     };
 
-    // Restart: stock rmcp starts from nothing every time.
-    let mut stock = Vec::new();
-    let mut stock_close = Vec::new();
-    let before = requests.load(Ordering::Relaxed);
-    for _ in 0..restarts {
-        let start = Instant::now();
-        let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
-        client.call_tool(call()).await?;
-        stock.push(start.elapsed());
-        client.cancel().await?;
-        stock_close.push(start.elapsed());
-    }
-    let stock_requests = (requests.load(Ordering::Relaxed) - before) as f64 / restarts as f64;
-
-    // Restart: the durable client reopens its SQLite store and resumes.
+    // The durable client's first start stores the session it resumes.
     {
         let store = Arc::new(SqliteStore::open(db).await?);
         let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
@@ -444,40 +437,70 @@ async fn measure(
         handle.flush().await;
         drop(client);
     }
+    // Restarts, one of each in turn, alternating which goes first, so both
+    // meet the process as it is at that point: stock rmcp starts from
+    // nothing every time; the durable client reopens its SQLite store and
+    // resumes.
+    let mut stock = Vec::new();
+    let mut stock_close = Vec::new();
     let mut durable = Vec::new();
     let mut durable_close = Vec::new();
-    let before = requests.load(Ordering::Relaxed);
-    for _ in 0..restarts {
-        let start = Instant::now();
-        let store = Arc::new(SqliteStore::open(db).await?);
-        let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
-        let client = ().serve(transport).await?;
-        client.call_tool(call()).await?;
-        durable.push(start.elapsed());
-        // What a process returning from `main` does: no flush; the last
-        // drop commits what is pending and waits for it.
-        client.cancel().await?;
-        drop(handle);
-        durable_close.push(start.elapsed());
+    let (mut stock_requests, mut durable_requests) = (0, 0);
+    for i in 0..restarts {
+        for durable_turn in [i % 2 == 1, i % 2 == 0] {
+            let before = requests.load(Ordering::Relaxed);
+            let start = Instant::now();
+            if durable_turn {
+                let store = Arc::new(SqliteStore::open(db).await?);
+                let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
+                let client = ().serve(transport).await?;
+                client.call_tool(call()).await?;
+                durable.push(start.elapsed());
+                // What a process returning from `main` does: no flush; the
+                // last drop commits what is pending and waits for it.
+                client.cancel().await?;
+                drop(handle);
+                durable_close.push(start.elapsed());
+                durable_requests += requests.load(Ordering::Relaxed) - before;
+            } else {
+                let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
+                client.call_tool(call()).await?;
+                stock.push(start.elapsed());
+                client.cancel().await?;
+                stock_close.push(start.elapsed());
+                stock_requests += requests.load(Ordering::Relaxed) - before;
+            }
+        }
     }
-    let durable_requests = (requests.load(Ordering::Relaxed) - before) as f64 / restarts as f64;
+    let stock_requests = stock_requests as f64 / restarts as f64;
+    let durable_requests = durable_requests as f64 / restarts as f64;
 
-    // Steady state.
-    let stock_rate = {
-        let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
-        rate(|| client.call_tool(call())).await?
-    };
-    let durable_rate = {
-        let store = Arc::new(SqliteStore::open(db).await?);
-        let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
-        let client = ().serve(transport).await?;
-        rate(|| client.call_tool(call())).await?
-    };
+    // Steady state, in rounds of one of each, alternating which goes
+    // first; the medians.
+    let mut stock_rates = Vec::new();
+    let mut durable_rates = Vec::new();
+    for round in 0..STEADY_ROUNDS {
+        for durable_turn in [round % 2 == 1, round % 2 == 0] {
+            if durable_turn {
+                let store = Arc::new(SqliteStore::open(db).await?);
+                let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
+                let client = ().serve(transport).await?;
+                durable_rates.push(rate(|| client.call_tool(call())).await?);
+                client.cancel().await?;
+            } else {
+                let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
+                stock_rates.push(rate(|| client.call_tool(call())).await?);
+                client.cancel().await?;
+            }
+        }
+    }
+    let stock_rate = median(stock_rates);
+    let durable_rate = median(durable_rates);
     Ok(Figures {
-        stock_start: median(stock),
-        durable_start: median(durable),
-        stock_start_close: median(stock_close),
-        durable_start_close: median(durable_close),
+        stock_start: median_time(stock),
+        durable_start: median_time(durable),
+        stock_start_close: median_time(stock_close),
+        durable_start_close: median_time(durable_close),
         stock_requests,
         durable_requests,
         stock_rate,
