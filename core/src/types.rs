@@ -393,13 +393,8 @@ impl fmt::Display for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Sent with every event: the token's digits are written from the
         // stack rather than from a string of their own.
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut token = [0u8; 32];
-        for (pair, b) in token.chunks_exact_mut(2).zip(self.token) {
-            pair[0] = DIGITS[usize::from(b >> 4)];
-            pair[1] = DIGITS[usize::from(b & 0xf)];
-        }
-        f.write_str(std::str::from_utf8(&token).map_err(|_| fmt::Error)?)?;
+        f.write_str(hex_into(&self.token, &mut token))?;
         write!(f, "-{}-", self.seq)?;
         f.write_str(&self.stream)
     }
@@ -436,13 +431,20 @@ impl FromStr for EventId {
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut digits = vec![0u8; bytes.len() * 2];
+    hex_into(bytes, &mut digits).to_owned()
+}
+
+/// Writes the lowercase hex digits of `bytes` into `out` (twice as long)
+/// and returns them.
+fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 0xf)] as char);
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
     }
-    s
+    // Only ASCII digits were written.
+    std::str::from_utf8(out).unwrap_or_default()
 }
 
 fn unhex16(s: &str) -> Option<[u8; 16]> {

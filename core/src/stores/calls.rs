@@ -490,7 +490,8 @@ impl CallStore {
         // Unsynced: the answer goes out while it is kept, so nothing waits
         // for this write to reach the disk; a store that commits in order
         // makes it durable with the next synced commit (on a legacy server,
-        // the response's own event, before the client can see it). The
+        // normally the response's own event, stored before the client can
+        // read it). The
         // record begun before the tool ran stays synced: that is what keeps
         // a tool from running twice.
         let options = PutOptions::new(PutMode::Update(running.version))
