@@ -30,7 +30,11 @@
 //! What is on disk when: the record is written before the tool runs, with
 //! the store's full durability (on SQLite's default `Durability::Full`,
 //! fsynced), so not even a power cut lets a tool not declared safe to
-//! re-run run twice. The answer is kept while it is sent, by a write the
+//! re-run run twice. On a legacy server with an event store it is written
+//! beside the request stream's first event (its priming event), which
+//! SQLite then commits with it: the record costs no fsync of its own. A
+//! record so written whose request never reaches the tool is released.
+//! The answer is kept while it is sent, by a write the
 //! store may acknowledge before it syncs it
 //! ([`PutOptions::unsynced`](mcp_persist_core::PutOptions#structfield.unsynced)):
 //! SQLite puts it on disk with its next synced commit, on a legacy server
@@ -184,6 +188,115 @@ impl Calls {
     }
 }
 
+impl Calls {
+    /// Records the keyed call `message` carries (if it is one) alongside
+    /// the first event of its stream: returns the write to run beside that
+    /// event, and leaves in the message's extensions where the handler finds
+    /// its outcome. Without it the record is a commit of its own after the
+    /// stream opened, one more fsync on every keyed call's path on SQLite.
+    ///
+    /// A record begun here that no handler takes (the request was never
+    /// handed to the tool: its stream failed to open, or the service went
+    /// away) is released when the message is dropped, so that the next
+    /// attempt runs the call rather than wait for a run that never started.
+    pub(crate) fn begin_early(
+        self: &Arc<Self>,
+        message: &mut ClientJsonRpcMessage,
+    ) -> Option<futures::future::BoxFuture<'static, ()>> {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return None;
+        };
+        let meta = request.request.get_meta();
+        let ClientRequest::CallToolRequest(call) = &request.request else {
+            return None;
+        };
+        let raw = raw_key(meta, &call.params)?;
+        let principal = call
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| (self.principal)(parts));
+        // A malformed key is refused by the handler, as without this.
+        let key = CallKey::new(principal.as_deref(), &raw).ok()?;
+        let tool = call.params.name.to_string();
+        let arguments =
+            serde_json::Value::Object(call.params.arguments.clone().unwrap_or_default());
+        let digest = CallStore::digest(&tool, &arguments);
+        let early = EarlyBegin(Arc::new(EarlySlot {
+            calls: self.clone(),
+            key,
+            outcome: std::sync::Mutex::default(),
+        }));
+        request.request.extensions_mut().insert(early.clone());
+        let calls = self.clone();
+        Some(Box::pin(async move {
+            if calls.life.ensure_started().await.is_err() {
+                // The handler tries again, and says why it failed.
+                return;
+            }
+            let slot = &early.0;
+            let outcome = calls
+                .store
+                .begin(&slot.key, &tool, &digest, calls.life.id())
+                .await;
+            *slot.lock() = Some(outcome);
+        }))
+    }
+}
+
+/// Where the handler of a keyed call finds the record
+/// [`Calls::begin_early`] wrote for it.
+#[derive(Clone)]
+struct EarlyBegin(Arc<EarlySlot>);
+
+struct EarlySlot {
+    calls: Arc<Calls>,
+    key: CallKey,
+    outcome: std::sync::Mutex<Option<mcp_persist_core::Result<Begin>>>,
+}
+
+impl EarlySlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mcp_persist_core::Result<Begin>>> {
+        self.outcome.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl EarlyBegin {
+    /// The outcome of recording the call under `key`, once; `None` when it
+    /// was not recorded early (or not under this key).
+    fn take(&self, key: &CallKey) -> Option<Begin> {
+        if &self.0.key != key {
+            return None;
+        }
+        match self.0.lock().take()? {
+            Ok(begun) => Some(begun),
+            Err(e) => {
+                debug!(error = %e, "recording a keyed call as its stream opened failed; trying again");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for EarlySlot {
+    fn drop(&mut self) {
+        let Some(Ok(Begin::Started(running))) = self.lock().take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn!(tool = %running.record.tool, "a keyed call recorded as its stream opened never reached its tool, and no runtime is left to release it; later attempts hear that its outcome is unknown");
+            return;
+        };
+        let calls = self.calls.clone();
+        let key = self.key.clone();
+        info!(tool = %running.record.tool, "a keyed call recorded as its stream opened never reached its tool; releasing it, so that the next attempt runs it");
+        runtime.spawn(async move {
+            if let Err(e) = calls.store.release(&key, &running).await {
+                warn!(error = %e, "could not release a keyed call that never reached its tool; a later attempt waits for it, then hears it is still running");
+            }
+        });
+    }
+}
+
 /// An rmcp service that serves keyed `tools/call` requests exactly once and
 /// passes everything else to the handler it wraps, each request in its
 /// span (see [`telemetry`](crate::telemetry));
@@ -228,7 +341,13 @@ impl<H> std::fmt::Debug for KeyedCalls<H> {
 /// is read too). A non-string value is kept as its JSON text, which the key
 /// check then refuses.
 fn key_of(request: &CallToolRequestParams, context: &RequestContext<RoleServer>) -> Option<String> {
-    let value = context.meta.get(IDEMPOTENCY_KEY).or_else(|| {
+    raw_key(&context.meta, request)
+}
+
+/// The idempotency key in `meta` (a request's `_meta`, as rmcp keeps it
+/// apart) or in the params' own `_meta`.
+fn raw_key(meta: &RequestMetaObject, request: &CallToolRequestParams) -> Option<String> {
+    let value = meta.get(IDEMPOTENCY_KEY).or_else(|| {
         request
             .meta
             .as_ref()
@@ -581,11 +700,18 @@ impl Calls {
             .await
             .map_err(|e| store_error("registering this instance", &e))?;
         let deadline = Instant::now() + self.config.wait_limit;
-        let mut begun = self
-            .store
-            .begin(&key, &tool, &digest, self.life.id())
-            .await
-            .map_err(|e| store_error("recording the call", &e))?;
+        let early = context
+            .extensions
+            .get::<EarlyBegin>()
+            .and_then(|early| early.take(&key));
+        let mut begun = match early {
+            Some(begun) => begun,
+            None => self
+                .store
+                .begin(&key, &tool, &digest, self.life.id())
+                .await
+                .map_err(|e| store_error("recording the call", &e))?,
+        };
         loop {
             let stored = match begun {
                 Begin::Started(running) => {
@@ -835,5 +961,110 @@ fn answer_of(record: &CallRecord, key: &CallKey) -> Result<CallToolResponse, Err
             ),
             Some(serde_json::json!({ "idempotencyKey": key.as_str(), "tool": record.tool })),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcp_persist_core::MemoryStore;
+
+    /// A keyed `tools/call` of `echo` under `key`, as rmcp hands it to the
+    /// session manager.
+    fn keyed_call(key: &str) -> ClientJsonRpcMessage {
+        serde_json::from_value(serde_json::json!({
+            "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"n": 1}, "_meta": {IDEMPOTENCY_KEY: key}}
+        }))
+        .expect("a tools/call message")
+    }
+
+    fn calls(stores: &Stores) -> Arc<Calls> {
+        let life = InstanceLife::new(stores, Duration::from_secs(5)).expect("an instance");
+        let principal: Arc<PrincipalFn> = Arc::new(|_: &http::request::Parts| None);
+        Calls::new(stores, life, principal, ExactlyOnce::new()).expect("enabled")
+    }
+
+    fn early_of(message: &ClientJsonRpcMessage) -> EarlyBegin {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            panic!("a request");
+        };
+        request
+            .request
+            .extensions()
+            .get::<EarlyBegin>()
+            .cloned()
+            .expect("the early record's slot")
+    }
+
+    /// Recorded alongside the stream's first event, a call is begun once,
+    /// and its handler takes that record instead of writing another; a
+    /// request that never reached its tool (its message dropped) has its
+    /// record released, so that the next attempt runs the call instead of
+    /// waiting for a run that never started, then hearing it is unknown.
+    #[tokio::test]
+    async fn an_early_record_is_taken_by_its_handler_or_released_when_none_comes() {
+        let stores = Stores::new(MemoryStore::new());
+        let calls = calls(&stores);
+        let key = CallKey::new(None, "k-taken").expect("a key");
+
+        let mut message = keyed_call("k-taken");
+        let begin = calls.begin_early(&mut message).expect("a keyed call");
+        begin.await;
+        let early = early_of(&message);
+        assert!(
+            early
+                .take(&CallKey::new(None, "another").expect("a key"))
+                .is_none(),
+            "another key's handler does not take it"
+        );
+        match early.take(&key) {
+            Some(Begin::Started(running)) => assert_eq!(running.record.tool, "echo"),
+            other => panic!("expected a started call, got {other:?}"),
+        }
+        assert!(early.take(&key).is_none(), "taken once");
+        drop((early, message));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let kept = calls.store.load(&key).await.expect("load");
+        assert_eq!(
+            kept.map(|k| k.record.status),
+            Some(CallStatus::Running),
+            "a taken record stays the handler's"
+        );
+
+        let key = CallKey::new(None, "k-dropped").expect("a key");
+        let mut message = keyed_call("k-dropped");
+        calls.begin_early(&mut message).expect("a keyed call").await;
+        assert!(calls.store.load(&key).await.expect("load").is_some());
+        drop(message);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while calls.store.load(&key).await.expect("load").is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the untaken record was not released"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        match calls
+            .store
+            .begin(
+                &key,
+                "echo",
+                &CallStore::digest("echo", &serde_json::json!({"n": 1})),
+                "next",
+            )
+            .await
+            .expect("begin")
+        {
+            Begin::Started(_) => {}
+            other => panic!("the next attempt should run the call, got {other:?}"),
+        }
+
+        // Not a keyed call: nothing is begun.
+        let mut plain: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
+            "jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "echo"}
+        }))
+        .expect("a tools/call message");
+        assert!(calls.begin_early(&mut plain).is_none());
     }
 }

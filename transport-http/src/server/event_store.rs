@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use futures::future::BoxFuture;
 use mcp_persist_core::{EventId, SessionId, StoredEvent, telemetry::Telemetry};
 use rmcp::{
     model::ServerJsonRpcMessage,
@@ -72,6 +73,9 @@ struct Opening {
     /// One stream opens at a time per session.
     turn: tokio::sync::Mutex<()>,
     request: std::sync::Mutex<Option<serde_json::Value>>,
+    /// A write to run alongside the stream's first event (a keyed call's
+    /// record, see [`Calls::begin_early`](super::calls::Calls::begin_early)).
+    beside: std::sync::Mutex<Option<BoxFuture<'static, ()>>>,
 }
 
 impl std::fmt::Debug for DurableEventStore {
@@ -149,16 +153,30 @@ impl DurableEventStore {
     /// the caller records the request once the stream's first event names
     /// it). Openings in one session take turns; rmcp's session worker stores
     /// their first events one at a time anyway.
+    ///
+    /// `beside`, when given, is written alongside that first event (in one
+    /// commit, on a store that groups the writes waiting together); it is
+    /// dropped unstarted when no first event took the request.
     pub(crate) async fn opening<T>(
         &self,
         request: serde_json::Value,
+        beside: Option<BoxFuture<'static, ()>>,
         open: impl Future<Output = T>,
     ) -> (T, bool) {
         let _turn = self.opening.turn.lock().await;
         *self.opening_request() = Some(request);
+        *self.opening_beside() = beside;
         let opened = open.await;
         let taken = self.opening_request().take().is_none();
+        self.opening_beside().take();
         (opened, taken)
+    }
+
+    fn opening_beside(&self) -> std::sync::MutexGuard<'_, Option<BoxFuture<'static, ()>>> {
+        self.opening
+            .beside
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn opening_request(&self) -> std::sync::MutexGuard<'_, Option<serde_json::Value>> {
@@ -200,12 +218,26 @@ impl RmcpEventStore for DurableEventStore {
         } else {
             self.opening_request().take()
         };
+        let beside = opening.as_ref().and_then(|_| self.opening_beside().take());
         let id = match &opening {
-            Some(request) => {
-                self.events
-                    .append_opening(stream_id, self.session.get(), &payload, request)
-                    .await?
-            }
+            Some(request) => match beside {
+                Some(beside) => {
+                    self.events
+                        .append_opening_beside(
+                            stream_id,
+                            self.session.get(),
+                            &payload,
+                            request,
+                            beside,
+                        )
+                        .await?
+                }
+                None => {
+                    self.events
+                        .append_opening(stream_id, self.session.get(), &payload, request)
+                        .await?
+                }
+            },
             None => {
                 self.events
                     .append(stream_id, self.session.get(), &payload)

@@ -23,6 +23,7 @@ use tokio::sync::RwLock;
 use tracing::{debug, info, warn};
 
 use super::{
+    calls::Calls,
     capability::{ClientFeature, MissingClientCapability},
     event_store::DurableEventStore,
 };
@@ -64,6 +65,7 @@ pub struct DurableSessionManager {
     session_config: SessionConfig,
     store: mcp_persist_core::ServerSessionStore,
     events: Option<DurableEventStore>,
+    calls: Option<Arc<Calls>>,
 }
 
 impl std::fmt::Debug for DurableSessionManager {
@@ -214,7 +216,15 @@ impl DurableSessionManager {
             session_config,
             store,
             events,
+            calls: None,
         }
+    }
+
+    /// The same manager, recording keyed calls (when `calls` is given)
+    /// alongside the first event of their streams.
+    pub(crate) fn with_calls(mut self, calls: Option<Arc<Calls>>) -> Self {
+        self.calls = calls;
+        self
     }
 
     /// How many sessions this instance holds in memory now.
@@ -305,7 +315,7 @@ impl SessionManager for DurableSessionManager {
     async fn create_stream(
         &self,
         id: &SessionId,
-        message: ClientJsonRpcMessage,
+        mut message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         let Held { local, events } = self.held(id).await?;
         let request = match &message {
@@ -323,8 +333,13 @@ impl SessionManager for DurableSessionManager {
         // event comes later (a server configured without priming events).
         let (stream, recorded) = match (&request, &events) {
             (Some(request), Some(events)) => {
+                // A keyed call's record shares the first event's commit.
+                let beside = self
+                    .calls
+                    .as_ref()
+                    .and_then(|calls| calls.begin_early(&mut message));
                 let (stream, recorded) = events
-                    .opening(request.clone(), local.create_stream(id, message))
+                    .opening(request.clone(), beside, local.create_stream(id, message))
                     .await;
                 (stream?, recorded)
             }

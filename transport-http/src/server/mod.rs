@@ -243,16 +243,6 @@ impl DurableServerBuilder {
                 .with_retry(session_config.sse_retry)
                 .with_telemetry(self.stores.telemetry().clone())
         });
-        let manager = Arc::new(DurableSessionManager::new(
-            sessions.clone(),
-            rmcp_events,
-            session_config,
-        ));
-        let mut config = self.config;
-        config.session_store = Some(Arc::new(
-            DurableSessionStore::new(sessions.clone())
-                .with_telemetry(self.stores.telemetry().clone()),
-        ));
         let principal = self
             .principal
             .unwrap_or_else(|| Arc::new(binding::principal_from_extension));
@@ -262,6 +252,15 @@ impl DurableServerBuilder {
             principal.clone(),
             self.exactly_once,
         );
+        let manager = Arc::new(
+            DurableSessionManager::new(sessions.clone(), rmcp_events, session_config)
+                .with_calls(calls.clone()),
+        );
+        let mut config = self.config;
+        config.session_store = Some(Arc::new(
+            DurableSessionStore::new(sessions.clone())
+                .with_telemetry(self.stores.telemetry().clone()),
+        ));
         Ok(DurableServer {
             config,
             manager,

@@ -18,6 +18,10 @@ use crate::{
     types::{EventId, SessionId},
 };
 
+/// Work to run alongside an event's write (see
+/// [`EventLog::append_opening_beside`]).
+type Beside<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
 /// How many streams an instance caches the token of before pruning.
 const STREAM_CACHE_LIMIT: usize = 10_000;
 
@@ -286,7 +290,8 @@ impl EventLog {
         payload: &P,
     ) -> Result<EventId> {
         let data = encode_event(payload)?;
-        self.append_with(stream, session, data, None).await
+        self.append_with(stream, session, data, None, &mut None)
+            .await
     }
 
     /// Stores the first event of a request's stream, like
@@ -304,8 +309,37 @@ impl EventLog {
         payload: &P,
         request: &serde_json::Value,
     ) -> Result<EventId> {
-        let data = encode_event(payload)?;
-        self.append_with(stream, session, data, Some(request)).await
+        self.append_opening_beside(stream, session, payload, request, std::future::ready(()))
+            .await
+    }
+
+    /// [`append_opening`](Self::append_opening), running `beside` alongside
+    /// the event's own write: both start in the same poll, so a backend
+    /// that commits the writes waiting together (SQLite's group commit)
+    /// puts the event and whatever `beside` writes first on disk with one
+    /// commit. `beside` runs to its end exactly once, whatever becomes of
+    /// the event: with its write, or after the append when the append wrote
+    /// nothing at once (a pipelined stream's later events) or failed.
+    pub async fn append_opening_beside<P: Serialize + ?Sized + Sync>(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        payload: &P,
+        request: &serde_json::Value,
+        beside: impl Future<Output = ()> + Send,
+    ) -> Result<EventId> {
+        let mut beside: Option<Beside<'_>> = Some(Box::pin(beside));
+        let appended = match encode_event(payload) {
+            Ok(data) => {
+                self.append_with(stream, session, data, Some(request), &mut beside)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Some(rest) = beside.take() {
+            rest.await;
+        }
+        appended
     }
 
     /// Whether this instance has `stream` in its cache of streams it wrote
@@ -320,6 +354,7 @@ impl EventLog {
         session: Option<&SessionId>,
         data: Vec<u8>,
         request: Option<&serde_json::Value>,
+        beside: &mut Option<Beside<'_>>,
     ) -> Result<EventId> {
         crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
         if let EventDurability::Pipelined { window } = self.config.durability {
@@ -336,12 +371,15 @@ impl EventLog {
                 // on above the numbers of an earlier log of the same name,
                 // and the stream's next events are numbered on from it.
                 PipelinedStart::AtOnce(known) => {
-                    return self.append_now(stream, session, request, known, data).await;
+                    return self
+                        .append_now(stream, session, request, known, data, beside)
+                        .await;
                 }
             }
         }
         let known = self.stream_token(stream).await?;
-        self.append_now(stream, session, request, known, data).await
+        self.append_now(stream, session, request, known, data, beside)
+            .await
     }
 
     /// Deletes a stream and its events.
@@ -679,5 +717,78 @@ mod tests {
                 .await,
             Err(Error::NotFound { .. })
         ));
+    }
+
+    /// What runs beside an opening event runs once, whatever becomes of the
+    /// event: with its write, when it is refused (a bad stream id), and on
+    /// a pipelined stream, whose first event is written at once.
+    #[tokio::test]
+    async fn work_beside_an_opening_event_runs_once_whatever_becomes_of_it() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let store = MemoryStore::new();
+        for durability in [
+            EventDurability::Synced,
+            EventDurability::Pipelined {
+                window: Duration::from_millis(5),
+            },
+        ] {
+            let config = EventLogConfig {
+                durability,
+                ..EventLogConfig::default()
+            };
+            let events = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
+            let ran = Arc::new(AtomicUsize::new(0));
+            let request = serde_json::json!(1);
+            let beside = |ran: &Arc<AtomicUsize>| {
+                let ran = ran.clone();
+                let kv = store.clone();
+                async move {
+                    kv.put(
+                        &Key::new("beside").expect("a key"),
+                        b"x".to_vec(),
+                        PutOptions::default(),
+                    )
+                    .await
+                    .expect("put");
+                    ran.fetch_add(1, Ordering::SeqCst);
+                }
+            };
+            let stream =
+                format!("opened-{durability:?}").replace(|c: char| !c.is_ascii_alphanumeric(), "-");
+            let id = events
+                .append_opening_beside(
+                    &stream,
+                    None,
+                    &serde_json::Value::Null,
+                    &request,
+                    beside(&ran),
+                )
+                .await
+                .expect("append");
+            assert_eq!(ran.load(Ordering::SeqCst), 1, "{durability:?}");
+            assert_eq!(
+                events
+                    .origin(&stream)
+                    .await
+                    .expect("origin")
+                    .and_then(|o| o.request),
+                Some(request.clone()),
+                "the request is recorded with the stream"
+            );
+            let replayed = events.replay_after(&id.to_string(), None).await;
+            assert!(replayed.is_ok(), "{durability:?}: {replayed:?}");
+
+            let refused = events
+                .append_opening_beside(
+                    "bad stream id",
+                    None,
+                    &serde_json::Value::Null,
+                    &request,
+                    beside(&ran),
+                )
+                .await;
+            assert!(refused.is_err(), "a stream id with spaces is refused");
+            assert_eq!(ran.load(Ordering::SeqCst), 2, "it ran even so");
+        }
     }
 }

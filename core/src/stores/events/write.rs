@@ -8,10 +8,38 @@ use crate::{
     records::StreamMeta,
     types::{EventId, SessionId, random_token},
 };
-use std::{sync::Arc, time::Duration};
+use std::{sync::Arc, task::Poll, time::Duration};
 use tracing::{debug, warn};
 
 use super::*;
+
+/// Runs `first` and `beside` together, polling `first` first each time, so
+/// that both hand their writes to the backend in the same poll; returns
+/// `first`'s output once both are done.
+async fn alongside<T>(first: impl Future<Output = T>, mut beside: Option<Beside<'_>>) -> T {
+    let mut first = std::pin::pin!(first);
+    let mut output = None;
+    std::future::poll_fn(|cx| {
+        if output.is_none()
+            && let Poll::Ready(done) = first.as_mut().poll(cx)
+        {
+            output = Some(done);
+        }
+        if let Some(work) = beside.as_mut()
+            && work.as_mut().poll(cx).is_ready()
+        {
+            beside = None;
+        }
+        match (beside.is_none(), output.take()) {
+            (true, Some(done)) => Poll::Ready(done),
+            (_, kept) => {
+                output = kept;
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
 
 impl EventLog {
     /// Stores one event of `stream` at once, given what was `known` of the
@@ -23,16 +51,18 @@ impl EventLog {
         request: Option<&serde_json::Value>,
         known: Option<([u8; 16], u64)>,
         data: Vec<u8>,
+        beside: &mut Option<Beside<'_>>,
     ) -> Result<EventId> {
         let log = log_name(stream)?;
         let retention = Some(self.config.retention);
-        let seqs = if self.config.durability == EventDurability::Written {
-            self.log
-                .append_unsynced(&log, vec![data], retention)
-                .await?
-        } else {
-            self.log.append(&log, vec![data], retention).await?
+        let appending = async {
+            if self.config.durability == EventDurability::Written {
+                self.log.append_unsynced(&log, vec![data], retention).await
+            } else {
+                self.log.append(&log, vec![data], retention).await
+            }
         };
+        let seqs = alongside(appending, beside.take()).await?;
         let seq = *seqs.first().ok_or_else(|| {
             Error::backend(
                 self.log.backend_name(),
