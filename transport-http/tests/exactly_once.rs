@@ -381,17 +381,22 @@ async fn a_killed_instances_call_is_unknown_or_run_again_if_declared_safe() -> a
     Ok(())
 }
 
+/// A server configuration offering tools.
+fn with_tools() -> rmcp::model::ServerConfig {
+    rmcp::model::ServerConfig::new(
+        rmcp::model::ServerCapabilities::builder()
+            .enable_tools()
+            .build(),
+    )
+}
+
 /// A handler whose `boom` tool counts its runs, then panics.
 #[derive(Clone, Default)]
 struct Panics(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
 impl rmcp::ServerHandler for Panics {
     fn get_info(&self) -> rmcp::model::ServerConfig {
-        rmcp::model::ServerConfig::new(
-            rmcp::model::ServerCapabilities::builder()
-                .enable_tools()
-                .build(),
-        )
+        with_tools()
     }
     async fn call_tool(
         &self,
@@ -424,10 +429,7 @@ async fn panicking_server(
     let served = handler.clone();
     let router =
         axum::Router::new().nest_service("/mcp", server.service(move || Ok(served.clone())));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/mcp", listener.local_addr()?);
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    Ok((url, handler))
+    Ok((serve(router).await?, handler))
 }
 
 /// A keyed call whose tool panics is settled at once: the attempt that ran
@@ -472,5 +474,96 @@ async fn a_keyed_call_whose_tool_panics_is_settled_at_once() -> anyhow::Result<(
         assert_eq!(code_of(&answer), Some(-32603), "{answer}");
         assert_eq!(tool.0.load(std::sync::atomic::Ordering::SeqCst), run);
     }
+    Ok(())
+}
+
+/// A handler that answers every tool with "ok", unwrapped.
+#[derive(Clone)]
+struct Plain;
+
+impl rmcp::ServerHandler for Plain {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        with_tools()
+    }
+
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        if request.name == "slow" {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        Ok(
+            rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text("ok")])
+                .into(),
+        )
+    }
+}
+
+/// Serves `router` on a free loopback port; its `/mcp` URL.
+async fn serve(router: axum::Router) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(format!("http://{addr}/mcp"))
+}
+
+/// A keyed call's record is written as its stream opens only when the
+/// server's own `service` wraps the handlers: a server wired by hand from
+/// `session_manager()` to a handler that does not serve keyed calls writes
+/// no record for them (one would be written, then released, on every call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_server_serving_keyed_calls_records_them() -> anyhow::Result<()> {
+    use mcp_persist_core::KvStore as _;
+    use mcp_persist_transport_http::server::DurableServer;
+    let http = reqwest::Client::new();
+    fn keyed(key: &str) -> Value {
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+               "params": {"name": "slow", "arguments": {}, "_meta": {IDEMPOTENCY_KEY: key}}})
+    }
+
+    let store = MemoryStore::new();
+    let by_hand = DurableServer::builder(Stores::new(store.clone())).build()?;
+    let service = rmcp::transport::StreamableHttpService::new(
+        || Ok(Plain),
+        by_hand.session_manager(),
+        by_hand.config(),
+    );
+    let service = tower_layer::Layer::layer(&by_hand.layer(), service);
+    let url = serve(axum::Router::new().nest_service("/mcp", service)).await?;
+    let session = raw_initialize(&http, &url, "alice").await?;
+    let call = {
+        let (http, url, session) = (http.clone(), url.clone(), session.clone());
+        tokio::spawn(async move {
+            support::raw_post(&http, &url, "alice", &session, keyed("hand")).await
+        })
+    };
+    // While the tool runs: a record written early would be there now
+    // (and released only once the request is done).
+    let until = std::time::Instant::now() + Duration::from_millis(300);
+    while std::time::Instant::now() < until {
+        assert!(
+            store.list("server/call/").await?.is_empty(),
+            "no record for a handler that does not serve keyed calls"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = call.await??;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(text_of(&response_of(&body)?)?, "ok");
+
+    let wrapped = DurableServer::builder(Stores::new(store.clone())).build()?;
+    let url =
+        serve(axum::Router::new().nest_service("/mcp", wrapped.service(|| Ok(Plain)))).await?;
+    let session = raw_initialize(&http, &url, "alice").await?;
+    let (status, body) =
+        support::raw_post(&http, &url, "alice", &session, keyed("wrapped")).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        store.list("server/call/").await?.len(),
+        1,
+        "the served keyed call is recorded"
+    );
     Ok(())
 }

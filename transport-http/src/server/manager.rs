@@ -66,6 +66,10 @@ pub struct DurableSessionManager {
     store: mcp_persist_core::ServerSessionStore,
     events: Option<DurableEventStore>,
     calls: Option<Arc<Calls>>,
+    /// Whether handlers that take early records serve this manager's
+    /// requests ([`DurableServer::service`](super::DurableServer::service)
+    /// wraps them so); a manager wired to other handlers writes none.
+    early_records: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for DurableSessionManager {
@@ -217,6 +221,7 @@ impl DurableSessionManager {
             store,
             events,
             calls: None,
+            early_records: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -225,6 +230,13 @@ impl DurableSessionManager {
     pub(crate) fn with_calls(mut self, calls: Option<Arc<Calls>>) -> Self {
         self.calls = calls;
         self
+    }
+
+    /// Keyed calls' handlers ([`KeyedCalls`](super::KeyedCalls)) serve this
+    /// manager's requests from now on: their records may be written early.
+    pub(crate) fn serve_keyed_calls(&self) {
+        self.early_records
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// How many sessions this instance holds in memory now.
@@ -337,6 +349,10 @@ impl SessionManager for DurableSessionManager {
                 let beside = self
                     .calls
                     .as_ref()
+                    .filter(|_| {
+                        self.early_records
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                    })
                     .and_then(|calls| calls.begin_early(&mut message));
                 let (stream, recorded) = events
                     .opening(request.clone(), beside, local.create_stream(id, message))

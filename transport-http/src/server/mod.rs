@@ -369,6 +369,7 @@ impl DurableServer {
     {
         let calls = self.calls.clone();
         let telemetry = self.stores.telemetry().clone();
+        self.manager.serve_keyed_calls();
         let factory = move || {
             factory().map(|handler| KeyedCalls::new(handler, calls.clone(), telemetry.clone()))
         };
