@@ -544,7 +544,10 @@ async fn only_a_server_serving_keyed_calls_records_them() -> anyhow::Result<()> 
     let until = std::time::Instant::now() + Duration::from_millis(300);
     while std::time::Instant::now() < until {
         assert!(
-            store.list("server/call/").await?.is_empty(),
+            store
+                .list(mcp_persist_core::declare::CALL_RECORD.prefix)
+                .await?
+                .is_empty(),
             "no record for a handler that does not serve keyed calls"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -561,7 +564,10 @@ async fn only_a_server_serving_keyed_calls_records_them() -> anyhow::Result<()> 
         support::raw_post(&http, &url, "alice", &session, keyed("wrapped")).await?;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        store.list("server/call/").await?.len(),
+        store
+            .list(mcp_persist_core::declare::CALL_RECORD.prefix)
+            .await?
+            .len(),
         1,
         "the served keyed call is recorded"
     );
