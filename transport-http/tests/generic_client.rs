@@ -9,9 +9,13 @@
 //! * the example server names itself, takes `--help`, and works for a
 //!   client that sends no progress token.
 
+mod slow_store;
 mod support;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use mcp_persist_core::{MemoryStore, Stores};
@@ -27,6 +31,7 @@ use rmcp::{
     },
 };
 use serde_json::{Value, json};
+use slow_store::SlowStore;
 use support::{demo, raw_initialize_as, response_of};
 
 /// How long a refused request may take, at most, in these tests: far less
@@ -488,8 +493,8 @@ async fn the_example_opens_any_store_url_and_the_older_flags() -> anyhow::Result
 }
 
 /// A server whose one tool runs `ask_later` as a resumable task: the first
-/// run waits, a run taken over by another instance asks the client for
-/// elicitation.
+/// run waits, a run taken over by another instance does what [`Rerun`]
+/// says.
 #[derive(Clone)]
 struct TakeoverHandler {
     tasks: mcp_persist_transport_http::server::DurableTasks,
@@ -531,8 +536,22 @@ impl rmcp::ServerHandler for TakeoverHandler {
     }
 }
 
+/// What a run of `ask_later` taken over from a stopped instance does.
+#[derive(Clone, Copy)]
+enum Rerun {
+    /// Asks the client for elicitation.
+    Asks,
+    /// Finishes after 100 ms.
+    Finishes,
+}
+
+/// Every generation of `ask_later` that started, in order.
+type Runs = Arc<Mutex<Vec<u64>>>;
+
 async fn takeover_instance(
     stores: Stores,
+    rerun: Rerun,
+    runs: Runs,
 ) -> anyhow::Result<(
     String,
     mcp_persist_transport_http::server::DurableTasks,
@@ -543,11 +562,17 @@ async fn takeover_instance(
         .build()?;
     let tasks = server
         .tasks()
-        .resumable("ask_later", |cx, _args| {
+        .resumable("ask_later", move |cx, _args| {
+            let runs = runs.clone();
             Box::pin(async move {
+                runs.lock().unwrap_or_else(|p| p.into_inner()).push(cx.generation());
                 if cx.generation() == 1 {
                     // The first run never asks: it waits to be taken over.
                     std::future::pending::<()>().await;
+                }
+                if let Rerun::Finishes = rerun {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    return Ok(rmcp::model::CallToolResult::success(vec![]));
                 }
                 let request = serde_json::from_value(json!({
                     "method": "elicitation/create",
@@ -585,8 +610,10 @@ async fn takeover_instance(
 async fn a_task_taken_over_by_another_instance_knows_what_the_client_declared() -> anyhow::Result<()>
 {
     let stores = Stores::new(MemoryStore::new());
-    let (a, tasks_a, serve_a) = takeover_instance(stores.clone()).await?;
-    let (b, _tasks_b, _serve_b) = takeover_instance(stores).await?;
+    let runs = Runs::default();
+    let (a, tasks_a, serve_a) =
+        takeover_instance(stores.clone(), Rerun::Asks, runs.clone()).await?;
+    let (b, _tasks_b, _serve_b) = takeover_instance(stores, Rerun::Asks, runs).await?;
     let http = reqwest::Client::new();
     let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
     let created = modern(
@@ -628,5 +655,90 @@ async fn a_task_taken_over_by_another_instance_knows_what_the_client_declared() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(failed["result"]["error"]["code"], -32021, "{failed}");
+    Ok(())
+}
+
+/// However many requests notice at once that the instance running a task
+/// stopped, the task is taken over once: its operation runs again one time,
+/// not once per request. The instance taking it over learns 300 ms late
+/// that its write of the record landed, so the other requests read the
+/// record naming it before its run starts (requests in that gap once found
+/// the task "ours, but not running" and took it over again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_noticed_by_many_requests_at_once_is_taken_over_once() -> anyhow::Result<()> {
+    let memory = MemoryStore::new();
+    let runs = Runs::default();
+    let (a, tasks_a, serve_a) =
+        takeover_instance(Stores::new(memory.clone()), Rerun::Finishes, runs.clone()).await?;
+    let late = SlowStore::new(memory.clone())
+        .late_puts_of(&mcp_persist_core::declare::TASK, Duration::from_millis(300));
+    let (b, _tasks_b, _serve_b) = takeover_instance(
+        Stores::from_parts(Arc::new(late), Some(Arc::new(memory.clone()))),
+        Rerun::Finishes,
+        runs.clone(),
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let created = modern(
+        &http,
+        &a,
+        "pollers",
+        caps.clone(),
+        "tools/call",
+        json!({"name": "ask_later", "arguments": {}}),
+    )
+    .await?;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("not a task: {created}"))?
+        .to_owned();
+    tasks_a.shutdown().await;
+    serve_a.abort();
+
+    // Four pollers of B, each at its own pace, until the task completes.
+    let pollers = (0..4u64).map(|n| {
+        let (http, b, caps, task) = (http.clone(), b.clone(), caps.clone(), task.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            loop {
+                let got = modern(
+                    &http,
+                    &b,
+                    "pollers",
+                    caps.clone(),
+                    "tasks/get",
+                    json!({"taskId": task}),
+                )
+                .await?;
+                match got["result"]["status"].as_str() {
+                    Some("completed") => return anyhow::Ok(()),
+                    Some("working") => {}
+                    _ => anyhow::bail!("neither working nor completed: {got}"),
+                }
+                anyhow::ensure!(
+                    started.elapsed() < AT_ONCE,
+                    "the task did not complete within {AT_ONCE:?}: {got}"
+                );
+                tokio::time::sleep(Duration::from_millis(10 + 7 * n)).await;
+            }
+        })
+    });
+    for poller in pollers.collect::<Vec<_>>() {
+        poller.await??;
+    }
+    let started = runs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(started, [1, 2], "the runs that started, by generation");
+    let record = Stores::new(memory)
+        .tasks()?
+        .load(&mcp_persist_core::TaskId::new(task)?)
+        .await?
+        .context("the task record")?
+        .record;
+    assert_eq!(
+        (record.runs, record.owner.generation),
+        (2, 2),
+        "runs and generation the record counts"
+    );
     Ok(())
 }

@@ -12,6 +12,7 @@ use mcp_persist_core::{
 pub(crate) struct SlowStore {
     inner: MemoryStore,
     slow_puts: Option<(&'static Declaration, Duration)>,
+    late_puts: Option<(&'static Declaration, Duration)>,
     slow_deletes: Option<Duration>,
 }
 
@@ -21,6 +22,7 @@ impl SlowStore {
         SlowStore {
             inner,
             slow_puts: None,
+            late_puts: None,
             slow_deletes: None,
         }
     }
@@ -29,6 +31,14 @@ impl SlowStore {
     #[allow(dead_code)] // each test target slows what its gap needs
     pub(crate) fn puts_of(mut self, kind: &'static Declaration, delay: Duration) -> Self {
         self.slow_puts = Some((kind, delay));
+        self
+    }
+
+    /// Puts of records of `kind` are written at once but return only
+    /// `delay` later: the writer learns late what others can already read.
+    #[allow(dead_code)] // each test target slows what its gap needs
+    pub(crate) fn late_puts_of(mut self, kind: &'static Declaration, delay: Duration) -> Self {
+        self.late_puts = Some((kind, delay));
         self
     }
 
@@ -52,7 +62,13 @@ impl KvStore for SlowStore {
         {
             tokio::time::sleep(delay).await;
         }
-        self.inner.put(key, value, options).await
+        let written = self.inner.put(key, value, options).await;
+        if let Some((kind, delay)) = self.late_puts
+            && kind.matches(key.as_str())
+        {
+            tokio::time::sleep(delay).await;
+        }
+        written
     }
 
     async fn delete(&self, key: &Key, if_version: Option<Version>) -> Result<bool> {

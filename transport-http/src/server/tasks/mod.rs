@@ -419,22 +419,49 @@ impl Runtime {
     }
 
     fn register_local(self: &Arc<Self>, id: &TaskId, generation: u64) -> TaskContext {
+        let (entry, ctx) = self.local_entry(id, generation);
+        self.lock_local().insert(id.clone(), entry);
+        ctx
+    }
+
+    /// The bookkeeping of generation `generation` of `id` running here, and
+    /// the context its operation runs with.
+    fn local_entry(self: &Arc<Self>, id: &TaskId, generation: u64) -> (Local, TaskContext) {
         let (cancel, cancel_rx) = watch::channel(false);
-        self.lock_local().insert(
-            id.clone(),
-            Local {
-                generation,
-                waiters: HashMap::new(),
-                cancel,
-                poke: Arc::new(Notify::new()),
-                abort: None,
-            },
-        );
-        TaskContext {
+        let entry = Local {
+            generation,
+            waiters: HashMap::new(),
+            cancel,
+            poke: Arc::new(Notify::new()),
+            abort: None,
+        };
+        let ctx = TaskContext {
             id: id.clone(),
             generation,
             runtime: self.clone(),
             cancel: cancel_rx,
+        };
+        (entry, ctx)
+    }
+
+    /// Registers generation `generation` of `id` as about to run here,
+    /// unless this instance already holds that generation or a newer one
+    /// (another reader is taking the task over): then `None`.
+    fn claim_local(self: &Arc<Self>, id: &TaskId, generation: u64) -> Option<TaskContext> {
+        let mut local = self.lock_local();
+        if local.get(id).is_some_and(|l| l.generation >= generation) {
+            return None;
+        }
+        let (entry, ctx) = self.local_entry(id, generation);
+        local.insert(id.clone(), entry);
+        Some(ctx)
+    }
+
+    /// Gives back a claim whose takeover did not happen.
+    fn unclaim_local(&self, id: &TaskId, generation: u64) {
+        let mut local = self.lock_local();
+        if local.get(id).is_some_and(|l| l.generation == generation) {
+            local.remove(id);
         }
     }
 
@@ -679,6 +706,21 @@ impl Runtime {
         let me = self.instance.clone();
         let lease_expires_at = Timestamp::now().plus(self.grace);
         let takeover = operation.is_some();
+        // A takeover claims the next generation here before the record names
+        // this instance: a reader of the record on this instance between the
+        // write and the run would otherwise find it "ours, but not running"
+        // and take it over again, running the operation twice. A claim
+        // another reader already holds means that reader is taking it over.
+        let claimed = match (&operation, old.generation.checked_add(1)) {
+            (Some(_), Some(next)) => match self.claim_local(&id, next) {
+                Some(ctx) => Some(ctx),
+                None => {
+                    debug!(task = %id, generation = next, "another reader on this instance is taking the task over");
+                    return Ok(record);
+                }
+            },
+            _ => None,
+        };
         let outcome = self
             .store
             .update(&id, |task| {
@@ -698,15 +740,25 @@ impl Runtime {
                 }
                 Ok(true)
             })
-            .await
-            .map_err(|e| store_error("ending an orphaned task", &e))?;
+            .await;
+        let outcome = match outcome {
+            Ok(TaskUpdate::Updated(stored)) => Ok(TaskUpdate::Updated(stored)),
+            other => {
+                // Not ours after all: the claim is given back.
+                if let Some(ctx) = &claimed {
+                    self.unclaim_local(&id, ctx.generation);
+                }
+                other
+            }
+        }
+        .map_err(|e| store_error("ending an orphaned task", &e))?;
         match outcome {
             TaskUpdate::Updated(stored) => {
-                if let Some((operation, arguments)) = operation {
+                if let (Some((operation, arguments)), Some(ctx)) = (operation, claimed) {
                     let generation = stored.record.owner.generation;
+                    debug_assert_eq!(generation, ctx.generation, "the claimed generation");
                     info!(task = %id, dead = %old.instance, generation, "took over a resumable task whose instance stopped");
                     self.telemetry.task_takeover();
-                    let ctx = self.register_local(&id, generation);
                     let span = run_span("mcp_persist.task.takeover", &stored.record, generation);
                     self.clone()
                         .run(id, generation, operation(ctx, arguments), span);
