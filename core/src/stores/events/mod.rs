@@ -31,8 +31,10 @@ const STREAM_CACHE_LIMIT: usize = 10_000;
 pub struct EventLogConfig {
     /// A stream is dropped once this long has passed since its last event.
     pub retention: Duration,
-    /// At most about this many events are kept per stream; older ones are
-    /// dropped (checked every half of this many appends).
+    /// The latest this many events of a stream are kept, and at most about
+    /// one and a half times as many: older ones are dropped every half of
+    /// this many appends (pipelined streams too), without reading the log
+    /// (an instance reads a stream's log once, when it first trims it).
     pub max_events_per_stream: u64,
     /// When an event counts as stored (default [`EventDurability::Synced`]).
     pub durability: EventDurability,
@@ -183,11 +185,88 @@ pub struct StreamOrigin {
 struct StreamCache {
     token: [u8; 16],
     meta_refreshed: tokio::time::Instant,
-    appends_since_trim: u64,
+    /// When the stream is next trimmed, and down to what (under `token`).
+    trimming: Trimming,
     /// The highest sequence number this instance knows the log reached
     /// under `token`: an append given a number not above it found the log
     /// started again (it expired, or was deleted, meanwhile).
     last_seq: u64,
+}
+
+/// The length bound of one stream, kept without reading the log: every
+/// half [`max_events_per_stream`](EventLogConfig::max_events_per_stream)
+/// appends (a period) the highest number this instance knows is marked, and
+/// the log is trimmed through the mark made as many periods ago as hold
+/// `max_events_per_stream` appends. What is dropped is always followed by
+/// at least that many events; a stream holds at most one period more. An
+/// instance new to a stream reads its log once, at its first period's end,
+/// to place the marks its predecessors would have made.
+#[derive(Clone, Copy, Default)]
+struct Trimming {
+    appends: u64,
+    /// Whether the marks were placed (from the log, or counted since).
+    placed: bool,
+    /// The marks, newest first; 0 for none.
+    marks: [u64; 4],
+}
+
+/// What the end of a period calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TrimDue {
+    /// Drop the events numbered up to this.
+    Through(u64),
+    /// Read the log once to place the marks, and trim by what it holds.
+    Read,
+}
+
+impl Trimming {
+    fn period(config: &EventLogConfig) -> u64 {
+        (config.max_events_per_stream.max(1) / 2).max(1)
+    }
+
+    /// How many periods hold `max_events_per_stream` appends (at most 3:
+    /// a period is at least a third of the maximum).
+    fn periods(config: &EventLogConfig) -> usize {
+        let max = config.max_events_per_stream.max(1);
+        usize::try_from(max.div_ceil(Self::period(config))).unwrap_or(usize::MAX)
+    }
+
+    /// Counts the appends numbered `seqs` (in order); at the end of a
+    /// period, what is due.
+    fn counted(&mut self, seqs: &[u64], config: &EventLogConfig) -> Option<TrimDue> {
+        let period = Self::period(config);
+        let mut due = None;
+        for &seq in seqs {
+            self.appends += 1;
+            if self.appends < period {
+                continue;
+            }
+            self.appends = 0;
+            if !self.placed {
+                due = Some(TrimDue::Read);
+                continue;
+            }
+            self.marks.rotate_right(1);
+            self.marks[0] = seq;
+            if let Some(mark) = self.marks.get(Self::periods(config)).filter(|&&m| m > 0) {
+                due = Some(TrimDue::Through(*mark));
+            }
+        }
+        due
+    }
+
+    /// Places the marks from `seqs`, every number the log holds (in
+    /// order), as if this instance had counted every append.
+    fn place(&mut self, seqs: &[u64], config: &EventLogConfig) {
+        let period = usize::try_from(Self::period(config)).unwrap_or(usize::MAX);
+        for (n, mark) in self.marks.iter_mut().enumerate() {
+            *mark = n
+                .checked_mul(period)
+                .and_then(|back| seqs.len().checked_sub(back + 1))
+                .map_or(0, |at| seqs[at]);
+        }
+        self.placed = true;
+    }
 }
 
 impl std::fmt::Debug for EventLog {
@@ -569,6 +648,171 @@ mod tests {
         );
         assert!(matches!(
             events.replay_after(&ids[2].to_string(), None).await,
+            Err(Error::NotFound { .. })
+        ));
+    }
+
+    /// A memory log that counts the reads of it.
+    struct Reads {
+        store: MemoryStore,
+        read: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Backend for Reads {
+        fn backend_name(&self) -> &'static str {
+            "reads"
+        }
+    }
+
+    #[async_trait]
+    impl LogStore for Reads {
+        async fn append(
+            &self,
+            log: &Key,
+            records: Vec<Vec<u8>>,
+            ttl: Option<Duration>,
+        ) -> Result<Vec<u64>> {
+            self.store.append(log, records, ttl).await
+        }
+
+        async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+            self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.store.read_after(log, after, limit).await
+        }
+
+        async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
+            self.store.trim(log, before).await
+        }
+
+        async fn delete_log(&self, log: &Key) -> Result<()> {
+            self.store.delete_log(log).await
+        }
+    }
+
+    /// A long stream is kept to its length with its log read once per
+    /// instance writing it (at the end of its first half-length of appends),
+    /// not once every half-length: however many events were dropped, the
+    /// last `max_events_per_stream` always resume, the stream never holds
+    /// more than about one and a half times as many, and the next instance
+    /// to write it (whose count starts again) trims it as the first did.
+    #[tokio::test]
+    async fn a_long_stream_is_trimmed_reading_its_log_once_per_instance() {
+        let store = MemoryStore::new();
+        let log = Arc::new(Reads {
+            store: store.clone(),
+            read: Default::default(),
+        });
+        let reads = || log.read.load(std::sync::atomic::Ordering::Relaxed);
+        for max in [1u64, 2, 5, 10] {
+            let config = EventLogConfig::new(Duration::from_secs(600), max);
+            let stream = format!("long-{max}");
+            let newest = usize::try_from(max).expect("small");
+            let period = (newest / 2).max(1);
+            let mut ids = Vec::new();
+            for instance in 0..2 {
+                let events = EventLog::new(Arc::new(store.clone()), log.clone(), config);
+                let mut read_appending = 0;
+                for n in 0..40 {
+                    let before = reads();
+                    ids.push(
+                        events
+                            .append(&stream, None, &serde_json::json!([instance, n]))
+                            .await
+                            .expect("append"),
+                    );
+                    read_appending += reads() - before;
+                    let held = store
+                        .read_after(&log_name(&stream).expect("a name"), 0, usize::MAX)
+                        .await
+                        .expect("read the log")
+                        .len();
+                    assert!(
+                        held < newest + 2 * period,
+                        "max {max}, instance {instance}, event {n}: the stream holds {held}"
+                    );
+                    // The last `max` events (after the one before them,
+                    // whose id they follow) still resume, complete.
+                    let from = ids.len().saturating_sub(newest + 1);
+                    let replayed = events
+                        .replay_after(&ids[from].to_string(), None)
+                        .await
+                        .unwrap_or_else(|e| panic!("max {max}, event {n}: {e}"));
+                    assert_eq!(replayed.len(), ids.len() - from - 1, "max {max}, event {n}");
+                }
+                assert_eq!(
+                    read_appending, 1,
+                    "max {max}, instance {instance}: reads of the log while appending"
+                );
+            }
+            // The first events are gone, and replaying from them says so.
+            let events = EventLog::new(Arc::new(store.clone()), log.clone(), config);
+            assert!(
+                matches!(
+                    events.replay_after(&ids[0].to_string(), None).await,
+                    Err(Error::NotFound { .. })
+                ),
+                "max {max}"
+            );
+        }
+    }
+
+    /// A pipelined stream is kept to its length too (its commits count
+    /// its events, and trim it once the events waiting for them are told).
+    #[tokio::test]
+    async fn a_long_pipelined_stream_is_trimmed_too() {
+        let store = MemoryStore::new();
+        let log = Arc::new(Reads {
+            store: store.clone(),
+            read: Default::default(),
+        });
+        let config = EventLogConfig::new(Duration::from_secs(600), 10)
+            .with_durability(EventDurability::PIPELINED);
+        let events = EventLog::new(Arc::new(store.clone()), log.clone(), config);
+        let mut ids = Vec::new();
+        let reads = || log.read.load(std::sync::atomic::Ordering::Relaxed);
+        let mut reads_at_100 = 0;
+        for n in 0..200 {
+            if n == 100 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                reads_at_100 = reads();
+            }
+            ids.push(
+                events
+                    .append("piped", None, &serde_json::json!(n))
+                    .await
+                    .expect("append"),
+            );
+            if n % 7 == 0 {
+                // Commits of several sizes.
+                tokio::time::sleep(Duration::from_millis(12)).await;
+            }
+        }
+        let name = log_name("piped").expect("a name");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let held = loop {
+            let held = store
+                .read_after(&name, 0, usize::MAX)
+                .await
+                .expect("read the log")
+                .len();
+            if held < 20 || tokio::time::Instant::now() >= deadline {
+                break held;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(held < 20, "the stream holds {held} events");
+        assert_eq!(
+            reads(),
+            reads_at_100,
+            "the second hundred events read the log no more"
+        );
+        let replayed = events
+            .replay_after(&ids[189].to_string(), None)
+            .await
+            .expect("the last 10 events resume");
+        assert_eq!(replayed.len(), 10);
+        assert!(matches!(
+            events.replay_after(&ids[0].to_string(), None).await,
             Err(Error::NotFound { .. })
         ));
     }

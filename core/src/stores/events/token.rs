@@ -107,7 +107,7 @@ impl EventLog {
                 StreamCache {
                     token,
                     meta_refreshed: now,
-                    appends_since_trim: cached.map_or(0, |c| c.appends_since_trim),
+                    trimming: cached.map_or_else(Default::default, |c| c.trimming),
                     last_seq,
                 },
             );
@@ -217,13 +217,18 @@ impl EventLog {
             }
         })
         .await?;
-        let appends = self.cached(stream).map_or(0, |c| c.appends_since_trim);
+        // Marks made under another token name numbers of a log that started
+        // again: they are dropped with it.
+        let trimming = self
+            .cached(stream)
+            .filter(|c| c.token == token.0)
+            .map_or_else(Default::default, |c| c.trimming);
         self.cache(
             stream,
             StreamCache {
                 token: token.0,
                 meta_refreshed: now,
-                appends_since_trim: appends,
+                trimming,
                 last_seq: token.1,
             },
         );

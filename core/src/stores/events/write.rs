@@ -70,7 +70,7 @@ impl EventLog {
             )
         })?;
         let token = self.settle(stream, session, request, known, seq).await?;
-        self.after_append(stream).await;
+        self.after_append(stream, &seqs).await;
         Ok(EventId::new(token, seq, stream))
     }
 
@@ -135,7 +135,7 @@ impl EventLog {
             StreamCache {
                 token,
                 meta_refreshed: tokio::time::Instant::now(),
-                appends_since_trim: 0,
+                trimming: Trimming::default(),
                 last_seq: 0,
             },
         );
@@ -323,37 +323,45 @@ impl EventLog {
             {
                 c.last_seq = c.last_seq.max(stored_last);
             }
-            let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(pipe) = pipes.get_mut(stream) else {
-                return;
-            };
-            match outcome {
-                Ok(seqs) if seqs == expected => {}
-                Ok(seqs) => {
-                    // Another writer appended to this stream: the numbers
-                    // sent no longer match the stored ones. Continue after
-                    // what the backend assigned; replays refuse the gap.
-                    warn!(
-                        stream,
-                        ?expected,
-                        ?seqs,
-                        "pipelined events were stored under other numbers than sent"
-                    );
-                    if let Some(stored_last) = seqs.last() {
-                        pipe.next_seq = if seqs.first() < expected.first() {
-                            stored_last.saturating_add(1)
-                        } else {
-                            pipe.next_seq.max(stored_last.saturating_add(1))
-                        };
+            let stored_seqs = outcome.as_ref().ok().cloned();
+            {
+                let mut pipes = self.pipes.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(pipe) = pipes.get_mut(stream) else {
+                    return;
+                };
+                match outcome {
+                    Ok(seqs) if seqs == expected => {}
+                    Ok(seqs) => {
+                        // Another writer appended to this stream: the numbers
+                        // sent no longer match the stored ones. Continue after
+                        // what the backend assigned; replays refuse the gap.
+                        warn!(
+                            stream,
+                            ?expected,
+                            ?seqs,
+                            "pipelined events were stored under other numbers than sent"
+                        );
+                        if let Some(stored_last) = seqs.last() {
+                            pipe.next_seq = if seqs.first() < expected.first() {
+                                stored_last.saturating_add(1)
+                            } else {
+                                pipe.next_seq.max(stored_last.saturating_add(1))
+                            };
+                        }
+                        pipe.committed_through = pipe.next_seq.saturating_sub(1);
                     }
-                    pipe.committed_through = pipe.next_seq.saturating_sub(1);
+                    Err(e) => {
+                        warn!(stream, error = %e, events = expected.len(), "committing pipelined events failed; they are lost")
+                    }
                 }
-                Err(e) => {
-                    warn!(stream, error = %e, events = expected.len(), "committing pipelined events failed; they are lost")
-                }
+                pipe.committed_through = pipe.committed_through.max(last);
+                pipe.committed.notify_waiters();
             }
-            pipe.committed_through = pipe.committed_through.max(last);
-            pipe.committed.notify_waiters();
+            // Kept to its length like a synchronous stream, once the events
+            // that waited for this commit have been told.
+            if let Some(seqs) = stored_seqs {
+                self.after_append(stream, &seqs).await;
+            }
         }
     }
 
@@ -398,34 +406,55 @@ impl EventLog {
         }
     }
 
-    pub(super) async fn after_append(&self, stream: &str) {
+    /// Counts the events just stored in `stream` under `seqs`, and trims
+    /// the stream when that is due.
+    pub(super) async fn after_append(&self, stream: &str, seqs: &[u64]) {
         let due = {
             let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
             let Some(c) = streams.get_mut(stream) else {
                 return;
             };
-            c.appends_since_trim += 1;
-            if c.appends_since_trim >= (self.config.max_events_per_stream / 2).max(1) {
-                c.appends_since_trim = 0;
-                true
-            } else {
-                false
-            }
+            c.trimming
+                .counted(seqs, &self.config)
+                .map(|due| (due, c.token))
         };
-        if due && let Err(e) = self.enforce_length(stream).await {
+        if let Some((due, token)) = due
+            && let Err(e) = self.enforce_length(stream, token, due).await
+        {
             warn!(stream, error = %e, "could not trim event stream to its retention length");
         }
     }
 
-    pub(super) async fn enforce_length(&self, stream: &str) -> Result<()> {
+    /// Drops the oldest events of `stream` (under `token`) as `due` says
+    /// (see `Trimming`): the log is read only to place the marks.
+    async fn enforce_length(&self, stream: &str, token: [u8; 16], due: TrimDue) -> Result<()> {
         let name = log_name(stream)?;
-        let records = self.log.read_after(&name, 0, usize::MAX).await?;
-        let max = usize::try_from(self.config.max_events_per_stream).unwrap_or(usize::MAX);
-        if records.len() <= max {
-            return Ok(());
-        }
-        let first_kept = records[records.len() - max].seq;
-        let last_dropped = records[records.len() - max - 1].seq;
+        let through = match due {
+            TrimDue::Through(through) => through,
+            TrimDue::Read => {
+                let seqs: Vec<u64> = self
+                    .log
+                    .read_after(&name, 0, usize::MAX)
+                    .await?
+                    .iter()
+                    .map(|r| r.seq)
+                    .collect();
+                {
+                    let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(c) = streams.get_mut(stream)
+                        && c.token == token
+                    {
+                        c.trimming.place(&seqs, &self.config);
+                    }
+                }
+                let max =
+                    usize::try_from(self.config.max_events_per_stream.max(1)).unwrap_or(usize::MAX);
+                match seqs.len().checked_sub(max.saturating_add(1)) {
+                    Some(last_dropped) => seqs[last_dropped],
+                    None => return Ok(()),
+                }
+            }
+        };
         // Record the bound before dropping, so a replay never silently skips.
         let key = &meta_key(stream)?;
         let recorded = retry_cas(key, 8, move || async move {
@@ -436,7 +465,10 @@ impl EventLog {
             else {
                 return Ok(false);
             };
-            record.dropped_through = record.dropped_through.max(last_dropped);
+            if record.dropped_through >= through {
+                return Ok(true);
+            }
+            record.dropped_through = through;
             write(
                 &*self.kv,
                 key,
@@ -452,7 +484,7 @@ impl EventLog {
             // The stream has expired meanwhile: nothing to trim.
             return Ok(());
         }
-        let dropped = self.log.trim(&name, first_kept).await?;
+        let dropped = self.log.trim(&name, through.saturating_add(1)).await?;
         debug!(stream, dropped, "trimmed event stream");
         Ok(())
     }
