@@ -161,6 +161,7 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 mod builder;
 mod decorator;
 mod delegate;

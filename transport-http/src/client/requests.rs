@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use mcp_persist_core::{RequestId, SessionId};
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, NumberOrString, ServerJsonRpcMessage};
-use serde_json::Value;
 
 use super::{
+    answer::StreamAnswer,
     delegate::method_and_params,
     health::Health,
     ids::WireIds,
@@ -120,32 +120,28 @@ impl Requests {
         }
     }
 
-    /// An answer read from an SSE event (`value`: a JSON-RPC response or
-    /// error): if it answers a request in flight, it gets rmcp's id back
-    /// and, in a session, closes the request's entry as
-    /// [`answered`](Self::answered) does. False when it answers no request
-    /// in flight (and is left as it is).
+    /// An answer read from an SSE event's `data`: if it answers a request
+    /// in flight, the data with rmcp's id in place of the wire id, and, in
+    /// a session, the request's entry closed as [`answered`](Self::answered)
+    /// does. `None` when it answers no request in flight (the event is
+    /// left as it is).
     pub(crate) fn answered_on_stream(
         &self,
         session: Option<&SessionId>,
-        value: &mut Value,
-    ) -> bool {
-        let Some(wire) = value.get("id").and_then(Value::as_i64) else {
-            return false;
-        };
-        let Some(local) = self.release(wire) else {
-            return false;
-        };
-        value["id"] = local.into_json_value();
+        data: &str,
+    ) -> Option<String> {
+        let answer = StreamAnswer::read(data)?;
+        let wire = answer.wire_id()?;
+        let local = self.release(wire)?;
         if let Some(session) = session {
-            let result = value.get("result");
-            if let Some(task) = result.and_then(tasks::ended_task_in) {
+            let task = answer.task();
+            if let Some(ended) = task.ended() {
                 self.tasks
-                    .ended(JournalScope::Session(session.clone()), task);
+                    .ended(JournalScope::Session(session.clone()), ended);
             }
-            self.close(session, wire, result.and_then(tasks::created_task_in));
+            self.close(session, wire, task.created());
         }
-        true
+        Some(answer.with_id(&local))
     }
 
     /// The SSE event id `event` arrived on the response stream of the

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use futures::StreamExt;
 use mcp_persist_core::SessionId;
 use rmcp::transport::streamable_http_client::{StreamableHttpClient, StreamableHttpError};
-use serde_json::Value;
 use tracing::{info, warn};
 
 use super::{
@@ -144,10 +143,7 @@ impl Streams {
                 }
                 if let Some(data) = event.data.as_deref()
                     && (data.contains("\"result\"") || data.contains("\"error\""))
-                    && let Ok(mut value) = serde_json::from_str::<Value>(data)
-                    && value.get("method").is_none()
-                    && requests.answered_on_stream(owner.session(), &mut value)
-                    && let Ok(text) = serde_json::to_string(&value)
+                    && let Some(text) = requests.answered_on_stream(owner.session(), data)
                 {
                     event.data = Some(text);
                 }

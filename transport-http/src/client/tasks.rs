@@ -16,10 +16,10 @@ use rmcp::{
     },
     transport::streamable_http_client::StreamableHttpPostResponse,
 };
-use serde_json::Value;
 use tracing::{debug, info};
 
 use super::{
+    answer::{StreamAnswer, TaskFields},
     delegate::{PostResult, method_and_params},
     health::Health,
     journal::{self, JournalScope, JournalTx},
@@ -100,9 +100,20 @@ impl TaskWatch {
     {
         match response {
             Ok(StreamableHttpPostResponse::Json(answer, sid)) => {
-                if let Ok(value) = serde_json::to_value(&answer) {
-                    self.watch_answer(&value, call.as_ref());
-                }
+                let id = match &answer {
+                    ServerJsonRpcMessage::Response(r) => Some(r.id.clone()),
+                    ServerJsonRpcMessage::Error(e) => e.id.clone(),
+                    _ => None,
+                };
+                // The 2026-07-28 shapes of task results are read as JSON
+                // (rmcp types the 2025-11-25 ones).
+                let task = match &answer {
+                    ServerJsonRpcMessage::Response(r) => serde_json::to_value(&r.result)
+                        .map(|result| TaskFields::of(&result))
+                        .unwrap_or_default(),
+                    _ => TaskFields::default(),
+                };
+                self.watch_answer(id, &task, call.as_ref());
                 Ok(StreamableHttpPostResponse::Json(answer, sid))
             }
             Ok(StreamableHttpPostResponse::Sse(stream, sid)) => {
@@ -112,9 +123,9 @@ impl TaskWatch {
                         if let Ok(event) = item
                             && let Some(data) = event.data.as_deref()
                             && (data.contains("\"result\"") || data.contains("\"error\""))
-                            && let Ok(value) = serde_json::from_str::<Value>(data)
+                            && let Some(answer) = StreamAnswer::read(data)
                         {
-                            watch.watch_answer(&value, call.as_ref());
+                            watch.watch_answer(answer.id(), &answer.task(), call.as_ref());
                         }
                     })
                     .boxed();
@@ -127,16 +138,21 @@ impl TaskWatch {
     /// Closes the journal entry of `call` once `answer` answers it, or
     /// keeps the task id in it if the answer is a task; closes the entry of
     /// a task `answer` (to a `tasks/get`) reports ended.
-    fn watch_answer(&self, answer: &Value, call: Option<&ModernCall>) {
-        if let Some(task) = answer.get("result").and_then(ended_task_in) {
+    fn watch_answer(
+        &self,
+        id: Option<NumberOrString>,
+        task: &TaskFields,
+        call: Option<&ModernCall>,
+    ) {
+        if let Some(task) = task.ended() {
             self.ended(JournalScope::Sessionless, task);
             return;
         }
         let Some(call) = call else { return };
-        if answer.get("id") != serde_json::to_value(&call.local).ok().as_ref() {
+        if id.as_ref() != Some(&call.local) {
             return;
         }
-        match answer.get("result").and_then(created_task_in) {
+        match task.created() {
             Some(task) => {
                 info!(%task, "answered with a task; journaling it so a restarted process can collect it");
                 self.journal
@@ -172,27 +188,4 @@ pub(crate) fn ended_task(answer: &ServerJsonRpcMessage) -> Option<String> {
         },
         _ => None,
     }
-}
-
-/// [`ended_task`] for an answer's `result` read as JSON (from an SSE
-/// event).
-pub(crate) fn ended_task_in(result: &Value) -> Option<String> {
-    if result.get("resultType").and_then(Value::as_str) == Some("task") {
-        return None;
-    }
-    let status = result.get("status")?.as_str()?;
-    if !matches!(status, "completed" | "failed" | "cancelled") {
-        return None;
-    }
-    result.get("taskId")?.as_str().map(str::to_owned)
-}
-
-/// [`created_task`] for an answer's `result` read as JSON: a
-/// `CreateTaskResult` has `resultType: "task"` and the task's fields
-/// inlined.
-pub(crate) fn created_task_in(result: &Value) -> Option<String> {
-    if result.get("resultType").and_then(Value::as_str) != Some("task") {
-        return None;
-    }
-    result.get("taskId")?.as_str().map(str::to_owned)
 }
