@@ -603,6 +603,35 @@ async fn takeover_instance(
     Ok((url, tasks, task))
 }
 
+/// Starts `ask_later` as a task on the instance at `a` (as `client`,
+/// declaring `caps`), then stops that instance: its lease is released, so
+/// another instance takes the task over on its next poll. The task's id.
+async fn started_then_stopped(
+    http: &reqwest::Client,
+    a: &str,
+    client: &str,
+    caps: &Value,
+    tasks_a: mcp_persist_transport_http::server::DurableTasks,
+    serve_a: tokio::task::JoinHandle<()>,
+) -> anyhow::Result<String> {
+    let created = modern(
+        http,
+        a,
+        client,
+        caps.clone(),
+        "tools/call",
+        json!({"name": "ask_later", "arguments": {}}),
+    )
+    .await?;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("not a task: {created}"))?
+        .to_owned();
+    tasks_a.shutdown().await;
+    serve_a.abort();
+    Ok(task)
+}
+
 /// The capabilities a client declared travel with its task: when the
 /// instance running it stops and another instance runs it again, that run's
 /// request for an undeclared capability is refused there too.
@@ -616,22 +645,7 @@ async fn a_task_taken_over_by_another_instance_knows_what_the_client_declared() 
     let (b, _tasks_b, _serve_b) = takeover_instance(stores, Rerun::Asks, runs).await?;
     let http = reqwest::Client::new();
     let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
-    let created = modern(
-        &http,
-        &a,
-        "tasks-only",
-        caps.clone(),
-        "tools/call",
-        json!({"name": "ask_later", "arguments": {}}),
-    )
-    .await?;
-    let task = created["result"]["taskId"]
-        .as_str()
-        .with_context(|| format!("not a task: {created}"))?
-        .to_owned();
-    // A stops: its lease is released, B takes the task over on a poll.
-    tasks_a.shutdown().await;
-    serve_a.abort();
+    let task = started_then_stopped(&http, &a, "tasks-only", &caps, tasks_a, serve_a).await?;
     let started = std::time::Instant::now();
     let failed = loop {
         let got = modern(
@@ -680,21 +694,7 @@ async fn a_task_noticed_by_many_requests_at_once_is_taken_over_once() -> anyhow:
     .await?;
     let http = reqwest::Client::new();
     let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
-    let created = modern(
-        &http,
-        &a,
-        "pollers",
-        caps.clone(),
-        "tools/call",
-        json!({"name": "ask_later", "arguments": {}}),
-    )
-    .await?;
-    let task = created["result"]["taskId"]
-        .as_str()
-        .with_context(|| format!("not a task: {created}"))?
-        .to_owned();
-    tasks_a.shutdown().await;
-    serve_a.abort();
+    let task = started_then_stopped(&http, &a, "pollers", &caps, tasks_a, serve_a).await?;
 
     // Four pollers of B, each at its own pace, until the task completes.
     let pollers = (0..4u64).map(|n| {

@@ -658,6 +658,18 @@ mod tests {
         read: std::sync::atomic::AtomicUsize,
     }
 
+    impl Reads {
+        /// A memory store, and its log counting reads.
+        fn new() -> (MemoryStore, Arc<Reads>) {
+            let store = MemoryStore::new();
+            let log = Arc::new(Reads {
+                store: store.clone(),
+                read: Default::default(),
+            });
+            (store, log)
+        }
+    }
+
     impl Backend for Reads {
         fn backend_name(&self) -> &'static str {
             "reads"
@@ -697,11 +709,7 @@ mod tests {
     /// to write it (whose count starts again) trims it as the first did.
     #[tokio::test]
     async fn a_long_stream_is_trimmed_reading_its_log_once_per_instance() {
-        let store = MemoryStore::new();
-        let log = Arc::new(Reads {
-            store: store.clone(),
-            read: Default::default(),
-        });
+        let (store, log) = Reads::new();
         let reads = || log.read.load(std::sync::atomic::Ordering::Relaxed);
         for max in [1u64, 2, 5, 10] {
             let config = EventLogConfig::new(Duration::from_secs(600), max);
@@ -760,11 +768,7 @@ mod tests {
     /// its events, and trim it once the events waiting for them are told).
     #[tokio::test]
     async fn a_long_pipelined_stream_is_trimmed_too() {
-        let store = MemoryStore::new();
-        let log = Arc::new(Reads {
-            store: store.clone(),
-            read: Default::default(),
-        });
+        let (store, log) = Reads::new();
         let config = EventLogConfig::new(Duration::from_secs(600), 10)
             .with_durability(EventDurability::PIPELINED);
         let events = EventLog::new(Arc::new(store.clone()), log.clone(), config);
