@@ -229,19 +229,7 @@ async fn a_task_asking_for_an_undeclared_capability_fails_at_once() -> anyhow::R
     let fleet = fleet().await?;
     let http = reqwest::Client::new();
     let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
-    let created = modern(
-        &http,
-        &fleet.a,
-        "tasks-only",
-        caps.clone(),
-        "tools/call",
-        json!({"name": "ask_name", "arguments": {}}),
-    )
-    .await?;
-    let task = created["result"]["taskId"]
-        .as_str()
-        .with_context(|| format!("not a task: {created}"))?
-        .to_owned();
+    let task = created_task(&http, &fleet.a, "tasks-only", &caps, "ask_name").await?;
     let started = std::time::Instant::now();
     let failed = loop {
         let got = modern(
@@ -557,11 +545,27 @@ async fn takeover_instance(
     mcp_persist_transport_http::server::DurableTasks,
     tokio::task::JoinHandle<()>,
 )> {
+    takeover_instance_polling(stores, rerun, runs, Duration::from_millis(500)).await
+}
+
+/// [`takeover_instance`] whose running tasks look at their records every
+/// `inbox_poll` (and when their inbox rings).
+async fn takeover_instance_polling(
+    stores: Stores,
+    rerun: Rerun,
+    runs: Runs,
+    inbox_poll: Duration,
+) -> anyhow::Result<(
+    String,
+    mcp_persist_transport_http::server::DurableTasks,
+    tokio::task::JoinHandle<()>,
+)> {
     let server = mcp_persist_transport_http::server::DurableServer::builder(stores)
         .liveness_grace(Duration::from_millis(300))
         .build()?;
     let tasks = server
         .tasks()
+        .inbox_poll(inbox_poll)
         .resumable("ask_later", move |cx, _args| {
             let runs = runs.clone();
             Box::pin(async move {
@@ -603,6 +607,30 @@ async fn takeover_instance(
     Ok((url, tasks, task))
 }
 
+/// Calls `tool` on `url` as `client` (declaring `caps`), answered with a
+/// task: the task's id.
+async fn created_task(
+    http: &reqwest::Client,
+    url: &str,
+    client: &str,
+    caps: &Value,
+    tool: &str,
+) -> anyhow::Result<String> {
+    let created = modern(
+        http,
+        url,
+        client,
+        caps.clone(),
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    )
+    .await?;
+    Ok(created["result"]["taskId"]
+        .as_str()
+        .with_context(|| format!("not a task: {created}"))?
+        .to_owned())
+}
+
 /// Starts `ask_later` as a task on the instance at `a` (as `client`,
 /// declaring `caps`), then stops that instance: its lease is released, so
 /// another instance takes the task over on its next poll. The task's id.
@@ -614,19 +642,7 @@ async fn started_then_stopped(
     tasks_a: mcp_persist_transport_http::server::DurableTasks,
     serve_a: tokio::task::JoinHandle<()>,
 ) -> anyhow::Result<String> {
-    let created = modern(
-        http,
-        a,
-        client,
-        caps.clone(),
-        "tools/call",
-        json!({"name": "ask_later", "arguments": {}}),
-    )
-    .await?;
-    let task = created["result"]["taskId"]
-        .as_str()
-        .with_context(|| format!("not a task: {created}"))?
-        .to_owned();
+    let task = created_task(http, a, client, caps, "ask_later").await?;
     tasks_a.shutdown().await;
     serve_a.abort();
     Ok(task)
@@ -740,5 +756,77 @@ async fn a_task_noticed_by_many_requests_at_once_is_taken_over_once() -> anyhow:
         (2, 2),
         "runs and generation the record counts"
     );
+    Ok(())
+}
+
+/// A run fenced by a takeover on another instance, still running here when
+/// this instance takes the task over in turn, is stopped by that takeover;
+/// and its watcher, woken later, leaves the newer run alone (it used to stop
+/// whatever ran the task here, so the task was taken over a third time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_here_stops_the_fenced_run_and_only_that() -> anyhow::Result<()> {
+    let stores = Stores::new(MemoryStore::new());
+    let runs = Runs::default();
+    // Runs look at their records only when their inbox rings.
+    let (x, _tasks_x, _serve_x) = takeover_instance_polling(
+        stores.clone(),
+        Rerun::Finishes,
+        runs.clone(),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    let caps = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let task = created_task(&http, &x, "fenced", &caps, "ask_later").await?;
+    let id = mcp_persist_core::TaskId::new(task.clone())?;
+    // Another instance, never seen alive, took it over (generation 2)
+    // while generation 1 still runs here, unaware.
+    stores
+        .tasks()?
+        .update(&id, |record| {
+            record.take_over(
+                "an-instance-that-stopped",
+                mcp_persist_core::Timestamp::now(),
+            )?;
+            Ok(true)
+        })
+        .await?;
+    let get = || {
+        modern(
+            &http,
+            &x,
+            "fenced",
+            caps.clone(),
+            "tasks/get",
+            json!({"taskId": task}),
+        )
+    };
+    // This instance takes it over in turn (generation 3, once it has
+    // judged the other instance stopped)...
+    let started = std::time::Instant::now();
+    while !runs.lock().unwrap_or_else(|p| p.into_inner()).contains(&3) {
+        anyhow::ensure!(
+            started.elapsed() < AT_ONCE,
+            "not taken over within {AT_ONCE:?}"
+        );
+        get().await?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...and generation 1's watcher wakes, while generation 3 runs.
+    stores.tasks()?.ring(&id, "changed").await?;
+    let started = std::time::Instant::now();
+    loop {
+        let got = get().await?;
+        if got["result"]["status"] == "completed" {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < AT_ONCE,
+            "not completed within {AT_ONCE:?}: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = runs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(started, [1, 3], "the runs that started, by generation");
     Ok(())
 }

@@ -446,14 +446,21 @@ impl Runtime {
 
     /// Registers generation `generation` of `id` as about to run here,
     /// unless this instance already holds that generation or a newer one
-    /// (another reader is taking the task over): then `None`.
+    /// (another reader is taking the task over): then `None`. An older
+    /// generation still running here was fenced by a takeover since: it is
+    /// stopped, as its watcher would stop it.
     fn claim_local(self: &Arc<Self>, id: &TaskId, generation: u64) -> Option<TaskContext> {
         let mut local = self.lock_local();
         if local.get(id).is_some_and(|l| l.generation >= generation) {
             return None;
         }
         let (entry, ctx) = self.local_entry(id, generation);
-        local.insert(id.clone(), entry);
+        if let Some(fenced) = local.insert(id.clone(), entry) {
+            debug!(task = %id, generation = fenced.generation, "stopping a run here that a takeover fenced");
+            if let Some(abort) = fenced.abort {
+                abort.abort();
+            }
+        }
         Some(ctx)
     }
 
@@ -618,9 +625,16 @@ impl Runtime {
                 if why == "taken over" {
                     self.telemetry.lease_lost();
                 }
-                if let Some(local) = self.lock_local().remove(&id)
-                    && let Some(abort) = local.abort
-                {
+                // Only this generation's own entry: a newer one this
+                // instance took over since is not this watcher's to stop.
+                let mine = {
+                    let mut local = self.lock_local();
+                    match local.get(&id) {
+                        Some(l) if l.generation == generation => local.remove(&id),
+                        _ => None,
+                    }
+                };
+                if let Some(abort) = mine.and_then(|l| l.abort) {
                     abort.abort();
                 }
                 return;
