@@ -496,11 +496,25 @@ mod tests {
         records::{EventRecord, encode},
     };
 
-    /// A memory log that notes, when a log is deleted, whether the stream's
-    /// metadata was still there.
+    /// A memory log that counts the reads of it and notes, when a log is
+    /// deleted, whether the stream's metadata was still there.
     struct Watching {
         store: MemoryStore,
+        read: std::sync::atomic::AtomicUsize,
         meta_left_at_log_deletion: Mutex<Vec<bool>>,
+    }
+
+    impl Watching {
+        /// A memory store, and its log watched.
+        fn new() -> (MemoryStore, Arc<Watching>) {
+            let store = MemoryStore::new();
+            let log = Arc::new(Watching {
+                store: store.clone(),
+                read: Default::default(),
+                meta_left_at_log_deletion: Mutex::default(),
+            });
+            (store, log)
+        }
     }
 
     impl Backend for Watching {
@@ -521,6 +535,7 @@ mod tests {
         }
 
         async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+            self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.store.read_after(log, after, limit).await
         }
 
@@ -585,11 +600,7 @@ mod tests {
 
     #[tokio::test]
     async fn deleting_a_stream_drops_its_metadata_before_its_log() {
-        let store = MemoryStore::new();
-        let log = Arc::new(Watching {
-            store: store.clone(),
-            meta_left_at_log_deletion: Mutex::default(),
-        });
+        let (store, log) = Watching::new();
         let events = EventLog::new(
             Arc::new(store.clone()),
             log.clone(),
@@ -652,55 +663,6 @@ mod tests {
         ));
     }
 
-    /// A memory log that counts the reads of it.
-    struct Reads {
-        store: MemoryStore,
-        read: std::sync::atomic::AtomicUsize,
-    }
-
-    impl Reads {
-        /// A memory store, and its log counting reads.
-        fn new() -> (MemoryStore, Arc<Reads>) {
-            let store = MemoryStore::new();
-            let log = Arc::new(Reads {
-                store: store.clone(),
-                read: Default::default(),
-            });
-            (store, log)
-        }
-    }
-
-    impl Backend for Reads {
-        fn backend_name(&self) -> &'static str {
-            "reads"
-        }
-    }
-
-    #[async_trait]
-    impl LogStore for Reads {
-        async fn append(
-            &self,
-            log: &Key,
-            records: Vec<Vec<u8>>,
-            ttl: Option<Duration>,
-        ) -> Result<Vec<u64>> {
-            self.store.append(log, records, ttl).await
-        }
-
-        async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
-            self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.store.read_after(log, after, limit).await
-        }
-
-        async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
-            self.store.trim(log, before).await
-        }
-
-        async fn delete_log(&self, log: &Key) -> Result<()> {
-            self.store.delete_log(log).await
-        }
-    }
-
     /// A long stream is kept to its length with its log read once per
     /// instance writing it (at the end of its first half-length of appends),
     /// not once every half-length: however many events were dropped, the
@@ -709,7 +671,7 @@ mod tests {
     /// to write it (whose count starts again) trims it as the first did.
     #[tokio::test]
     async fn a_long_stream_is_trimmed_reading_its_log_once_per_instance() {
-        let (store, log) = Reads::new();
+        let (store, log) = Watching::new();
         let reads = || log.read.load(std::sync::atomic::Ordering::Relaxed);
         for max in [1u64, 2, 5, 10] {
             let config = EventLogConfig::new(Duration::from_secs(600), max);
@@ -768,7 +730,7 @@ mod tests {
     /// its events, and trim it once the events waiting for them are told).
     #[tokio::test]
     async fn a_long_pipelined_stream_is_trimmed_too() {
-        let (store, log) = Reads::new();
+        let (store, log) = Watching::new();
         let config = EventLogConfig::new(Duration::from_secs(600), 10)
             .with_durability(EventDurability::PIPELINED);
         let events = EventLog::new(Arc::new(store.clone()), log.clone(), config);
