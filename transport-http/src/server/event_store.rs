@@ -238,9 +238,16 @@ impl RmcpEventStore for DurableEventStore {
                         .await?
                 }
             },
+            // On a pipelined stream the message is encoded by the commit,
+            // off the session's path: rmcp waits for this call before it
+            // sends the event.
             None => {
                 self.events
-                    .append(stream_id, self.session.get(), &payload)
+                    .append_owned(
+                        stream_id,
+                        self.session.get(),
+                        OwnedMessage(event.message.clone()),
+                    )
                     .await?
             }
         };
@@ -292,6 +299,16 @@ impl RmcpEventStore for DurableEventStore {
             .instrument(span),
         );
         Ok(Box::pin(ReceiverStream(rx)))
+    }
+}
+
+/// An event's message (none for a priming event, stored as `null`), held
+/// for as long as its encoding waits.
+struct OwnedMessage(Option<Arc<ServerJsonRpcMessage>>);
+
+impl serde::Serialize for OwnedMessage {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.as_deref().serialize(serializer)
     }
 }
 

@@ -145,7 +145,7 @@ struct Pipe {
     /// The sequence number the next event gets.
     next_seq: u64,
     /// Events with their assigned numbers, not yet handed to the backend.
-    pending: Vec<(u64, Vec<u8>)>,
+    pending: Vec<(u64, Payload)>,
     /// Every event up to this number is committed (or known lost).
     committed_through: u64,
     /// A commit is scheduled or running.
@@ -157,6 +157,26 @@ struct Pipe {
     meta: Option<StreamMeta>,
     /// The session owning the stream.
     session: Option<SessionId>,
+}
+
+/// An event's record: encoded, or encoded when its write needs the bytes
+/// (a pipelined event's, in the commit that writes it).
+enum Payload {
+    Encoded(Vec<u8>),
+    Later(Box<dyn FnOnce() -> Result<Vec<u8>> + Send>),
+}
+
+impl Payload {
+    fn later<P: Serialize + Send + 'static>(payload: P) -> Self {
+        Self::Later(Box::new(move || encode_event(&payload)))
+    }
+
+    fn encode(self) -> Result<Vec<u8>> {
+        match self {
+            Self::Encoded(data) => Ok(data),
+            Self::Later(encode) => encode(),
+        }
+    }
 }
 
 /// How a pipelined append goes on.
@@ -369,7 +389,30 @@ impl EventLog {
         payload: &P,
     ) -> Result<EventId> {
         let data = encode_event(payload)?;
-        self.append_with(stream, session, data, None, &mut None)
+        self.append_with(stream, session, Payload::Encoded(data), None, &mut None)
+            .await
+    }
+
+    /// [`append`](Self::append), taking the payload by value so that it can
+    /// be encoded when its write needs the bytes: at once on a stream
+    /// written synchronously, and in the commit that writes it on a
+    /// [`Pipelined`](EventDurability::Pipelined) one, off the path of the
+    /// caller that sends the event. A pipelined payload that fails to encode
+    /// or is over the backend's size limit is stored as an empty event (a
+    /// resuming client gets its id without a message) and logged as lost;
+    /// the events committed with it are kept.
+    pub async fn append_owned<P: Serialize + Send + 'static>(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        payload: P,
+    ) -> Result<EventId> {
+        let payload = if matches!(self.config.durability, EventDurability::Pipelined { .. }) {
+            Payload::later(payload)
+        } else {
+            Payload::Encoded(encode_event(&payload)?)
+        };
+        self.append_with(stream, session, payload, None, &mut None)
             .await
     }
 
@@ -410,8 +453,14 @@ impl EventLog {
         let mut beside: Option<Beside<'_>> = Some(Box::pin(beside));
         let appended = match encode_event(payload) {
             Ok(data) => {
-                self.append_with(stream, session, data, Some(request), &mut beside)
-                    .await
+                self.append_with(
+                    stream,
+                    session,
+                    Payload::Encoded(data),
+                    Some(request),
+                    &mut beside,
+                )
+                .await
             }
             Err(e) => Err(e),
         };
@@ -431,7 +480,7 @@ impl EventLog {
         &self,
         stream: &str,
         session: Option<&SessionId>,
-        data: Vec<u8>,
+        data: Payload,
         request: Option<&serde_json::Value>,
         beside: &mut Option<Beside<'_>>,
     ) -> Result<EventId> {
@@ -451,13 +500,13 @@ impl EventLog {
                 // and the stream's next events are numbered on from it.
                 PipelinedStart::AtOnce(known) => {
                     return self
-                        .append_now(stream, session, request, known, data, beside)
+                        .append_now(stream, session, request, known, data.encode()?, beside)
                         .await;
                 }
             }
         }
         let known = self.stream_token(stream).await?;
-        self.append_now(stream, session, request, known, data, beside)
+        self.append_now(stream, session, request, known, data.encode()?, beside)
             .await
     }
 
@@ -927,6 +976,99 @@ mod tests {
                 .await,
             Err(Error::NotFound { .. })
         ));
+    }
+
+    /// A pipelined event that cannot be stored (over the backend's size
+    /// limit, or a payload that does not encode when its commit encodes it)
+    /// is stored empty under its number; the events committed with it keep
+    /// theirs and resume. Written synchronously, the same events are refused
+    /// to their caller and nothing is stored.
+    #[tokio::test]
+    async fn a_pipelined_event_that_cannot_be_stored_loses_itself_only() {
+        use crate::backend::DEFAULT_MAX_VALUE_BYTES;
+        let oversized = "x".repeat(DEFAULT_MAX_VALUE_BYTES);
+        // serde_json refuses map keys that are not strings or numbers.
+        let unencodable = || std::collections::BTreeMap::from([(vec![1u8], 1u8)]);
+        let store = MemoryStore::new();
+        let config = EventLogConfig::new(Duration::from_secs(600), 100).with_durability(
+            EventDurability::Pipelined {
+                window: Duration::from_millis(50),
+            },
+        );
+        let events = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
+        let first = events
+            .append("piped", None, &serde_json::json!("first"))
+            .await
+            .expect("append");
+        // One commit: the window has not passed between these.
+        let mut sent = vec![
+            events
+                .append_owned("piped", None, serde_json::json!("a"))
+                .await
+                .expect("append"),
+        ];
+        sent.push(
+            events
+                .append("piped", None, &serde_json::json!(oversized))
+                .await
+                .expect("sent before it is committed"),
+        );
+        sent.push(
+            events
+                .append_owned("piped", None, unencodable())
+                .await
+                .expect("encoded by the commit"),
+        );
+        sent.push(
+            events
+                .append_owned("piped", None, serde_json::json!("b"))
+                .await
+                .expect("append"),
+        );
+        let replayed = events
+            .replay_after(&first.to_string(), None)
+            .await
+            .expect("the stream resumes");
+        let ids: Vec<EventId> = replayed.iter().map(|e| e.id.clone()).collect();
+        assert_eq!(ids, sent, "every event keeps the id it was sent with");
+        let payloads: Vec<&serde_json::Value> = replayed.iter().map(|e| &e.payload).collect();
+        assert_eq!(
+            payloads,
+            [
+                &serde_json::json!("a"),
+                &serde_json::Value::Null,
+                &serde_json::Value::Null,
+                &serde_json::json!("b")
+            ]
+        );
+
+        let synced = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+            EventLogConfig::default(),
+        );
+        let first = synced
+            .append("synced", None, &serde_json::json!("first"))
+            .await
+            .expect("append");
+        assert!(
+            synced
+                .append("synced", None, &serde_json::json!(oversized))
+                .await
+                .is_err()
+        );
+        assert!(matches!(
+            synced.append_owned("synced", None, unencodable()).await,
+            Err(Error::InvalidInput { .. })
+        ));
+        assert!(
+            synced
+                .replay_after(&first.to_string(), None)
+                .await
+                .expect("the stream resumes")
+                .is_empty(),
+            "nothing was stored"
+        );
     }
 
     /// What runs beside an opening event runs once, whatever becomes of the

@@ -41,6 +41,28 @@ async fn alongside<T>(first: impl Future<Output = T>, mut beside: Option<Beside<
     .await
 }
 
+/// The bytes a pipelined event is committed as: its record, or, when it
+/// does not encode or is over the backend's `limit`, an empty event in its
+/// place, so that the events committed with it keep the numbers they were
+/// sent under and are not lost with it.
+fn committable(stream: &str, seq: u64, payload: Payload, limit: usize) -> Vec<u8> {
+    let why = match payload.encode() {
+        Ok(data) if data.len() <= limit => return data,
+        Ok(data) => format!(
+            "its record is {} bytes, over the limit of {limit}",
+            data.len()
+        ),
+        Err(e) => e.to_string(),
+    };
+    tracing::error!(
+        stream,
+        seq,
+        why,
+        "a pipelined event cannot be stored; it is stored empty, and a client resuming the stream does not get it again"
+    );
+    crate::records::encode_event(&()).unwrap_or_else(|_| b"null".to_vec())
+}
+
 impl EventLog {
     /// Stores one event of `stream` at once, given what was `known` of the
     /// stream before (see [`settle`](Self::settle)).
@@ -151,7 +173,7 @@ impl EventLog {
     pub(super) async fn pipeline(
         &self,
         stream: &str,
-        data: Vec<u8>,
+        data: Payload,
         session: Option<&SessionId>,
         window: Duration,
         mut new_meta: Option<StreamMeta>,
@@ -261,7 +283,11 @@ impl EventLog {
             let (batch, meta, session) = batch;
             let expected: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
             let last = expected.last().copied().unwrap_or_default();
-            let data: Vec<Vec<u8>> = batch.into_iter().map(|(_, d)| d).collect();
+            let limit = self.log.max_record_bytes();
+            let data: Vec<Vec<u8>> = batch
+                .into_iter()
+                .map(|(seq, payload)| committable(stream, seq, payload, limit))
+                .collect();
             let outcome = match log_name(stream) {
                 Ok(name) => {
                     self.log
