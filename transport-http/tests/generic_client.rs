@@ -536,15 +536,14 @@ enum Rerun {
 /// Every generation of `ask_later` that started, in order.
 type Runs = Arc<Mutex<Vec<u64>>>;
 
-async fn takeover_instance(
-    stores: Stores,
-    rerun: Rerun,
-    runs: Runs,
-) -> anyhow::Result<(
+/// A served instance: its URL, its task runtime and its server's task.
+type Instance = (
     String,
     mcp_persist_transport_http::server::DurableTasks,
     tokio::task::JoinHandle<()>,
-)> {
+);
+
+async fn takeover_instance(stores: Stores, rerun: Rerun, runs: Runs) -> anyhow::Result<Instance> {
     takeover_instance_polling(stores, rerun, runs, Duration::from_millis(500)).await
 }
 
@@ -555,11 +554,7 @@ async fn takeover_instance_polling(
     rerun: Rerun,
     runs: Runs,
     inbox_poll: Duration,
-) -> anyhow::Result<(
-    String,
-    mcp_persist_transport_http::server::DurableTasks,
-    tokio::task::JoinHandle<()>,
-)> {
+) -> anyhow::Result<Instance> {
     let server = mcp_persist_transport_http::server::DurableServer::builder(stores)
         .liveness_grace(Duration::from_millis(300))
         .build()?;

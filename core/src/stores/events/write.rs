@@ -60,7 +60,9 @@ fn committable(stream: &str, seq: u64, payload: Payload, limit: usize) -> Vec<u8
         why,
         "a pipelined event cannot be stored; it is stored empty, and a client resuming the stream does not get it again"
     );
-    crate::records::encode_event(&()).unwrap_or_else(|_| b"null".to_vec())
+    // `()` is `null`, as a priming event's payload: its record always
+    // encodes, and the fallback is never taken.
+    crate::records::encode_event(&()).unwrap_or_default()
 }
 
 impl EventLog {
