@@ -31,9 +31,14 @@
 //! the store's full durability (on SQLite's default `Durability::Full`,
 //! fsynced), so not even a power cut lets a tool not declared safe to
 //! re-run run twice. On a legacy server with an event store it is written
-//! beside the request stream's first event (its priming event), which
-//! SQLite then commits with it: the record costs no fsync of its own. A
-//! record so written whose request never reaches the tool is released.
+//! beside the request stream's first event (its priming event), in the
+//! same poll, so that SQLite's writer usually finds both waiting and
+//! commits them together: the record then costs no fsync of its own. The
+//! writer does not wait for it, though: when it wakes between the two
+//! writes (nearly every time in a debug build), the record is a synced
+//! commit of its own. `cargo xtask bench client` prints the server's
+//! commits per call with exactly-once off and on. A record so written
+//! whose request never reaches the tool is released.
 //! The answer is kept while it is sent, by a write the
 //! store may acknowledge before it syncs it
 //! ([`PutOptions::unsynced`](mcp_persist_core::PutOptions#structfield.unsynced)):
@@ -818,7 +823,9 @@ impl Calls {
             return Err(self.panicked(&key, &running).await);
         };
         // The answer goes out while it is being kept: its store write
-        // overlaps the response's own (on SQLite the two share a commit).
+        // overlaps the response's own (on SQLite it is a commit without an
+        // fsync, which the response's synced commit puts on disk; starting
+        // it only as the response is stored was measured to save no time).
         // Until it lands another attempt finds the call running here and
         // waits for it; only if this instance dies in between does a later
         // attempt (of a client that lost this answer) hear "outcome
