@@ -1,11 +1,25 @@
 //! Group commit: synced appends to many logs at once share one sync.
 //!
 //! Each log is its own file, so a synced append ends in a sync of that file,
-//! and each such sync costs the disk a cache flush. When appends to several
-//! logs wait at once, one of them leads a round and syncs the whole
-//! filesystem once (`syncfs`): the data of every file written before the
-//! round started reaches the disk, behind a single flush. A round with one
-//! member syncs just its file, so a lone stream pays no more than before.
+//! and each such sync costs the disk a cache flush. A synced append writes
+//! its frames on the blocking pool, then hands its segment to the store's
+//! sync thread and waits for it without holding a thread. That thread takes
+//! every segment handed to it since its last round and syncs them in one
+//! round: the whole filesystem once (`syncfs`) for several, behind a single
+//! flush, or the segment alone (`fdatasync`) for one, so a lone stream pays
+//! no more than before. A round starts after its members were handed over,
+//! so after their writes: what each member wrote is on the disk when it
+//! hears the round went well.
+//!
+//! Before, each waiting append held a blocking thread until a round that
+//! one of them led had finished: 64 appenders held 64 threads, and every
+//! round woke them all. With the sync thread, appends to 64 logs at once
+//! went from about 22,000 to 28,000–35,000 per second on a 2-core VM
+//! (0.47 to 0.61 of 64 threads that each write and fdatasync their own
+//! file, from 0.45), and group commit now beats syncing each append on its
+//! own by a tenth to a third instead of matching it (`cargo xtask bench
+//! file`). The appends' own work (lock, tail check, writes on the blocking
+//! pool) is what is left between the store and the raw threads.
 //!
 //! `syncfs` also writes back whatever else is dirty on the same filesystem,
 //! which is why [`FileStoreOptions::group_commit`](crate::FileStoreOptions)
@@ -14,127 +28,129 @@
 //! every append syncs its own file.
 
 use std::{
-    collections::HashMap,
     fs::{self, File},
     io,
     os::unix::fs::MetadataExt,
     path::Path,
-    sync::{Condvar, Mutex, MutexGuard},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
 };
 
 use mcp_persist_core::Error;
+use tokio::sync::oneshot;
 use tracing::{debug, trace};
 
 use crate::fsio::io;
 
-/// A failed round, as reported to each of its members.
-#[derive(Debug)]
-struct Failure {
-    kind: io::ErrorKind,
-    os_code: Option<i32>,
-    message: String,
-    /// Members that have not yet picked it up.
-    unread: usize,
-}
-
-impl Failure {
-    fn to_error(&self) -> io::Error {
-        match self.os_code {
-            Some(code) => io::Error::from_raw_os_error(code),
-            None => io::Error::new(self.kind, self.message.clone()),
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Rounds {
-    /// Rounds started so far; the current one when `leading`.
-    started: u64,
-    /// Rounds finished so far (they finish in order).
-    finished: u64,
-    /// Whether a round is under way.
-    leading: bool,
-    /// Members registered for the next round to start.
-    waiting: usize,
-    /// Rounds that failed, until each member has read the failure.
-    failed: HashMap<u64, Failure>,
-}
-
-/// How a round's leader syncs: its own file alone, or everything.
-trait Syncer {
-    /// Syncs the leader's own file: a round of one.
-    fn sync_one(&self) -> io::Result<()>;
+/// How a round syncs: one segment alone, or everything.
+trait Syncer: Send + 'static {
+    /// Syncs one segment: a round of one.
+    fn sync_one(&self, file: &File) -> io::Result<()>;
     /// Syncs every file of the filesystem: a round of several.
     fn sync_all(&self) -> io::Result<()>;
 }
 
-/// Rounds of syncs shared by the appends waiting at the same time.
-#[derive(Debug, Default)]
-struct GroupSync {
-    rounds: Mutex<Rounds>,
-    done: Condvar,
+/// A synced append waiting for its round.
+struct Member {
+    /// The segment it wrote to.
+    file: Arc<File>,
+    reply: oneshot::Sender<io::Result<()>>,
 }
 
-impl GroupSync {
-    fn rounds(&self) -> MutexGuard<'_, Rounds> {
-        // Counters only, never left half-updated: a poisoned lock is sound.
-        self.rounds.lock().unwrap_or_else(|p| p.into_inner())
+/// A round's error, as each of its members hears it.
+fn shared(error: &io::Error) -> io::Error {
+    match error.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(error.kind(), error.to_string()),
+    }
+}
+
+/// Rounds made and appends synced by them, since the store was opened.
+#[derive(Debug, Default)]
+struct Counts {
+    rounds: AtomicU64,
+    members: AtomicU64,
+}
+
+/// What a store's group commit has done since the store was opened
+/// ([`FileStore::group_commit_stats`](crate::FileStore::group_commit_stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupCommitStats {
+    /// Syncs made: one per round.
+    pub rounds: u64,
+    /// Synced appends those rounds covered.
+    pub appends: u64,
+}
+
+/// The sync thread: a round for every batch of members handed over, until
+/// the store's handle (and so the sender) is gone.
+fn serve(syncer: impl Syncer, members: mpsc::Receiver<Member>, counts: &Counts) {
+    while let Ok(first) = members.recv() {
+        let mut round = vec![first];
+        round.extend(members.try_iter());
+        let result = match round.as_slice() {
+            [only] => syncer.sync_one(&only.file),
+            _ => syncer.sync_all(),
+        };
+        let rounds = counts.rounds.fetch_add(1, Ordering::Relaxed) + 1;
+        counts
+            .members
+            .fetch_add(round.len() as u64, Ordering::Relaxed);
+        trace!(
+            round = rounds,
+            members = round.len(),
+            ok = result.is_ok(),
+            "group commit round"
+        );
+        for member in round {
+            // A member whose append was dropped meanwhile hears nothing.
+            let _ = member
+                .reply
+                .send(result.as_ref().map(|_| ()).map_err(shared));
+        }
+    }
+}
+
+/// The handle to a sync thread; dropping it lets the thread finish its
+/// round and stop.
+#[derive(Debug)]
+struct Rounds {
+    members: mpsc::Sender<Member>,
+    counts: Arc<Counts>,
+}
+
+impl Rounds {
+    fn spawn(syncer: impl Syncer) -> io::Result<Self> {
+        let (members, queue) = mpsc::channel();
+        let counts = Arc::new(Counts::default());
+        let thread_counts = Arc::clone(&counts);
+        std::thread::Builder::new()
+            .name("mcp-persist-file-sync".to_owned())
+            .spawn(move || serve(syncer, queue, &thread_counts))?;
+        Ok(Rounds { members, counts })
     }
 
-    /// Returns once a sync that started after this call has finished: what
-    /// the caller wrote before calling is on the disk, or the error says it
-    /// may not be.
-    fn sync(&self, syncer: &impl Syncer) -> io::Result<()> {
-        let mut rounds = self.rounds();
-        rounds.waiting += 1;
-        // The first round to start from now on: a round under way may have
-        // started before this caller's write.
-        let mine = rounds.started + 1;
-        loop {
-            if rounds.finished >= mine {
-                let Some(failure) = rounds.failed.get_mut(&mine) else {
-                    return Ok(());
-                };
-                let error = failure.to_error();
-                failure.unread -= 1;
-                if failure.unread == 0 {
-                    rounds.failed.remove(&mine);
-                }
-                return Err(error);
-            }
-            if rounds.leading {
-                rounds = self.done.wait(rounds).unwrap_or_else(|p| p.into_inner());
-                continue;
-            }
-            // Lead the round: everyone waiting now (this caller included)
-            // registered for it.
-            rounds.leading = true;
-            rounds.started += 1;
-            let round = rounds.started;
-            let members = std::mem::take(&mut rounds.waiting);
-            drop(rounds);
-            let result = if members > 1 {
-                syncer.sync_all()
-            } else {
-                syncer.sync_one()
-            };
-            trace!(round, members, ok = result.is_ok(), "group commit round");
-            rounds = self.rounds();
-            rounds.finished = round;
-            rounds.leading = false;
-            if let Err(e) = result {
-                rounds.failed.insert(
-                    round,
-                    Failure {
-                        kind: e.kind(),
-                        os_code: e.raw_os_error(),
-                        message: e.to_string(),
-                        unread: members,
-                    },
-                );
-            }
-            self.done.notify_all();
+    fn stats(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            rounds: self.counts.rounds.load(Ordering::Relaxed),
+            appends: self.counts.members.load(Ordering::Relaxed),
         }
+    }
+
+    /// Returns once a round that started after this call has finished:
+    /// what was written to `file` before is on the disk, or the error says
+    /// it may not be.
+    async fn sync(&self, file: Arc<File>) -> io::Result<()> {
+        let gone = || io::Error::other("the store's sync thread stopped");
+        let (reply, answer) = oneshot::channel();
+        self.members
+            .send(Member { file, reply })
+            .map_err(|_| gone())?;
+        answer.await.unwrap_or_else(|_| Err(gone()))
     }
 }
 
@@ -182,15 +198,13 @@ fn syncfs(root: &File) -> io::Result<()> {
 /// trustworthy here.
 #[derive(Debug)]
 pub(crate) struct GroupCommit {
-    /// The store directory, open: `syncfs` syncs its filesystem.
-    root: File,
-    rounds: GroupSync,
+    rounds: Rounds,
 }
 
 impl GroupCommit {
     /// Group commit for the store in `root` with its logs in `log_dir`,
     /// when `wanted` and `syncfs` can be trusted with the logs: errors
-    /// reported (Linux 5.8+) and one filesystem.
+    /// reported (Linux 5.8+) and one filesystem. Starts the sync thread.
     pub(crate) fn new(wanted: bool, root: &Path, log_dir: &Path) -> Result<Option<Self>, Error> {
         if !wanted {
             return Ok(None);
@@ -206,36 +220,36 @@ impl GroupCommit {
             debug!("group commit off: the logs are on another filesystem than the store");
             return Ok(None);
         }
-        Ok(Some(GroupCommit {
-            root: root_file,
-            rounds: GroupSync::default(),
-        }))
+        let rounds = Rounds::spawn(Filesystem { root: root_file })
+            .map_err(io("start the sync thread for", root))?;
+        Ok(Some(GroupCommit { rounds }))
     }
 
     /// Syncs `file` (a segment just appended to) as one member of a round:
     /// alone, or with the whole filesystem for a round of several.
-    pub(crate) fn sync(&self, file: &File) -> io::Result<()> {
-        self.rounds.sync(&SegmentSync {
-            file,
-            root: &self.root,
-        })
+    pub(crate) async fn sync(&self, file: Arc<File>) -> io::Result<()> {
+        self.rounds.sync(file).await
+    }
+
+    pub(crate) fn stats(&self) -> GroupCommitStats {
+        self.rounds.stats()
     }
 }
 
-/// A synced append's share of a group commit round: its segment alone, or
-/// the whole filesystem for a round of several.
-struct SegmentSync<'a> {
-    file: &'a File,
-    root: &'a File,
+/// The filesystem of a store: a round of one syncs its segment, a round of
+/// several the whole filesystem.
+struct Filesystem {
+    /// The store directory, open: `syncfs` syncs its filesystem.
+    root: File,
 }
 
-impl Syncer for SegmentSync<'_> {
-    fn sync_one(&self) -> io::Result<()> {
-        self.file.sync_data()
+impl Syncer for Filesystem {
+    fn sync_one(&self, file: &File) -> io::Result<()> {
+        file.sync_data()
     }
 
     fn sync_all(&self) -> io::Result<()> {
-        syncfs(self.root)
+        syncfs(&self.root)
     }
 }
 
@@ -246,28 +260,24 @@ mod tests {
             Arc,
             atomic::{AtomicUsize, Ordering},
         },
-        thread,
         time::Duration,
     };
 
     use super::*;
 
-    /// Counts the syncs, and holds the first round until `hold` callers are
-    /// registered for the next one.
+    /// Counts the syncs; the first one waits until `gate` opens (its
+    /// sender is dropped), and a round of several fails when `fail_all`.
     struct Counting {
-        group: Arc<GroupSync>,
         one: Arc<AtomicUsize>,
         all: Arc<AtomicUsize>,
-        hold: usize,
+        gate: mpsc::Receiver<()>,
         fail_all: bool,
     }
 
     impl Syncer for Counting {
-        fn sync_one(&self) -> io::Result<()> {
+        fn sync_one(&self, _: &File) -> io::Result<()> {
             self.one.fetch_add(1, Ordering::SeqCst);
-            while self.group.rounds().waiting < self.hold {
-                thread::sleep(Duration::from_millis(1));
-            }
+            let _ = self.gate.recv();
             Ok(())
         }
         fn sync_all(&self) -> io::Result<()> {
@@ -280,55 +290,85 @@ mod tests {
         }
     }
 
-    /// One caller leads a round of its own; seven arriving during it share
-    /// the next round, one `sync_all`. Returns each caller's result.
-    fn two_rounds(fail_all: bool) -> (Vec<io::Result<()>>, usize, usize) {
-        let group = Arc::new(GroupSync::default());
+    /// One append has a round of its own; seven handed over while it runs
+    /// share the next round, one `sync_all`. Returns each append's result
+    /// and the syncs of each kind.
+    async fn two_rounds(fail_all: bool) -> (Vec<io::Result<()>>, usize, usize) {
         let (one, all) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let syncer = |hold| Counting {
-            group: Arc::clone(&group),
-            one: Arc::clone(&one),
-            all: Arc::clone(&all),
-            hold,
-            fail_all,
-        };
-        let first = {
-            let (group, syncer) = (Arc::clone(&group), syncer(7));
-            thread::spawn(move || group.sync(&syncer))
-        };
+        let (held, gate) = mpsc::channel();
+        let rounds = Arc::new(
+            Rounds::spawn(Counting {
+                one: Arc::clone(&one),
+                all: Arc::clone(&all),
+                gate,
+                fail_all,
+            })
+            .expect("sync thread"),
+        );
+        let file = Arc::new(tempfile::tempfile().expect("a file"));
+        let first = tokio::spawn({
+            let (rounds, file) = (Arc::clone(&rounds), Arc::clone(&file));
+            async move { rounds.sync(file).await }
+        });
         while one.load(Ordering::SeqCst) == 0 {
-            thread::sleep(Duration::from_millis(1));
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let rest: Vec<_> = (0..7)
             .map(|_| {
-                let (group, syncer) = (Arc::clone(&group), syncer(0));
-                thread::spawn(move || group.sync(&syncer))
+                let (rounds, file) = (Arc::clone(&rounds), Arc::clone(&file));
+                tokio::spawn(async move { rounds.sync(file).await })
             })
             .collect();
-        let mut results = vec![first.join().expect("first caller")];
-        results.extend(rest.into_iter().map(|t| t.join().expect("caller")));
-        let (one, all) = (one.load(Ordering::SeqCst), all.load(Ordering::SeqCst));
-        assert!(group.rounds().failed.is_empty(), "every failure was read");
-        (results, one, all)
+        // Every one of them handed over before the first round ends.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(held);
+        let mut results = vec![first.await.expect("first append")];
+        for append in rest {
+            results.push(append.await.expect("append"));
+        }
+        (
+            results,
+            one.load(Ordering::SeqCst),
+            all.load(Ordering::SeqCst),
+        )
     }
 
-    #[test]
-    fn callers_waiting_together_share_one_sync() {
-        let (results, one, all) = two_rounds(false);
+    #[tokio::test]
+    async fn appends_waiting_together_share_one_sync() {
+        let (results, one, all) = two_rounds(false).await;
         assert!(results.iter().all(Result::is_ok));
         // Without group commit that is eight syncs.
         assert_eq!((one, all), (1, 1));
     }
 
-    #[test]
-    fn a_failed_round_fails_its_members_only() {
-        let (results, one, all) = two_rounds(true);
+    #[tokio::test]
+    async fn a_failed_round_fails_its_members_only() {
+        let (results, one, all) = two_rounds(true).await;
         assert_eq!((one, all), (1, 1));
         assert!(results[0].is_ok(), "the first round succeeded");
         for result in &results[1..] {
             let error = result.as_ref().expect_err("the shared round failed");
             assert_eq!(error.raw_os_error(), Some(5));
         }
+    }
+
+    #[tokio::test]
+    async fn an_append_hears_when_the_sync_thread_is_gone() {
+        struct Panicking;
+        impl Syncer for Panicking {
+            fn sync_one(&self, _: &File) -> io::Result<()> {
+                panic!("a sync that never returns");
+            }
+            fn sync_all(&self) -> io::Result<()> {
+                panic!("a sync that never returns");
+            }
+        }
+        let rounds = Rounds::spawn(Panicking).expect("sync thread");
+        let file = Arc::new(tempfile::tempfile().expect("a file"));
+        let error = rounds.sync(Arc::clone(&file)).await.expect_err("no sync");
+        assert!(error.to_string().contains("sync thread stopped"), "{error}");
+        let error = rounds.sync(file).await.expect_err("no sync");
+        assert!(error.to_string().contains("sync thread stopped"), "{error}");
     }
 
     #[test]

@@ -46,7 +46,10 @@
 //!   goes to the blocking pool when any of them would wait.
 //! * **Group commit.** Synced appends to several logs waiting at the same
 //!   time share one sync of the filesystem instead of one `fdatasync` each
-//!   (see [`FileStoreOptions::group_commit()`]).
+//!   (see [`FileStoreOptions::group_commit()`]). The store's sync thread
+//!   (`mcp-persist-file-sync`, one per opened store, gone with its last
+//!   handle) makes the syncs; an append waits for its round without
+//!   holding a blocking thread.
 //!
 //! # Torn tails and damage in logs
 //!
@@ -232,6 +235,7 @@ use crate::{
 /// Temporary files older than this are left by crashed writers and swept.
 pub(crate) const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 
+pub use commit::GroupCommitStats;
 /// How long after its expiry a record or log must be before
 /// [`Backend::sweep_expired`] deletes it, by default: 60 seconds.
 ///
@@ -394,6 +398,35 @@ impl FileStore {
         })
     }
 
+    /// What group commit has done since this store was opened: syncs made
+    /// (rounds) and synced appends they covered; appends per round is how
+    /// many syncs it saved. `None` when group commit is off
+    /// ([`FileStoreOptions::group_commit`]) or not trusted here.
+    ///
+    /// ```
+    /// use mcp_persist_core::{Key, LogStore};
+    /// use mcp_persist_store_file::FileStore;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// let store = FileStore::open(dir.path()).await?;
+    /// let log = Key::new("events")?;
+    /// // The first append creates the log's segment, synced whole; the
+    /// // next one is written in place and synced in a round.
+    /// store.append(&log, vec![b"one".to_vec()], None).await?;
+    /// store.append(&log, vec![b"two".to_vec()], None).await?;
+    /// if let Some(stats) = store.group_commit_stats() {
+    ///     assert_eq!((stats.rounds, stats.appends), (1, 1));
+    /// }
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn group_commit_stats(&self) -> Option<GroupCommitStats> {
+        self.inner.logs.group_commit_stats()
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &std::path::Path {
         &self.inner.store.root
@@ -536,8 +569,13 @@ impl FileStore {
             return Ok(Vec::new());
         }
         let log = log.clone();
-        self.blocking(move |inner| inner.logs.append(&log, &records, ttl, sync))
-            .await
+        let appended = self
+            .blocking(move |inner| inner.logs.append(&log, &records, ttl, sync))
+            .await?;
+        if let Some(unsynced) = appended.unsynced {
+            self.inner.logs.sync_appended(unsynced).await?;
+        }
+        Ok(appended.seqs)
     }
 }
 

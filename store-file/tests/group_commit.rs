@@ -233,3 +233,56 @@ fn sigkill_mid_round_loses_nothing_acknowledged() {
     let total: usize = logs.values().map(Vec::len).sum();
     eprintln!("{KILLS} kills, {total} records over {LOGS} logs, every acknowledged one kept");
 }
+
+/// An append waiting for its sync holds no blocking thread, so appends to
+/// many logs share rounds even when the blocking pool is small: with two
+/// blocking threads, a round whose every member held one (as each waiting
+/// append once did) could never cover more than two appends.
+#[test]
+fn waiting_appends_hold_no_blocking_thread() {
+    const APPENDERS: usize = 16;
+    const EACH: usize = 10;
+    // On the build's disk, not a tmpfs: a real sync takes long enough for
+    // appends to queue behind it.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let store = FileStore::open_with(dir.path(), options(true))
+            .await
+            .expect("open");
+        if store.group_commit_stats().is_none() {
+            eprintln!("group commit is not trusted on this system; nothing to check");
+            return;
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for log in 0..APPENDERS {
+            let store = store.clone();
+            tasks.spawn(async move {
+                for k in 0..EACH {
+                    store
+                        .append(&key(format!("log-{log}")), vec![vec![k as u8; 64]], None)
+                        .await
+                        .expect("append");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("appender");
+        }
+        let stats = store.group_commit_stats().expect("group commit on");
+        assert!(stats.rounds > 0, "{stats:?}");
+        let per_round = stats.appends as f64 / stats.rounds as f64;
+        assert!(
+            per_round > 2.0,
+            "rounds should gather more appends than there are blocking threads: {stats:?}"
+        );
+        let report = store.verify().await.expect("verify");
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert_eq!(report.log_records, (APPENDERS * EACH) as u64);
+    });
+}

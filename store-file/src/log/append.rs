@@ -4,7 +4,8 @@ use std::{
     fs::{self, File, OpenOptions},
     io,
     os::unix::fs::{FileExt, MetadataExt},
-    path::Path,
+    path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -24,20 +25,72 @@ use crate::fsio::{
     ensure_private_dir, expiry_ms, io, io_error, is_live, sync_dir, unix_ms, write_atomic,
 };
 
+/// The numbers of an append's records, and, for a synced append written in
+/// place under group commit, the sync it still needs: the caller awaits
+/// [`Logs::sync_appended`] (on the store's sync thread, holding no blocking
+/// thread) before it acknowledges the records.
+pub(crate) struct Appended {
+    pub(crate) seqs: Vec<u64>,
+    pub(crate) unsynced: Option<Unsynced>,
+}
+
+/// The segment a synced append wrote in place, not synced yet.
+pub(crate) struct Unsynced {
+    file: Arc<File>,
+    path: PathBuf,
+    hashed: String,
+    seg_first: u64,
+    ino: u64,
+    last: u64,
+}
+
 impl Logs {
     /// Appends `records` to log `name`. With `sync`, the frames are
-    /// fdatasynced before this returns (they survive a power cut);
-    /// without, they are written to the file (they survive a crash of this
-    /// process, and other processes read them at once). A new segment is
-    /// always created whole and synced.
+    /// fdatasynced before this returns (they survive a power cut), or, under
+    /// group commit, the returned [`Appended::unsynced`] says what
+    /// [`sync_appended`](Self::sync_appended) must sync before the records
+    /// are acknowledged; without, they are written to the file (they
+    /// survive a crash of this process, and other processes read them at
+    /// once). A new segment is always created whole and synced.
     pub(crate) fn append(
         &self,
         name: &str,
         records: &[Vec<u8>],
         ttl: Option<Duration>,
         sync: bool,
-    ) -> Result<Vec<u64>, Error> {
+    ) -> Result<Appended, Error> {
         report(name, self.append_records(name, records, ttl, sync))
+    }
+
+    /// Syncs the segment a synced append wrote in place, as one member of
+    /// a group commit round, and notes it synced for the next append's
+    /// slot.
+    pub(crate) async fn sync_appended(&self, unsynced: Unsynced) -> Result<(), Error> {
+        // Only appends under group commit leave their sync to the caller.
+        let Some(group) = &self.group else {
+            return Err(io_error(
+                "fsync",
+                &unsynced.path,
+                io::Error::other("group commit is off for this store"),
+            ));
+        };
+        group
+            .sync(Arc::clone(&unsynced.file))
+            .await
+            .map_err(io("fsync", &unsynced.path))?;
+        self.note_synced(&unsynced);
+        Ok(())
+    }
+
+    /// The next append's slot says the records up to `unsynced.last` are
+    /// synced (if the segment is still the log's last).
+    fn note_synced(&self, unsynced: &Unsynced) {
+        if let Some(t) = self.tails().get_mut(&unsynced.hashed)
+            && t.seg_first == unsynced.seg_first
+            && t.ino == unsynced.ino
+        {
+            t.synced = t.synced.max(unsynced.last);
+        }
     }
 
     fn append_records(
@@ -46,7 +99,7 @@ impl Logs {
         records: &[Vec<u8>],
         ttl: Option<Duration>,
         sync: bool,
-    ) -> Result<Vec<u64>, Error> {
+    ) -> Result<Appended, Error> {
         let (hashed, dir) = self.paths(name);
         let guard = self.store.lock_stripe("log", &hashed)?;
         let now = unix_ms();
@@ -202,21 +255,35 @@ impl Logs {
         // appends to many logs share syncs (group commit). Nothing is lost by
         // the wait: the frames are in the file, readers may see them (as of
         // any write), and the caller hears of them only after this.
-        if let (true, Some((file, path))) = (sync, to_sync) {
-            match &self.group {
-                Some(group) => group.sync(&file),
-                None => file.sync_data(),
-            }
-            .map_err(io("fsync", &path))?;
-            // The next append's slot says so.
-            if let Some(t) = self.tails().get_mut(&hashed)
-                && t.seg_first == tail.seg_first
-                && t.ino == tail.ino
-            {
-                t.synced = t.synced.max(last);
-            }
+        let Some((file, path)) = to_sync.filter(|_| sync) else {
+            return Ok(Appended {
+                seqs,
+                unsynced: None,
+            });
+        };
+        let unsynced = Unsynced {
+            file,
+            path,
+            hashed,
+            seg_first: tail.seg_first,
+            ino: tail.ino,
+            last,
+        };
+        if self.group.is_some() {
+            return Ok(Appended {
+                seqs,
+                unsynced: Some(unsynced),
+            });
         }
-        Ok(seqs)
+        unsynced
+            .file
+            .sync_data()
+            .map_err(io("fsync", &unsynced.path))?;
+        self.note_synced(&unsynced);
+        Ok(Appended {
+            seqs,
+            unsynced: None,
+        })
     }
 
     /// Starts a segment at `first` (following `follows`) with the encoded

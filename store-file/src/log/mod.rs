@@ -73,6 +73,11 @@ impl Logs {
         })
     }
 
+    /// What group commit has done, when it is on.
+    pub(crate) fn group_commit_stats(&self) -> Option<crate::GroupCommitStats> {
+        self.group.as_ref().map(GroupCommit::stats)
+    }
+
     fn tails(&self) -> MutexGuard<'_, HashMap<String, Tail>> {
         // The map is a cache validated on every use: a poisoned one is still sound.
         self.tails.lock().unwrap_or_else(|p| p.into_inner())
