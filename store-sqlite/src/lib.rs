@@ -148,7 +148,7 @@ mod writer;
 use error::{Ctx, NAME};
 pub use opener::SqliteOpener;
 pub use schema::SCHEMA_VERSION;
-use writer::Writer;
+use writer::{Commit, Writer};
 
 /// How long after its expiry a record or log may be deleted by a sweep
 /// ([`Backend::sweep_expired`] or the periodic one): the kit's margin.
@@ -169,7 +169,9 @@ pub enum Durability {
     /// A write that waives its sync ([`PutOptions::unsynced()`],
     /// [`LogStore::append_unsynced`]) commits as under `Normal` when its
     /// whole group does, and is on disk with the next synced commit (the
-    /// log is written in order).
+    /// log is written in order). An unsynced put that would commit alone
+    /// first waits up to a millisecond for another write to share its
+    /// commit with (its caller normally sends one right behind it).
     #[default]
     Full,
     /// `PRAGMA synchronous = NORMAL`: commits reach the operating system but
@@ -397,7 +399,11 @@ impl SqliteStore {
             .run_with(
                 log.len() + payload(&records),
                 true,
-                synced,
+                if synced {
+                    Commit::Synced
+                } else {
+                    Commit::Unsynced
+                },
                 move |conn, ctx| ops::log_append(conn, ctx, &log, &records, ttl),
             )
             .await
@@ -486,14 +492,18 @@ impl KvStore for SqliteStore {
         // An unsynced put commits without its fsync when its whole batch
         // waives it; the next synced commit makes it durable (the log is
         // written in order). Under `Durability::Normal` nothing is synced.
+        // It waits a moment for a write to share its commit with: its
+        // caller normally sends the synced write that covers it next.
+        let commit = if unsynced {
+            Commit::Shared
+        } else {
+            Commit::Synced
+        };
         self.inner
             .writer
-            .run_with(
-                key.len() + value.len(),
-                false,
-                !unsynced,
-                move |conn, ctx| ops::kv_put(conn, ctx, &key, &value, mode, ttl),
-            )
+            .run_with(key.len() + value.len(), false, commit, move |conn, ctx| {
+                ops::kv_put(conn, ctx, &key, &value, mode, ttl)
+            })
             .await
     }
 

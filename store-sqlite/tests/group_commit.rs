@@ -4,7 +4,9 @@
 //!
 //! The tests hold SQLite's write lock from a plain connection so that the
 //! writer thread is stuck in `BEGIN IMMEDIATE` while the writes queue up;
-//! everything they wait for is a condition, never a duration.
+//! everything they wait for is a condition, never a duration, but for the
+//! last test, whose subject is a wait (an unsynced put's moment of waiting
+//! for company), and which gives a busy machine five tries.
 
 use mcp_persist_core::conformance::key;
 use std::{path::Path, sync::Arc, time::Duration};
@@ -231,4 +233,68 @@ async fn a_failed_write_in_a_group_is_undone_alone() {
         .map(|r| r.data)
         .collect();
     assert_eq!(mixed, vec![b"a".to_vec(), b"b".to_vec()]);
+}
+
+/// An unsynced put (a kept answer) waits a moment for the write its caller
+/// sends next (the response's synced event) and shares that commit, rather
+/// than cost one of its own; alone, it still commits, a moment later.
+///
+/// The follower comes 200 µs after the unsynced put, long after the writer
+/// took the put (a write it did not wait for committed alone by then); the
+/// writer waits up to a millisecond. A machine too busy to send the follower
+/// within that gets five tries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsynced_put_shares_the_commit_of_the_write_behind_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open(&dir.path().join("shared.db")).await;
+
+    let mut shared = Vec::new();
+    for attempt in 0..5 {
+        let before = store.write_stats();
+        let answer = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let options = PutOptions::new(PutMode::Overwrite).unsynced();
+                store
+                    .put(&key(format!("answer/{attempt}")), b"kept".to_vec(), options)
+                    .await
+            })
+        };
+        std::thread::sleep(Duration::from_micros(200));
+        store
+            .append(
+                &key(format!("events/{attempt}")),
+                vec![b"response".to_vec()],
+                None,
+            )
+            .await
+            .expect("append");
+        answer.await.expect("task").expect("unsynced put");
+        let after = store.write_stats();
+        assert_eq!(after.operations - before.operations, 2);
+        shared.push(after.transactions - before.transactions);
+        if shared.last() == Some(&1) {
+            break;
+        }
+    }
+    assert_eq!(
+        shared.last(),
+        Some(&1),
+        "the unsynced put never shared the next write's commit (commits per try: {shared:?})"
+    );
+
+    // Alone, it commits by itself, and it is there.
+    let before = store.write_stats();
+    let options = PutOptions::new(PutMode::Overwrite).unsynced();
+    store
+        .put(&key("alone"), b"kept".to_vec(), options)
+        .await
+        .expect("a lone unsynced put");
+    assert_eq!(store.write_stats().transactions - before.transactions, 1);
+    let entry = store
+        .get(&key("alone"))
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(entry.value, b"kept");
 }

@@ -42,9 +42,10 @@
 //! The answer is kept while it is sent, by a write the
 //! store may acknowledge before it syncs it
 //! ([`PutOptions::unsynced`](mcp_persist_core::PutOptions#structfield.unsynced)):
-//! SQLite puts it on disk with its next synced commit, on a legacy server
-//! normally the response's own event, stored before the client can read
-//! it. An instance that stops (or loses power) before the answer is kept
+//! SQLite holds it up to a millisecond for the write behind it and puts it
+//! on disk with that synced commit, on a legacy server normally the
+//! response's own event, stored before the client can read it (one commit
+//! for both). An instance that stops (or loses power) before the answer is kept
 //! leaves later attempts hearing [`OUTCOME_UNKNOWN`], as for a call cut
 //! while it ran.
 //!
@@ -823,9 +824,9 @@ impl Calls {
             return Err(self.panicked(&key, &running).await);
         };
         // The answer goes out while it is being kept: its store write
-        // overlaps the response's own (on SQLite it is a commit without an
-        // fsync, which the response's synced commit puts on disk; starting
-        // it only as the response is stored was measured to save no time).
+        // overlaps the response's own (on SQLite it waits for the
+        // response's event and shares its synced commit; starting it only
+        // as the response is stored was measured to save no time).
         // Until it lands another attempt finds the call running here and
         // waits for it; only if this instance dies in between does a later
         // attempt (of a client that lost this answer) hear "outcome
