@@ -5,7 +5,10 @@ use std::{
     io::{self, Write},
     os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -198,16 +201,89 @@ pub(crate) struct LockGuard {
 
 /// Blocks until the exclusive lock on `path` is held.
 pub(crate) fn lock_file(path: &Path) -> Result<LockGuard, Error> {
-    let file = OpenOptions::new()
+    let file = open_lock_file(path)?;
+    file.lock().map_err(io("lock", path))?;
+    Ok(LockGuard { _file: file })
+}
+
+fn open_lock_file(path: &Path) -> Result<File, Error> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(FILE_MODE)
         .open(path)
-        .map_err(io("open lock file", path))?;
-    file.lock().map_err(io("lock", path))?;
-    Ok(LockGuard { _file: file })
+        .map_err(io("open lock file", path))
+}
+
+/// The lock files of one handle's stripes, each opened once and kept: an
+/// append then costs `flock` twice instead of `open`, `flock` and `close`.
+/// A stripe is held in this process (a flag and a condvar) before its file
+/// is locked, since a `flock` taken twice through one open file is not
+/// exclusive; the file lock excludes other handles and processes, and the
+/// kernel releases it when a holder dies. Lock files are never removed.
+#[derive(Debug, Default)]
+pub(crate) struct StripeLocks {
+    open: std::sync::Mutex<std::collections::HashMap<PathBuf, Arc<Stripe>>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Stripe {
+    file: File,
+    path: PathBuf,
+    held: std::sync::Mutex<bool>,
+    freed: std::sync::Condvar,
+}
+
+/// A stripe held, in this process and on its file, until dropped.
+#[derive(Debug)]
+pub(crate) struct StripeGuard(Arc<Stripe>);
+
+impl StripeLocks {
+    /// Blocks until the stripe whose lock file is `path` is held.
+    pub(crate) fn lock(&self, path: PathBuf) -> Result<StripeGuard, Error> {
+        let stripe = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            match open.get(&path) {
+                Some(stripe) => Arc::clone(stripe),
+                None => {
+                    let file = open_lock_file(&path)?;
+                    let stripe = Arc::new(Stripe {
+                        file,
+                        path: path.clone(),
+                        held: std::sync::Mutex::new(false),
+                        freed: std::sync::Condvar::new(),
+                    });
+                    open.insert(path, Arc::clone(&stripe));
+                    stripe
+                }
+            }
+        };
+        {
+            let mut held = stripe.held.lock().unwrap_or_else(|p| p.into_inner());
+            while *held {
+                held = stripe.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+            }
+            *held = true;
+        }
+        // From here on the guard releases the flag, whatever happens.
+        let guard = StripeGuard(stripe);
+        guard.0.file.lock().map_err(io("lock", &guard.0.path))?;
+        Ok(guard)
+    }
+}
+
+impl Drop for StripeGuard {
+    fn drop(&mut self) {
+        // Unlocking a file this process locked does not fail in practice;
+        // if it did, other processes would wait on it, so say so.
+        if let Err(e) = self.0.file.unlock() {
+            warn!(path = %self.0.path.display(), error = %e, "could not unlock a lock stripe");
+        }
+        *self.0.held.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.0.freed.notify_one();
+    }
 }
 
 /// Removes temporary files in `dir` older than `min_age` (left by writers

@@ -18,7 +18,9 @@
 //!   appended after it.
 //! * **Processes share a store safely.** Compare-and-swap, deletes and
 //!   appends take a lock on a side file (`File::lock`), striped by key, so two
-//!   processes of one application never clobber each other: N writers doing
+//!   processes of one application never clobber each other (each handle
+//!   keeps its stripes' files open, and its own threads take a stripe in
+//!   turn before they lock its file): N writers doing
 //!   M increments end at N x M. Versions strictly increase per key, across
 //!   deletes, sweeps and restarts.
 //! * **Damage is reported, not hidden.** A record file that is truncated or

@@ -15,8 +15,8 @@ use tracing::{debug, warn};
 use crate::{
     FileStoreOptions,
     fsio::{
-        DIR_MODE, LockGuard, ensure_private_dir, io, io_error, lock_file, warn_if_open_to_others,
-        write_atomic,
+        DIR_MODE, LockGuard, StripeGuard, StripeLocks, ensure_private_dir, io, io_error, lock_file,
+        warn_if_open_to_others, write_atomic,
     },
 };
 
@@ -56,6 +56,8 @@ pub(crate) struct StoreDir {
     pub(crate) options: FileStoreOptions,
     /// Whether a record file open to others has been warned about already.
     warned_mode: AtomicBool,
+    /// The lock stripes' files, kept open.
+    stripes: StripeLocks,
 }
 
 impl StoreDir {
@@ -96,6 +98,7 @@ impl StoreDir {
             root,
             options,
             warned_mode: AtomicBool::new(false),
+            stripes: StripeLocks::default(),
         };
         for dir in [
             &store.kv_dir,
@@ -173,9 +176,10 @@ impl StoreDir {
     }
 
     /// Takes the lock stripe of a hashed key or log name.
-    pub(crate) fn lock_stripe(&self, space: &str, hashed: &str) -> Result<LockGuard, Error> {
+    pub(crate) fn lock_stripe(&self, space: &str, hashed: &str) -> Result<StripeGuard, Error> {
         let stripe = u8::from_str_radix(hashed.get(..2).unwrap_or("00"), 16).unwrap_or(0) % STRIPES;
-        lock_file(&self.lock_dir.join(format!("{space}-{stripe:02}")))
+        self.stripes
+            .lock(self.lock_dir.join(format!("{space}-{stripe:02}")))
     }
 
     /// Warns, once per handle, about a record file open to group or others.
