@@ -3,7 +3,7 @@
 use std::{
     fs::{self, DirBuilder, File, OpenOptions},
     io::{self, Write},
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -222,7 +222,7 @@ fn open_lock_file(path: &Path) -> Result<File, Error> {
 /// A stripe is held in this process (a flag and a condvar) before its file
 /// is locked, since a `flock` taken twice through one open file is not
 /// exclusive; the file lock excludes other handles and processes, and the
-/// kernel releases it when a holder dies. Lock files are never removed.
+/// kernel releases it when a holder dies.
 #[derive(Debug, Default)]
 pub(crate) struct StripeLocks {
     open: std::sync::Mutex<std::collections::HashMap<PathBuf, Arc<Stripe>>>,
@@ -242,35 +242,53 @@ pub(crate) struct StripeGuard(Arc<Stripe>);
 
 impl StripeLocks {
     /// Blocks until the stripe whose lock file is `path` is held.
+    ///
+    /// A lock file removed while it was kept open (by hand: nothing here
+    /// removes one) is opened again, created afresh, so that handles
+    /// opened since, which lock the new file, still exclude this one.
     pub(crate) fn lock(&self, path: PathBuf) -> Result<StripeGuard, Error> {
-        let stripe = {
-            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-            match open.get(&path) {
-                Some(stripe) => Arc::clone(stripe),
-                None => {
-                    let file = open_lock_file(&path)?;
-                    let stripe = Arc::new(Stripe {
-                        file,
-                        path: path.clone(),
-                        held: std::sync::Mutex::new(false),
-                        freed: std::sync::Condvar::new(),
-                    });
-                    open.insert(path, Arc::clone(&stripe));
-                    stripe
+        loop {
+            let stripe = self.stripe(&path)?;
+            {
+                let mut held = stripe.held.lock().unwrap_or_else(|p| p.into_inner());
+                while *held {
+                    held = stripe.freed.wait(held).unwrap_or_else(|p| p.into_inner());
                 }
+                *held = true;
             }
-        };
-        {
-            let mut held = stripe.held.lock().unwrap_or_else(|p| p.into_inner());
-            while *held {
-                held = stripe.freed.wait(held).unwrap_or_else(|p| p.into_inner());
+            // From here on the guard releases the flag, whatever happens.
+            let guard = StripeGuard(stripe);
+            guard.0.file.lock().map_err(io("lock", &guard.0.path))?;
+            let meta = guard.0.file.metadata().map_err(io("inspect", &path))?;
+            if meta.nlink() > 0 {
+                return Ok(guard);
             }
-            *held = true;
+            warn!(path = %path.display(), "a lock file was removed while the store was open; creating it again");
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            if open
+                .get(&path)
+                .is_some_and(|kept| Arc::ptr_eq(kept, &guard.0))
+            {
+                open.remove(&path);
+            }
         }
-        // From here on the guard releases the flag, whatever happens.
-        let guard = StripeGuard(stripe);
-        guard.0.file.lock().map_err(io("lock", &guard.0.path))?;
-        Ok(guard)
+    }
+
+    /// The stripe of the lock file `path`, opened if this handle has not
+    /// yet.
+    fn stripe(&self, path: &Path) -> Result<Arc<Stripe>, Error> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(stripe) = open.get(path) {
+            return Ok(Arc::clone(stripe));
+        }
+        let stripe = Arc::new(Stripe {
+            file: open_lock_file(path)?,
+            path: path.to_path_buf(),
+            held: std::sync::Mutex::new(false),
+            freed: std::sync::Condvar::new(),
+        });
+        open.insert(path.to_path_buf(), Arc::clone(&stripe));
+        Ok(stripe)
     }
 }
 

@@ -697,3 +697,51 @@ async fn a_sweep_leaves_what_expired_within_the_margin() {
     assert_eq!(fs::read_dir(dir.join("kv")).expect("kv").count(), 0);
     assert_eq!(fs::read_dir(dir.join("log")).expect("log").count(), 0);
 }
+
+/// A handle keeps its lock stripes' files open. One removed by hand while
+/// the store is open is created again by the handle's next write, so that
+/// it locks the same file as a handle opened since; the writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_file_removed_while_open_is_created_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open(dir.path()).await;
+    let log = key("events");
+    store
+        .append(&log, vec![b"one".to_vec()], None)
+        .await
+        .expect("append");
+    let lock_dir = dir.path().join("lock");
+    let stripes = |dir: &Path| -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = fs::read_dir(dir)
+            .expect("lock dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.file_name().is_some_and(|n| n != "meta"))
+            .collect();
+        files.sort();
+        files
+    };
+    let before = stripes(&lock_dir);
+    assert!(!before.is_empty(), "an append takes a lock stripe");
+    for file in &before {
+        fs::remove_file(file).expect("remove lock file");
+    }
+
+    store
+        .append(&log, vec![b"two".to_vec()], None)
+        .await
+        .expect("append after the lock file went");
+    assert_eq!(
+        stripes(&lock_dir),
+        before,
+        "the stripe's file is created again"
+    );
+    let other = open(dir.path()).await;
+    let read: Vec<Vec<u8>> = other
+        .read_after(&log, 0, 10)
+        .await
+        .expect("read")
+        .into_iter()
+        .map(|r| r.data)
+        .collect();
+    assert_eq!(read, vec![b"one".to_vec(), b"two".to_vec()]);
+}
