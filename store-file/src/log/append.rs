@@ -269,10 +269,20 @@ impl Logs {
             ino: tail.ino,
             last,
         };
-        if self.group.is_some() {
+        if let Some(group) = &self.group {
+            match group.sync_alone(&unsynced.file) {
+                Some(synced) => synced.map_err(io("fsync", &unsynced.path))?,
+                None => {
+                    return Ok(Appended {
+                        seqs,
+                        unsynced: Some(unsynced),
+                    });
+                }
+            }
+            self.note_synced(&unsynced);
             return Ok(Appended {
                 seqs,
-                unsynced: Some(unsynced),
+                unsynced: None,
             });
         }
         unsynced
