@@ -384,6 +384,38 @@ fn main() -> Result<()> {
         baseline: "append+fdatasync",
         aim: 0.8,
     });
+    // What the blocking pool alone costs an append: the same write and
+    // fdatasync on a pool thread, awaited from the caller's side.
+    let bare_log = std::sync::Arc::new(
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(raw_dir.join("bare-log"))?,
+    );
+    let (bare, raw) = compare(
+        || {
+            let (file, frame) = (std::sync::Arc::clone(&bare_log), frame.clone());
+            rt.block_on(async {
+                tokio::task::spawn_blocking(move || {
+                    (&*file).write_all(&frame)?;
+                    file.sync_data()
+                })
+                .await
+            })??;
+            Ok(())
+        },
+        || {
+            raw_log.write_all(&frame)?;
+            raw_log.sync_data()?;
+            Ok(())
+        },
+    )?;
+    bounds.push(format!(
+        "a bare spawn_blocking doing one append+fdatasync: {:.0}/s, {:.2} of doing it at once",
+        bare,
+        bare / raw
+    ));
     // The first append to a new log each time: directory, segment and
     // numbering mark, against a file created whole the crash-safe way.
     let mut new_logs = 0u64;
