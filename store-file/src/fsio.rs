@@ -218,7 +218,8 @@ fn open_lock_file(path: &Path) -> Result<File, Error> {
 }
 
 /// The lock files of one handle's stripes, each opened once and kept: an
-/// append then costs `flock` twice instead of `open`, `flock` and `close`.
+/// append then costs two `flock`s and an `fstat` instead of `open`, `flock`
+/// and `close`.
 /// A stripe is held in this process (a flag and a condvar) before its file
 /// is locked, since a `flock` taken twice through one open file is not
 /// exclusive; the file lock excludes other handles and processes, and the
