@@ -616,6 +616,13 @@ pub async fn wrong_or_missing_key_names_the_key_id(f: &SealFixture) {
     }
 }
 
+/// Rekey options for a store holding the samples: the sample refresh lease
+/// was taken "now", so rekey waits it out before sealing the credential
+/// beside it; with the default 30 s lease TTL that wait is the whole test.
+fn patient_briefly() -> RekeyOptions {
+    RekeyOptions::default().lease_ttl(Duration::from_millis(500))
+}
+
 /// A store written before sealing was on: its plain records read through
 /// the seal; refusing plain text makes them errors; `rekey` seals every
 /// plain record of a kind kept until deleted (and lists the ones with a TTL
@@ -664,6 +671,7 @@ pub async fn plaintext_is_read_then_sealed_by_rekey(f: &SealFixture) {
     );
 
     let report = Rekey::new(&sealing, opened.kv.clone(), opened.log.clone())
+        .options(patient_briefly())
         .run(|_| {})
         .await
         .expect("rekey");
@@ -716,6 +724,7 @@ pub async fn plaintext_is_read_then_sealed_by_rekey(f: &SealFixture) {
         }
     }
     let again = Rekey::new(&sealing, opened.kv.clone(), opened.log.clone())
+        .options(patient_briefly())
         .run(|_| {})
         .await
         .expect("rekey again");
