@@ -34,7 +34,7 @@
 //! costs both clients the same.
 //!
 //! `cargo bench -p mcp-persist-transport-http --bench bench_client`
-//! (bounded: about a minute).
+//! (bounded: a few minutes; 5 here, the build included).
 
 use std::{
     sync::{
