@@ -327,7 +327,10 @@ pub(crate) fn run(_args: &[String]) -> Result<()> {
 /// its `INTEROP ` lines. Built with the feature set of the tests, so it
 /// reuses their build.
 fn durable_client_against(url: &str, runs: &Path) -> Result<()> {
-    const TEST: &str = "against_the_typescript_sdk_server_a_lost_call_is_not_sent_again";
+    // In the transport's `integration` test binary (the CLI's, of the same
+    // name, has no such test and runs none).
+    const TEST: &str =
+        "exactly_once_client::against_the_typescript_sdk_server_a_lost_call_is_not_sent_again";
     let output = crate::cargo()
         .args([
             "test",
@@ -335,7 +338,7 @@ fn durable_client_against(url: &str, runs: &Path) -> Result<()> {
             "--workspace",
             "--all-features",
             "--test",
-            "exactly_once_client",
+            "integration",
             "--",
             "--ignored",
             "--exact",

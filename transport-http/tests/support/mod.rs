@@ -125,6 +125,16 @@ impl Instance {
     }
 }
 
+/// The name libtest knows test `name` of module `module` (its
+/// `module_path!()`) by: the path without the crate's name, as `--exact`
+/// wants it when a test re-executes its binary to run one test as a child.
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// Runs the demo server in this process when the test binary was started
 /// as one (see [`Instance::process`]); returns `false` otherwise.
 pub fn run_demo_server_if_asked() -> bool {
