@@ -29,9 +29,9 @@
 //! * the other way round, this product's durable client against
 //!   `xtask/interop/ts-server.mjs`, a server written with the TypeScript
 //!   SDK that ignores idempotency keys, without sessions and with sessions
-//!   but no event store: the test `exactly_once_client`
-//!   `against_the_typescript_sdk_server_a_lost_call_is_not_sent_again`
-//!   (ignored by `cargo test`) proves that calls are answered as usual and
+//!   but no event store: the transport's test
+//!   `exactly_once_client::against_the_typescript_sdk_server_a_lost_call_is_not_sent_again`
+//!   (in its `integration` binary, ignored by `cargo test`) proves that calls are answered as usual and
 //!   that a call cut by the client's SIGKILL is reported lost after the
 //!   restart and not sent again (the tool ran once).
 
