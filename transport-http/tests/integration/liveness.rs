@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use crate::support::{Balancer, Instance, demo};
+use crate::support::{Balancer, Instance, demo, rpc_as_alice};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use mcp_persist_core::{
@@ -196,53 +196,6 @@ async fn serve(
     Ok((addr, task))
 }
 
-/// A 2026-07-28 request as `alice`; the JSON-RPC response.
-async fn rpc(
-    http: &reqwest::Client,
-    url: &str,
-    method: &str,
-    mut params: Value,
-) -> anyhow::Result<Value> {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": { "name": "stall-test", "version": "1" },
-        "io.modelcontextprotocol/clientCapabilities": {
-            "extensions": { "io.modelcontextprotocol/tasks": {} }
-        }
-    });
-    let name = params
-        .get("name")
-        .or_else(|| params.get("taskId"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let text = http
-        .post(url)
-        .header("mcp-name", name)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method)
-        .header("x-demo-user", "alice")
-        .body(body.to_string())
-        .send()
-        .await?
-        .text()
-        .await?;
-    let message = if text.trim_start().starts_with('{') {
-        text
-    } else {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .find(|d| d.contains("\"id\""))
-            .with_context(|| format!("no response: {text}"))?
-            .to_owned()
-    };
-    Ok(serde_json::from_str(&message)?)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_instance_whose_writes_stall_a_second_keeps_its_work() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -265,9 +218,10 @@ async fn a_live_instance_whose_writes_stall_a_second_keeps_its_work() -> anyhow:
         .build()?;
 
     // A task on A, polled on B...
-    let created = rpc(
+    let created = rpc_as_alice(
         &http,
         &url_a,
+        "stall-test",
         "tools/call",
         json!({ "name": "long_job", "arguments": { "steps": 60, "step_ms": 100, "tag": "stall" } }),
     )
@@ -322,7 +276,14 @@ async fn a_live_instance_whose_writes_stall_a_second_keeps_its_work() -> anyhow:
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let done = loop {
-        let answer = rpc(&http, &url_b, "tasks/get", json!({ "taskId": task })).await?;
+        let answer = rpc_as_alice(
+            &http,
+            &url_b,
+            "stall-test",
+            "tasks/get",
+            json!({ "taskId": task }),
+        )
+        .await?;
         let status = answer["result"]["status"]
             .as_str()
             .unwrap_or_default()

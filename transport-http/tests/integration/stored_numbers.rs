@@ -6,59 +6,12 @@
 
 use std::time::Duration;
 
-use crate::support::Instance;
+use crate::support::{Instance, rpc_as_alice};
 use anyhow::Context as _;
 use mcp_persist_core::{
     ResumableOperation, Stores, TaskId, TaskOwner, TaskRecord, TaskStatus, Timestamp,
 };
-use serde_json::{Value, json};
-
-/// A 2026-07-28 request as `alice`; the JSON-RPC response.
-async fn rpc(
-    http: &reqwest::Client,
-    url: &str,
-    method: &str,
-    mut params: Value,
-) -> anyhow::Result<Value> {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": { "name": "numbers-test", "version": "1" },
-        "io.modelcontextprotocol/clientCapabilities": {
-            "extensions": { "io.modelcontextprotocol/tasks": {} }
-        }
-    });
-    let name = params
-        .get("name")
-        .or_else(|| params.get("taskId"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-    let text = http
-        .post(url)
-        .header("mcp-name", name)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method)
-        .header("x-demo-user", "alice")
-        .body(body.to_string())
-        .send()
-        .await?
-        .text()
-        .await?;
-    let message = if text.trim_start().starts_with('{') {
-        text
-    } else {
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .find(|d| d.contains("\"id\""))
-            .with_context(|| format!("no response: {text}"))?
-            .to_owned()
-    };
-    Ok(serde_json::from_str(&message)?)
-}
+use serde_json::json;
 
 /// A running resumable task of alice's, owned by an instance that never
 /// existed, at the last generation there is.
@@ -88,9 +41,10 @@ async fn generation_at_the_limit(stores: Stores, server_args: &[&str]) -> anyhow
     // period old; until then the task reads as running.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let error = loop {
-        let answer = rpc(
+        let answer = rpc_as_alice(
             &http,
             &server.url(),
+            "numbers-test",
             "tasks/get",
             json!({ "taskId": id.as_str() }),
         )
@@ -114,17 +68,19 @@ async fn generation_at_the_limit(stores: Stores, server_args: &[&str]) -> anyhow
     assert_eq!(stored.runs, 1);
     assert_eq!(stored.status, TaskStatus::Working);
     // The same answer again, and the server still serves other tasks.
-    let again = rpc(
+    let again = rpc_as_alice(
         &http,
         &server.url(),
+        "numbers-test",
         "tasks/get",
         json!({ "taskId": id.as_str() }),
     )
     .await?;
     assert_eq!(again["error"], error);
-    let created = rpc(
+    let created = rpc_as_alice(
         &http,
         &server.url(),
+        "numbers-test",
         "tools/call",
         json!({ "name": "long_job", "arguments": { "steps": 1, "step_ms": 1, "tag": "ok" } }),
     )

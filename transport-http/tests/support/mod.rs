@@ -135,6 +135,56 @@ pub fn test_path(module: &str, name: &str) -> String {
     }
 }
 
+/// A 2026-07-28 request as `alice` (the demo server's `x-demo-user`), from a
+/// client named `client` that declares the tasks extension, over raw HTTP;
+/// the JSON-RPC response (the first SSE event that carries an `id`).
+pub async fn rpc_as_alice(
+    http: &reqwest::Client,
+    url: &str,
+    client: &str,
+    method: &str,
+    mut params: serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    params["_meta"] = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": { "name": client, "version": "1" },
+        "io.modelcontextprotocol/clientCapabilities": {
+            "extensions": { "io.modelcontextprotocol/tasks": {} }
+        }
+    });
+    let name = params
+        .get("name")
+        .or_else(|| params.get("taskId"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let body = serde_json::json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+    let text = http
+        .post(url)
+        .header("mcp-name", name)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("x-demo-user", "alice")
+        .body(body.to_string())
+        .send()
+        .await?
+        .text()
+        .await?;
+    let message = if text.trim_start().starts_with('{') {
+        text
+    } else {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.contains("\"id\""))
+            .with_context(|| format!("no response: {text}"))?
+            .to_owned()
+    };
+    Ok(serde_json::from_str(&message)?)
+}
+
 /// Runs the demo server in this process when the test binary was started
 /// as one (see [`Instance::process`]); returns `false` otherwise.
 pub fn run_demo_server_if_asked() -> bool {
