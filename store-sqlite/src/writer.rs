@@ -10,7 +10,8 @@
 //! cost of the commit (one fsync of the WAL) is shared by every job of the
 //! batch. While one batch commits, the next one gathers in the queue; when
 //! the last batch had several jobs, the next also waits (a quarter of the
-//! last batch's time, at most 0.5 ms) for as many, so that the callers just
+//! last batch's time, at most 0.5 ms, less when such waits bring nobody:
+//! see `Linger`) for as many, so that the callers just
 //! answered, who send their next job at once, share the next commit rather
 //! than leave it to the half of them who were waiting (64 appenders: 32
 //! appends per commit before, 64 with the wait). An unsynced put
@@ -47,6 +48,12 @@ const MAX_BATCH_JOBS: usize = 512;
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 /// The longest a batch waits for the callers of the last one to come back.
 const MAX_LINGER: Duration = Duration::from_micros(500);
+/// The shortest wait for the last batch's callers that [`Linger`] falls
+/// to after waits in which no job came.
+const MIN_LINGER: Duration = Duration::from_micros(20);
+/// Waits shorter than this yield the thread instead of sleeping (see
+/// [`receive_by`]).
+const SPIN_UNDER: Duration = Duration::from_micros(100);
 /// The longest a batch of [`Commit::Shared`] jobs waits for another job to
 /// join it before it commits alone.
 const COMPANY_WAIT: Duration = Duration::from_millis(1);
@@ -295,6 +302,7 @@ fn serve(
     let mut syncing = full;
     // How many jobs the last batch had, and how long it took to run.
     let mut last: Option<(usize, Duration)> = None;
+    let mut linger = Linger::default();
     let mut next_sweep = sweep_interval.map(|every| Instant::now() + every);
     loop {
         let first = match next_sweep {
@@ -318,35 +326,40 @@ fn serve(
         // While the callers answered by the last commit send their next
         // jobs, gather as many as that commit had, for a fraction of what
         // it took at most: concurrent callers then share one commit instead
-        // of splitting into two cohorts that alternate.
-        let linger = match last {
-            Some((jobs, took)) if jobs > 1 => {
-                Some((jobs, Instant::now() + (took / 4).min(MAX_LINGER)))
-            }
+        // of splitting into two cohorts that alternate. How long is learned
+        // (see `Linger`).
+        let wait = match last {
+            Some((jobs, took)) if jobs > 1 => Some((jobs, linger.wait(took))),
             _ => None,
         };
+        // How many jobs the batch had when it started waiting for more.
+        let mut lingered = None;
         while batch.len() < MAX_BATCH_JOBS && bytes < MAX_BATCH_BYTES {
             let next = match queue.try_recv() {
                 Ok(job) => Some(job),
                 Err(_) => {
-                    let lingering = match linger {
-                        Some((jobs, until)) if batch.len() < jobs => Some(until),
+                    let lingering = match wait {
+                        Some((jobs, wait)) if batch.len() < jobs => {
+                            lingered.get_or_insert(batch.len());
+                            Some(arrived + wait)
+                        }
                         _ => None,
                     };
                     let company = batch
                         .iter()
                         .all(|job| job.commit() == Commit::Shared)
                         .then(|| arrived + COMPANY_WAIT);
-                    lingering.max(company).and_then(|until| {
-                        queue
-                            .recv_timeout(until.saturating_duration_since(Instant::now()))
-                            .ok()
-                    })
+                    lingering
+                        .max(company)
+                        .and_then(|until| receive_by(queue, until))
                 }
             };
             let Some(job) = next else { break };
             bytes = bytes.saturating_add(job.weight());
             batch.push(job);
+        }
+        if let (Some((jobs, _)), Some(had)) = (wait, lingered) {
+            linger.learn(batch.len() >= jobs, batch.len() > had, arrived.elapsed());
         }
         stats.running.store(batch.len(), Ordering::Relaxed);
         stats.queued.fetch_sub(batch.len(), Ordering::Relaxed);
@@ -386,6 +399,67 @@ fn serve(
         }
         if woke_tails {
             appended.notify_waiters();
+        }
+    }
+}
+
+/// How long a batch waits for the callers of the last one to come back,
+/// learned from the waits before it.
+///
+/// The last batch's job count stands for the callers it answered, but one
+/// caller may have sent several of its jobs at once (a keyed call's record
+/// beside its stream's first event): that caller's next job then comes
+/// alone, and a wait for the others is spent for nothing, on every call
+/// (a quarter of a commit, up to [`MAX_LINGER`]). So a wait in which no
+/// job came at all halves the next one (down to [`MIN_LINGER`]), and a
+/// wait that brought some or all of the jobs it waited for lets the next
+/// one grow back (doubling, or to four times what a wait that filled its
+/// batch took): concurrent callers, who always bring some, keep the whole
+/// wait, and a lone caller whose jobs come at once waits next to nothing.
+#[derive(Debug, Clone, Copy)]
+struct Linger {
+    limit: Duration,
+}
+
+impl Default for Linger {
+    fn default() -> Self {
+        Linger { limit: MAX_LINGER }
+    }
+}
+
+impl Linger {
+    /// The wait after a batch whose run took `took`.
+    fn wait(&self, took: Duration) -> Duration {
+        (took / 4).min(self.limit)
+    }
+
+    /// Learns from a wait that ended after `waited`: `filled` when as many
+    /// jobs came as were waited for, `some` when any came.
+    fn learn(&mut self, filled: bool, some: bool, waited: Duration) {
+        self.limit = if filled {
+            self.limit.max(waited * 4).min(MAX_LINGER)
+        } else if some {
+            (self.limit * 2).min(MAX_LINGER)
+        } else {
+            (self.limit / 2).max(MIN_LINGER)
+        };
+    }
+}
+
+/// The next job if one comes by `until`. A short wait yields the thread
+/// rather than sleep: a sleeping thread wakes a timer slack (50 µs on
+/// Linux) after its deadline at the earliest, more than a short wait.
+fn receive_by(queue: &mpsc::Receiver<Box<dyn Job>>, until: Instant) -> Option<Box<dyn Job>> {
+    let left = until.saturating_duration_since(Instant::now());
+    if left > SPIN_UNDER {
+        return queue.recv_timeout(left).ok();
+    }
+    loop {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if Instant::now() >= until => return None,
+            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
         }
     }
 }
@@ -455,5 +529,56 @@ fn sweep(conn: &Connection, ctx: Ctx<'_>) {
             db = ctx.db,
             "periodic sweep of expired SQLite rows gave no answer"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COMMIT: Duration = Duration::from_millis(2);
+
+    /// One caller sending two jobs at once (a keyed call's record beside
+    /// its stream's first event) and then one alone: the wait after the
+    /// pair brings nobody, every time, and falls to the least.
+    #[test]
+    fn waits_that_bring_nobody_fall_to_the_least() {
+        let mut linger = Linger::default();
+        assert_eq!(linger.wait(COMMIT), MAX_LINGER);
+        for _ in 0..8 {
+            let wait = linger.wait(COMMIT);
+            linger.learn(false, false, wait);
+        }
+        assert_eq!(linger.wait(COMMIT), MIN_LINGER);
+        // The pair itself came together: a short wait that filled its
+        // batch does not raise it again.
+        linger.learn(true, true, Duration::from_micros(2));
+        assert_eq!(linger.wait(COMMIT), MIN_LINGER);
+    }
+
+    /// Concurrent callers always bring some of the jobs waited for: the
+    /// wait grows back to the whole of it, and a wait that filled its batch
+    /// late keeps room for the next cohort.
+    #[test]
+    fn waits_that_bring_callers_grow_back() {
+        let mut linger = Linger::default();
+        for _ in 0..8 {
+            linger.learn(false, false, MAX_LINGER);
+        }
+        for _ in 0..5 {
+            linger.learn(false, true, MIN_LINGER);
+        }
+        assert_eq!(linger.wait(COMMIT), MAX_LINGER);
+        let mut filled = Linger {
+            limit: Duration::from_micros(40),
+        };
+        filled.learn(true, true, Duration::from_micros(100));
+        assert_eq!(filled.wait(COMMIT), Duration::from_micros(400));
+        // Never past the least of a quarter of the last commit and the
+        // most.
+        assert_eq!(
+            filled.wait(Duration::from_micros(800)),
+            Duration::from_micros(200)
+        );
     }
 }
