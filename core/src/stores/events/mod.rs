@@ -603,6 +603,116 @@ mod tests {
         }
     }
 
+    /// A memory key-value store that counts its reads.
+    struct CountingKv {
+        store: MemoryStore,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Backend for CountingKv {
+        fn backend_name(&self) -> &'static str {
+            "counting"
+        }
+    }
+
+    #[async_trait]
+    impl KvStore for CountingKv {
+        async fn get(&self, key: &Key) -> Result<Option<crate::KvEntry>> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.store.get(key).await
+        }
+
+        async fn put(
+            &self,
+            key: &Key,
+            value: Vec<u8>,
+            options: PutOptions,
+        ) -> Result<crate::Version> {
+            self.store.put(key, value, options).await
+        }
+
+        async fn delete(&self, key: &Key, if_version: Option<crate::Version>) -> Result<bool> {
+            self.store.delete(key, if_version).await
+        }
+
+        async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
+            self.store.list(prefix).await
+        }
+    }
+
+    /// A stream's first event reads its metadata once (to find it has
+    /// none) and creates it without reading it again: one read fewer on
+    /// every request's stream. A writer that created it in between still
+    /// has its token kept, and the event is numbered under it.
+    #[tokio::test]
+    async fn a_new_streams_metadata_is_created_without_a_second_read() {
+        let store = MemoryStore::new();
+        let kv = Arc::new(CountingKv {
+            store: store.clone(),
+            gets: Default::default(),
+        });
+        let events = EventLog::new(
+            kv.clone(),
+            Arc::new(store.clone()),
+            EventLogConfig::default(),
+        );
+        let request = serde_json::json!(7);
+        let id = events
+            .append_opening("new-stream", None, &serde_json::json!({"n": 1}), &request)
+            .await
+            .expect("append");
+        assert_eq!(
+            kv.gets.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "one read of the metadata for a new stream"
+        );
+        assert_eq!(
+            events
+                .origin("new-stream")
+                .await
+                .expect("origin")
+                .and_then(|o| o.request),
+            Some(request.clone()),
+            "the request is recorded with the stream"
+        );
+        assert_eq!(
+            events
+                .replay_after(&id.to_string(), None)
+                .await
+                .expect("a known id")
+                .len(),
+            0
+        );
+
+        // Another writer creates the stream between this one's numbering
+        // and its metadata: its token stands, and this writer's event is
+        // found under it.
+        let other = EventLog::new(
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+            EventLogConfig::default(),
+        );
+        let known = events.stream_token("raced").await.expect("no metadata");
+        assert_eq!(known, None);
+        let first = other
+            .append("raced", None, &serde_json::json!({"n": 1}))
+            .await
+            .expect("the other writer's event");
+        let seqs = store
+            .append(
+                &log_name("raced").expect("a log"),
+                vec![b"x".to_vec()],
+                None,
+            )
+            .await
+            .expect("this writer's event");
+        let token = events
+            .settle("raced", None, None, known, seqs[0])
+            .await
+            .expect("settled");
+        assert_eq!(&token, first.token(), "the first writer's token is kept");
+    }
+
     /// A server starting more streams than the cache holds, all of them
     /// recent: the cache stays bounded (it grew without bound, and scanned
     /// itself whole on every new stream, before), and a stream it forgot

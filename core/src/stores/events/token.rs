@@ -168,6 +168,30 @@ impl EventLog {
         let key = &meta_key(stream)?;
         let now = tokio::time::Instant::now();
         let token = retry_cas(key, 8, move || async move {
+            // A stream that had no metadata when its first event was
+            // numbered (every request's stream) is created without reading
+            // it again; another writer that created it meanwhile is read
+            // below.
+            if stale.is_none() {
+                let token = random_token()?;
+                let meta = self.new_meta(session, request, &token, seq);
+                match write(
+                    &*self.kv,
+                    key,
+                    &meta,
+                    PutMode::Create,
+                    Some(self.meta_ttl()),
+                )
+                .await
+                {
+                    Ok(_) => {
+                        debug!(stream, "new event stream");
+                        return Ok((token, seq));
+                    }
+                    Err(Error::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
             match read::<StreamMeta>(&*self.kv, key).await? {
                 Some(Stored { record, .. })
                     if stale.is_none_or(|s| {
