@@ -154,6 +154,31 @@ impl EventLog {
         }
     }
 
+    /// Creates the metadata of `stream` (at `key`) under a new token valid
+    /// from `seq` on, and returns the token; `AlreadyExists` when another
+    /// writer created it first.
+    async fn create_meta(
+        &self,
+        key: &Key,
+        stream: &str,
+        session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
+        seq: u64,
+    ) -> Result<[u8; 16]> {
+        let token = random_token()?;
+        let meta = self.new_meta(session, request, &token, seq);
+        write(
+            &*self.kv,
+            key,
+            &meta,
+            PutMode::Create,
+            Some(self.meta_ttl()),
+        )
+        .await?;
+        debug!(stream, "new event stream");
+        Ok(token)
+    }
+
     /// Gives `stream` a new token valid from `seq` on, unless another writer
     /// already did (its metadata no longer holds `stale`, or exists although
     /// `stale` is `None`): then that writer's token, which covers `seq` too.
@@ -173,21 +198,8 @@ impl EventLog {
             // it again; another writer that created it meanwhile is read
             // below.
             if stale.is_none() {
-                let token = random_token()?;
-                let meta = self.new_meta(session, request, &token, seq);
-                match write(
-                    &*self.kv,
-                    key,
-                    &meta,
-                    PutMode::Create,
-                    Some(self.meta_ttl()),
-                )
-                .await
-                {
-                    Ok(_) => {
-                        debug!(stream, "new event stream");
-                        return Ok((token, seq));
-                    }
+                match self.create_meta(key, stream, session, request, seq).await {
+                    Ok(token) => return Ok((token, seq)),
                     Err(Error::AlreadyExists { .. }) => {}
                     Err(e) => return Err(e),
                 }
@@ -222,22 +234,12 @@ impl EventLog {
                     .await?;
                     Ok((token, seq))
                 }
-                None => {
-                    let token = random_token()?;
-                    let meta = self.new_meta(session, request, &token, seq);
-                    // Losing the race to create it: the next attempt reads
-                    // the winner's token.
-                    write(
-                        &*self.kv,
-                        key,
-                        &meta,
-                        PutMode::Create,
-                        Some(self.meta_ttl()),
-                    )
-                    .await?;
-                    debug!(stream, "new event stream");
-                    Ok((token, seq))
-                }
+                // Losing the race to create it: the next attempt reads the
+                // winner's token.
+                None => Ok((
+                    self.create_meta(key, stream, session, request, seq).await?,
+                    seq,
+                )),
             }
         })
         .await?;
