@@ -12,6 +12,10 @@
 //!   serves (stores keep their events; the baseline measured again at the
 //!   end shows by how much), and a single pair of measurements varied by
 //!   a tenth from one run to the next.
+//!   `-- only=WORD` measures only the rows whose name holds `WORD`.
+//! * **Per event on rmcp's session worker**: one `store_event` on the
+//!   memory event store, against encoding the message alone, single
+//!   threaded (rmcp waits for it before it sends each event).
 //! * **Added latency of a cross-instance restore**: the first request on an
 //!   instance that must restore the session from the store, against the
 //!   same request once the session is there.
@@ -273,6 +277,56 @@ async fn raw(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     Ok((session, response.text().await?))
+}
+
+/// Events stored per stream by [`store_cost`], as one measured call sends.
+const STORE_COST_EVENTS: usize = 100_000;
+
+/// What the durable layer adds to each event on rmcp's session worker
+/// (which waits for `store_event` before it sends the event): the time of
+/// one `store_event` on the in-memory event store, and of encoding the
+/// message alone (rmcp encodes it once more for the SSE body), in µs, each
+/// the median of five passes over [`STORE_COST_EVENTS`] progress events,
+/// a new stream every [`EVENTS`] as the end-to-end rows open one per call.
+async fn store_cost() -> anyhow::Result<(f64, f64)> {
+    use rmcp::{
+        model::{
+            NumberOrString, ProgressNotification, ProgressToken, ServerJsonRpcMessage,
+            ServerNotification,
+        },
+        transport::streamable_http_server::session::{EventStore as _, ServerSseMessage},
+    };
+    let events =
+        Stores::new(MemoryStore::new()).events(mcp_persist_core::EventLogConfig::default())?;
+    let store =
+        mcp_persist_transport_http::server::DurableEventStore::new(events, Duration::from_secs(1));
+    let note = ServerNotification::ProgressNotification(ProgressNotification::new(
+        ProgressNotificationParam::new(ProgressToken(NumberOrString::Number(1)), 5.0)
+            .with_total(EVENTS as f64)
+            .with_message("bench"),
+    ));
+    let message = ServerSseMessage::from_message(ServerJsonRpcMessage::notification(note));
+    let per_event = |elapsed: Duration| elapsed.as_secs_f64() * 1e6 / STORE_COST_EVENTS as f64;
+    let (mut stored, mut encoded) = (Vec::new(), Vec::new());
+    for pass in 0..5 {
+        let start = Instant::now();
+        for i in 0..STORE_COST_EVENTS {
+            let stream = format!("{pass}-{}", i / EVENTS);
+            std::hint::black_box(
+                store
+                    .store_event(&stream, &message)
+                    .await
+                    .map_err(|e| anyhow::anyhow!(e))?,
+            );
+        }
+        stored.push(per_event(start.elapsed()));
+        let start = Instant::now();
+        for _ in 0..STORE_COST_EVENTS {
+            std::hint::black_box(serde_json::to_vec(&message.message)?);
+        }
+        encoded.push(per_event(start.elapsed()));
+    }
+    Ok((median_rate(stored), median_rate(encoded)))
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -779,6 +833,11 @@ async fn bench() -> anyhow::Result<()> {
         let url = std::env::var("MCP_PERSIST_REDIS_URL").ok();
         return session_checks(&tempfile::tempdir()?, &url).await;
     }
+    // `-- only=memory` (repeatable) measures the event-store rows whose
+    // name holds one of the words, beside stock rmcp, and nothing else.
+    let only: Vec<String> = std::env::args()
+        .filter_map(|a| a.strip_prefix("only=").map(str::to_owned))
+        .collect();
     let dir = tempfile::tempdir()?;
     let opts = options()?;
     let root = dir.path().to_path_buf();
@@ -932,6 +991,9 @@ async fn bench() -> anyhow::Result<()> {
         ("durable, redis, pipelined", redis().await?, &piped),
     ] {
         let Some(stores) = stores else { continue };
+        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
         // Stock rmcp and the row measured back to back, ROW_ROUNDS times,
         // in alternating order (stock first in even rounds), each row's
         // figure the median over its rounds: the process slows as it serves
@@ -1089,6 +1151,14 @@ async fn bench() -> anyhow::Result<()> {
         );
     }
 
+    let (stored, encoded) = store_cost().await?;
+    println!(
+        "per event on rmcp's session worker: store_event on the memory event store {stored:.2} µs (encoding the message alone {encoded:.2} µs); stock rmcp delivers an event every {:.2} µs end to end",
+        1e6 / baseline
+    );
+    if !only.is_empty() {
+        return Ok(());
+    }
     println!();
     println!(
         "cross-instance restore: median tools/list latency on the second instance ({RESTORES} sessions)"
