@@ -531,7 +531,7 @@ const BENCHES: &[Bench] = &[
         name: "client",
         package: "mcp-persist-transport-http",
         target: "bench_client",
-        services: &[],
+        services: &[Service::Redis, Service::Postgres],
         features: "",
     },
     Bench {
