@@ -37,7 +37,9 @@
 //!   visible to every process at once and kept through a crash of the
 //!   writer, but a crash of the database server may lose the last of them
 //!   (Postgres flushes them within `3 × wal_writer_delay`, 600 ms by
-//!   default).
+//!   default). A put with
+//!   [`PutOptions::unsynced`](mcp_persist_core::PutOptions::unsynced) commits
+//!   the same way (a durable server keeps a keyed call's answer so).
 //! * **Tailing readers are woken by `LISTEN/NOTIFY`.** Every append notifies
 //!   the schema's channel with the log's name; a dedicated connection per
 //!   store listens and wakes the readers of that log (`wait_after`, and so

@@ -84,6 +84,11 @@ impl Drop for Inner {
 struct Sql {
     get: String,
     put: String,
+    /// A put that commits without waiting for the WAL flush
+    /// ([`PutOptions::unsynced`](mcp_persist_core::PutOptions::unsynced)):
+    /// the statement is its own transaction, so the local setting holds
+    /// for its commit alone.
+    put_unsynced: String,
     delete: String,
     delete_if: String,
     list: String,
@@ -102,6 +107,10 @@ impl Sql {
                  version FROM {{s}}.kv WHERE key = $1 AND {LIVE}"
             )),
             put: names.sql("SELECT {s}.kv_put($1, $2, $3, $4, $5)"),
+            put_unsynced: names.sql(
+                "SELECT {s}.kv_put($1, $2, $3, $4, $5), \
+                 set_config('synchronous_commit', 'off', true)",
+            ),
             delete: names.sql(&format!(
                 "DELETE FROM {{s}}.kv WHERE key = $1 RETURNING {LIVE}"
             )),

@@ -260,3 +260,76 @@ async fn numbers_are_per_log_and_contiguous() {
         .collect();
     assert_eq!(read, [1, 2, 3]);
 }
+
+/// An unsynced put commits with `synchronous_commit = off` (it does not
+/// wait for the WAL flush); a put after it on the same pool waits again.
+/// A trigger deferred to the commit notes the setting each commit saw.
+#[tokio::test]
+async fn an_unsynced_put_alone_commits_without_waiting_for_the_flush() {
+    let schema = common::unique_schema("unsynced_put");
+    let store = PostgresStore::builder(&common::url())
+        .schema(&schema)
+        .pool_size(1)
+        .connect()
+        .await
+        .expect("connect");
+    common::admin(&format!(
+        "CREATE TABLE {schema}.seen (n serial, key text, setting text);
+         CREATE FUNCTION {schema}.note() RETURNS trigger LANGUAGE plpgsql AS $f$
+         BEGIN
+             INSERT INTO {schema}.seen (key, setting)
+             VALUES (NEW.key, current_setting('synchronous_commit'));
+             RETURN NULL;
+         END $f$;
+         CREATE CONSTRAINT TRIGGER note AFTER INSERT OR UPDATE ON {schema}.kv
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.note();"
+    ))
+    .await;
+    let synced = PutOptions::default();
+    store
+        .put(&key("a"), b"1".to_vec(), synced)
+        .await
+        .expect("put");
+    let version = store
+        .put(&key("a"), b"2".to_vec(), synced.unsynced())
+        .await
+        .expect("unsynced put");
+    // Preconditions hold as for any put.
+    assert!(matches!(
+        store
+            .put(
+                &key("b"),
+                b"x".to_vec(),
+                PutOptions::new(PutMode::Update(version)).unsynced()
+            )
+            .await,
+        Err(mcp_persist_core::Error::Conflict { .. })
+    ));
+    store
+        .put(&key("a"), b"3".to_vec(), synced)
+        .await
+        .expect("put");
+    assert_eq!(
+        store.get(&key("a")).await.expect("get").map(|e| e.value),
+        Some(b"3".to_vec())
+    );
+
+    let (client, connection) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let task = tokio::spawn(connection);
+    let seen: Vec<(String, String)> = client
+        .query(
+            &format!("SELECT key, setting FROM {schema}.seen ORDER BY n"),
+            &[],
+        )
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    drop(client);
+    let _ = task.await;
+    let on = |k: &str, s: &str| (k.to_owned(), s.to_owned());
+    assert_eq!(seen, vec![on("a", "on"), on("a", "off"), on("a", "on")]);
+}

@@ -117,7 +117,8 @@ struct Figures {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    // `-- exactly-once` measures the exactly-once rows alone.
+    // `-- exactly-once` measures the exactly-once rows alone (`store=NAME`
+    // names the stores, all by default).
     if std::env::args().any(|a| a == "exactly-once") {
         let folder = tempfile::tempdir()?;
         print_exactly_once(&exactly_once_rates(folder.path()).await?);
@@ -416,6 +417,11 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             );
         }
     }
+    // `-- store=NAME` (repeatable) measures those stores alone.
+    let only: Vec<String> = std::env::args()
+        .filter_map(|a| a.strip_prefix("store=").map(str::to_owned))
+        .collect();
+    stores.retain(|s| only.is_empty() || only.iter().any(|o| o == s));
     for name in stores {
         // Per server (off, on): each round's one-client and concurrent
         // rates, and the one-client rounds' commits and writes per call.

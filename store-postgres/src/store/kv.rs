@@ -71,11 +71,16 @@ impl KvStore for PostgresStore {
             },
         };
         let ttl = options.ttl.map(ttl_ms);
+        let sql = if options.unsynced {
+            &self.inner.sql.put_unsynced
+        } else {
+            &self.inner.sql.put
+        };
         let rows = self
             .query(
                 "put",
                 key,
-                &self.inner.sql.put,
+                sql,
                 &[&key.as_str(), &value, &mode, &expect, &ttl],
             )
             .await?;
