@@ -279,7 +279,7 @@ async fn raw(
     Ok((session, response.text().await?))
 }
 
-/// Events stored per stream by [`store_cost`], as one measured call sends.
+/// Progress events stored in each pass of [`store_cost`].
 const STORE_COST_EVENTS: usize = 100_000;
 
 /// What the durable layer adds to each event on rmcp's session worker
