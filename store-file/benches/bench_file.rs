@@ -315,6 +315,24 @@ fn main() -> Result<()> {
             aim: if dir_fsync { 0.8 } else { 0.4 },
         });
     }
+    // An unsynced put (`PutOptions::unsynced`, a durable server's kept
+    // answers) skips the directory fsync: the raw replace without it.
+    let mut put_unsynced = || -> Result<()> {
+        version = rt.block_on(store.put(
+            &key("bench/key"),
+            value.clone(),
+            PutOptions::new(PutMode::Update(version)).unsynced(),
+        ))?;
+        Ok(())
+    };
+    let (ours, raw) = compare(&mut put_unsynced, || raw_replace(&raw_dir, &value, false))?;
+    rows.push(Row {
+        what: "kv put, unsynced (CAS update, 256 B)",
+        ours,
+        raw,
+        baseline: "write+fsync+rename",
+        aim: 0.8,
+    });
 
     // Key-value gets.
     let (ours, raw) = compare(

@@ -99,6 +99,17 @@ fn temp_name() -> String {
 /// renamed over the target, and the directory is fsynced. Whatever instant a
 /// crash happens at, `dir/name` holds either its old content or all of the new.
 pub(crate) fn write_atomic(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(), Error> {
+    write_atomic_unsynced(dir, name, parts)?;
+    sync_dir(dir)
+}
+
+/// [`write_atomic`] without the directory's fsync: the new content is on
+/// disk before it is renamed into place, so whatever instant a crash or a
+/// power cut happens at, `dir/name` holds its old content or all of the
+/// new. The rename itself survives a crash of the process at once, and a
+/// power cut once the directory is next fsynced (by any synced write into
+/// it); until then a power cut may leave the old content.
+pub(crate) fn write_atomic_unsynced(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<(), Error> {
     let (tmp, mut file) = loop {
         let tmp = dir.join(temp_name());
         match OpenOptions::new()
@@ -127,11 +138,13 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, parts: &[&[u8]]) -> Result<()
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    sync_dir(dir)
+    Ok(())
 }
 
 /// Fsyncs a directory, making renames, creations and removals in it durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
+    #[cfg(test)]
+    tests::count_dir_sync(dir);
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("fsync directory", dir))
@@ -485,8 +498,31 @@ pub(crate) fn read_now(_path: &Path, _max: u64) -> ReadNow {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::{collections::HashMap, sync::Mutex};
+
     use super::*;
+
+    /// Directory fsyncs made so far, per directory (tests run at once,
+    /// each in a directory of its own).
+    static DIR_SYNCS: Mutex<Option<HashMap<PathBuf, u64>>> = Mutex::new(None);
+
+    pub(crate) fn count_dir_sync(dir: &Path) {
+        let mut syncs = DIR_SYNCS.lock().unwrap_or_else(|p| p.into_inner());
+        *syncs
+            .get_or_insert_with(HashMap::new)
+            .entry(dir.to_path_buf())
+            .or_default() += 1;
+    }
+
+    /// How many times `dir` was fsynced so far.
+    pub(crate) fn dir_syncs(dir: &Path) -> u64 {
+        let syncs = DIR_SYNCS.lock().unwrap_or_else(|p| p.into_inner());
+        syncs
+            .as_ref()
+            .and_then(|s| s.get(dir).copied())
+            .unwrap_or(0)
+    }
 
     /// Whatever the kernel can do without waiting, `read_now` either reads
     /// the whole file or declines; it never returns part of a file.

@@ -9,7 +9,12 @@
 //!
 //! * **Acknowledged writes survive a crash.** A `put`, `delete` or
 //!   `append` that returned `Ok` has been fsynced (file and directory) and
-//!   survives a `kill -9` or a power cut.
+//!   survives a `kill -9` or a power cut. A put with
+//!   [`PutOptions::unsynced`](mcp_persist_core::PutOptions::unsynced) skips
+//!   the directory's fsync (its content is still fsynced before the
+//!   rename): it survives a `kill -9`, and a power cut once the next synced
+//!   put fsyncs the directory; a power cut before that leaves the record
+//!   as it was.
 //! * **Never corrupt after a crash.** A record is replaced by writing a
 //!   temporary file in the same directory (mode 0600), fsyncing it, renaming
 //!   it over the old one and fsyncing the directory: a crash at any instant
@@ -529,13 +534,18 @@ impl KvStore for FileStore {
     }
 
     async fn put(&self, key: &Key, value: Vec<u8>, options: PutOptions) -> Result<Version> {
-        let PutOptions { mode, ttl, .. } = options;
+        let PutOptions {
+            mode,
+            ttl,
+            unsynced,
+            ..
+        } = options;
         check_value(&value, self.inner.store.options.max_value_bytes)?;
         let key = key.clone();
         self.blocking(move |inner| {
             // The TTL runs from the moment the write is made.
             let expires = ttl.map_or(0, |ttl| expiry_ms(unix_ms(), ttl));
-            inner.kv.put(&key, &value, mode, expires)
+            inner.kv.put(&key, &value, mode, expires, !unsynced)
         })
         .await
     }
@@ -638,3 +648,61 @@ impl LogStore for FileStore {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    use mcp_persist_core::{Key, KvStore, PutMode, PutOptions};
+
+    use crate::{FileStore, fsio::tests::dir_syncs};
+
+    /// An unsynced put (a durable server's kept answers) skips the fsync of
+    /// the records' directory, the second of a put's two; the record is
+    /// still replaced whole, read back at once and after the store is
+    /// opened again, and the next synced put fsyncs the directory, making
+    /// the rename durable.
+    #[tokio::test]
+    async fn an_unsynced_put_skips_the_directory_fsync_and_still_replaces_the_record() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kv_dir = dir.path().join("kv");
+        let store = FileStore::open(dir.path()).await.expect("open");
+        let key = Key::new("calls/answer").expect("key");
+        let v1 = store
+            .put(&key, b"running".to_vec(), PutMode::Create.into())
+            .await
+            .expect("synced put");
+        let synced = dir_syncs(&kv_dir);
+        assert!(synced >= 1, "a synced put fsyncs the directory");
+        let v2 = store
+            .put(
+                &key,
+                b"answered".to_vec(),
+                PutOptions::new(PutMode::Update(v1)).unsynced(),
+            )
+            .await
+            .expect("unsynced put");
+        assert!(v2 > v1);
+        assert_eq!(dir_syncs(&kv_dir), synced, "no directory fsync");
+        let read = store.get(&key).await.expect("get").expect("present");
+        assert_eq!(
+            (read.value.as_slice(), read.version),
+            (&b"answered"[..], v2)
+        );
+        // The second run: a store opened again reads the same record.
+        drop(store);
+        let store = FileStore::open(dir.path()).await.expect("reopen");
+        let read = store.get(&key).await.expect("get").expect("present");
+        assert_eq!(
+            (read.value.as_slice(), read.version),
+            (&b"answered"[..], v2)
+        );
+        store
+            .put(
+                &Key::new("calls/other").expect("key"),
+                b"x".to_vec(),
+                PutMode::Overwrite.into(),
+            )
+            .await
+            .expect("synced put");
+        assert_eq!(dir_syncs(&kv_dir), synced + 1);
+    }
+}

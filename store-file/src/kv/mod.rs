@@ -21,7 +21,7 @@ use self::format::{
 use crate::{
     fsio::{
         ReadNow, hashed_name, io, io_error, is_hashed_name, is_live, is_local_filesystem, read_now,
-        unix_micros, unix_ms, write_atomic,
+        unix_micros, unix_ms, write_atomic, write_atomic_unsynced,
     },
     store::StoreDir,
 };
@@ -175,6 +175,7 @@ impl Kv {
         value: &[u8],
         mode: PutMode,
         expires_ms: u64,
+        synced: bool,
     ) -> Result<Version, Error> {
         let (name, path) = self.path(key);
         let _guard = self.store.lock_stripe("kv", &name)?;
@@ -203,7 +204,14 @@ impl Kv {
         };
         let version = self.next_version(key, prev)?;
         let bytes = encode(key, KIND_VALUE, version, expires_ms, value);
-        write_atomic(&self.store.kv_dir, &name, &[&bytes])?;
+        if synced {
+            write_atomic(&self.store.kv_dir, &name, &[&bytes])?;
+        } else {
+            // `PutOptions::unsynced`: the record's content is on disk before
+            // its rename, so a power cut leaves the old record or the new
+            // one; the rename is durable with the next synced write here.
+            write_atomic_unsynced(&self.store.kv_dir, &name, &[&bytes])?;
+        }
         Ok(Version::new(version))
     }
 
