@@ -14,7 +14,8 @@
 //!   the directory's fsync (its content is still fsynced before the
 //!   rename): it survives a `kill -9`, and a power cut once the next synced
 //!   put fsyncs the directory; a power cut before that leaves the record
-//!   as it was.
+//!   as it was. (An overwrite that moves a damaged record into quarantine
+//!   is synced regardless: the damaged file has already left.)
 //! * **Never corrupt after a crash.** A record is replaced by writing a
 //!   temporary file in the same directory (mode 0600), fsyncing it, renaming
 //!   it over the old one and fsyncing the directory: a crash at any instant
@@ -704,5 +705,43 @@ mod tests {
             .await
             .expect("synced put");
         assert_eq!(dir_syncs(&kv_dir), synced + 1);
+    }
+
+    /// An unsynced overwrite of a damaged record is synced: the damaged
+    /// file is already kept aside, and a power cut must not leave the key
+    /// with no record at all.
+    #[tokio::test]
+    async fn an_unsynced_overwrite_of_a_damaged_record_is_synced() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kv_dir = dir.path().join("kv");
+        let store = FileStore::open(dir.path()).await.expect("open");
+        let key = Key::new("calls/damaged").expect("key");
+        store
+            .put(&key, b"first".to_vec(), PutMode::Create.into())
+            .await
+            .expect("put");
+        let files: Vec<_> = std::fs::read_dir(&kv_dir)
+            .expect("kv folder")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        let [record] = files.as_slice() else {
+            panic!("one record file, found {files:?}");
+        };
+        std::fs::write(record, b"garbage").expect("damage the record");
+        assert!(store.get(&key).await.is_err(), "the damage is reported");
+        let before = dir_syncs(&kv_dir);
+        store
+            .put(
+                &key,
+                b"second".to_vec(),
+                PutOptions::new(PutMode::Overwrite).unsynced(),
+            )
+            .await
+            .expect("overwrite");
+        // One fsync of the folder for the damaged file's move into
+        // quarantine, one for the new record's rename.
+        assert_eq!(dir_syncs(&kv_dir), before + 2, "the overwrite was synced");
+        let read = store.get(&key).await.expect("get").expect("present");
+        assert_eq!(read.value, b"second");
     }
 }

@@ -179,6 +179,7 @@ impl Kv {
     ) -> Result<Version, Error> {
         let (name, path) = self.path(key);
         let _guard = self.store.lock_stripe("kv", &name)?;
+        let mut synced = synced;
         let prev = match self.slot(key, &path, unix_ms())? {
             Slot::Absent => {
                 mode.check(key, None)?;
@@ -199,6 +200,10 @@ impl Kv {
                 let kept = self.store.quarantine(&path, &name)?;
                 warn!(key, error = %e, kept = %kept.display(),
                     "overwriting a corrupt record; the damaged file was kept aside");
+                // The damaged file has left the folder for good: an unsynced
+                // replacement lost to a power cut would leave no record at
+                // all, not the old one.
+                synced = true;
                 None
             }
         };
