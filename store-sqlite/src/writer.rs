@@ -9,9 +9,10 @@
 //! shared `COMMIT` returned, so a write that returned `Ok` is on disk, and the
 //! cost of the commit (one fsync of the WAL) is shared by every job of the
 //! batch. While one batch commits, the next one gathers in the queue; when
-//! the last batch had several jobs, the next also waits (a quarter of the
-//! last batch's time, at most 0.5 ms, less when such waits bring nobody:
-//! see `Linger`) for as many, so that the callers just
+//! the last batch answered several callers (jobs sent by one task count
+//! once), the next also waits (a quarter of the last batch's time, at most
+//! 0.5 ms, less when such waits bring nobody: see `Linger`) for as many
+//! jobs, so that the callers just
 //! answered, who send their next job at once, share the next commit rather
 //! than leave it to the half of them who were waiting (64 appenders: 32
 //! appends per commit before, 64 with the wait). An unsynced put
@@ -83,6 +84,8 @@ trait Job: Send {
     /// What this job asks of its commit; a batch of jobs that all waive
     /// the sync commits without an fsync.
     fn commit(&self) -> Commit;
+    /// The task that sent it, if it was sent from one.
+    fn caller(&self) -> Option<tokio::task::Id>;
     /// Runs the work on the connection; returns whether it succeeded.
     fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool;
     /// Sends the answer, once the fate of the transaction is known.
@@ -96,6 +99,7 @@ struct Task<T, F> {
     weight: usize,
     appends: bool,
     commit: Commit,
+    caller: Option<tokio::task::Id>,
 }
 
 impl<T, F> Job for Task<T, F>
@@ -113,6 +117,10 @@ where
 
     fn commit(&self) -> Commit {
         self.commit
+    }
+
+    fn caller(&self) -> Option<tokio::task::Id> {
+        self.caller
     }
 
     fn run(&mut self, conn: &Connection, ctx: Ctx<'_>) -> bool {
@@ -276,6 +284,7 @@ impl Writer {
             weight,
             appends,
             commit,
+            caller: tokio::task::try_id(),
         });
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         if self.jobs.send(job).is_err() {
@@ -300,7 +309,8 @@ fn serve(
     // `Durability::Full` drops to NORMAL for a batch whose every job waived
     // the sync, and goes back before the next batch that needs it.
     let mut syncing = full;
-    // How many jobs the last batch had, and how long it took to run.
+    // How many callers the last batch answered, and how long it took to
+    // run.
     let mut last: Option<(usize, Duration)> = None;
     let mut linger = Linger::default();
     let mut next_sweep = sweep_interval.map(|every| Instant::now() + every);
@@ -377,7 +387,10 @@ fn serve(
         }
         let began = Instant::now();
         let outcome = run_batch(conn, ctx, &mut batch);
-        last = Some((batch.len(), began.elapsed()));
+        last = Some((
+            callers(batch.iter().map(|job| job.caller())),
+            began.elapsed(),
+        ));
         match &outcome {
             Ok(()) => {
                 stats.transactions.fetch_add(1, Ordering::Relaxed);
@@ -403,13 +416,29 @@ fn serve(
     }
 }
 
+/// The callers a batch answered: its jobs, those sent by one task counted
+/// once (a keyed call's record is sent beside its stream's first event, by
+/// the same task, which then comes back with one job, not two). Jobs sent
+/// from outside any task count one each.
+fn callers(jobs: impl Iterator<Item = Option<tokio::task::Id>>) -> usize {
+    let mut tasks = Vec::new();
+    let mut outside = 0;
+    for caller in jobs {
+        match caller {
+            Some(task) if !tasks.contains(&task) => tasks.push(task),
+            Some(_) => {}
+            None => outside += 1,
+        }
+    }
+    tasks.len() + outside
+}
+
 /// How long a batch waits for the callers of the last one to come back,
 /// learned from the waits before it.
 ///
-/// The last batch's job count stands for the callers it answered, but one
-/// caller may have sent several of its jobs at once (a keyed call's record
-/// beside its stream's first event): that caller's next job then comes
-/// alone, and a wait for the others is spent for nothing, on every call
+/// The last batch's callers (see [`callers`]) are waited for, but a caller
+/// may not come back at once (it answered its client and waits for the
+/// next request), and a wait for it is spent for nothing, on every call
 /// (a quarter of a commit, up to [`MAX_LINGER`]). So a wait in which no
 /// job came at all halves the next one (down to [`MIN_LINGER`]), and a
 /// wait that brought some or all of the jobs it waited for lets the next
@@ -514,6 +543,7 @@ fn sweep(conn: &Connection, ctx: Ctx<'_>) {
         weight: 0,
         appends: false,
         commit: Commit::Synced,
+        caller: None,
     })];
     let committed = run_batch(conn, ctx, &mut batch);
     let [job] = batch;
@@ -538,9 +568,21 @@ mod tests {
 
     const COMMIT: Duration = Duration::from_millis(2);
 
-    /// One caller sending two jobs at once (a keyed call's record beside
-    /// its stream's first event) and then one alone: the wait after the
-    /// pair brings nobody, every time, and falls to the least.
+    /// Two jobs a task sends at once are one caller, who comes back with
+    /// one job: the batch after them does not wait for a second.
+    #[tokio::test]
+    async fn jobs_of_one_task_are_one_caller() {
+        let task = || tokio::spawn(async { tokio::task::id() });
+        let (a, b) = (task().await.expect("task"), task().await.expect("task"));
+        assert_ne!(a, b);
+        assert_eq!(callers([Some(a), Some(a)].into_iter()), 1);
+        assert_eq!(callers([Some(a), Some(b), Some(a)].into_iter()), 2);
+        assert_eq!(callers([None, None, Some(b)].into_iter()), 3);
+    }
+
+    /// Callers that do not come back at once (each waits for its client's
+    /// next request): the wait brings nobody, every time, and falls to the
+    /// least.
     #[test]
     fn waits_that_bring_nobody_fall_to_the_least() {
         let mut linger = Linger::default();
