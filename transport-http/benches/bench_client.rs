@@ -234,14 +234,15 @@ fn print_start_figures(direct: &Figures, delayed: &Figures, window: Duration) {
 fn print_exactly_once(dedup: &[Dedup]) {
     println!();
     println!(
-        "| durable client to a durable server | store | exactly-once off | on | ratio | server commits (writes) per call, off / on |"
+        "| durable client to a durable server | store | exactly-once off | on | ratio | rounds' ratios, lowest to highest | server commits (writes) per call, off / on |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for Dedup {
         row,
         off,
         on,
         ratio,
+        range: (low, high),
         commits,
     } in dedup
     {
@@ -249,7 +250,7 @@ fn print_exactly_once(dedup: &[Dedup]) {
             format!("{:.1} ({:.1}) / {:.1} ({:.1})", off.0, off.1, on.0, on.1)
         });
         println!(
-            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {row} | {off:.0} | {on:.0} | {ratio:.2} | {commits} |"
+            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {row} | {off:.0} | {on:.0} | {ratio:.2} | {low:.2}-{high:.2} | {commits} |"
         );
     }
     if let Some(lowest) = dedup.iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio)) {
@@ -265,7 +266,7 @@ fn print_exactly_once(dedup: &[Dedup]) {
         );
     }
     println!(
-        "(one client: each call waits for its call record's commit, one more on its path; {CONCURRENT_CLIENTS} clients: the server's throughput, commits shared; calls/s are medians of {ROUNDS} rounds, the ratio the median of each round's on/off, each round measuring off and on back to back, in alternating order)"
+        "(one client: each call waits for its call record's commit, one more on its path; {CONCURRENT_CLIENTS} clients: the server's throughput, commits shared; calls/s are medians of {ROUNDS} rounds, the ratio the median of each round's on/off, each round measuring off and on in turn, in {SLICES} slices each)"
     );
 }
 
@@ -277,6 +278,10 @@ struct Dedup {
     on: f64,
     /// The median of the rounds' on/off ratios.
     ratio: f64,
+    /// The lowest and highest of the rounds' on/off ratios: how far one
+    /// round can stray, so that a change smaller than this spread is not
+    /// read as a gain or a loss from one run.
+    range: (f64, f64),
     commits: Option<[(f64, f64); 2]>,
 }
 
@@ -298,32 +303,74 @@ const ROUNDS: usize = 6;
 /// Clients calling at once in the concurrent exactly-once rows.
 const CONCURRENT_CLIENTS: usize = 8;
 
-/// Calls/s of `clients` durable clients (journals in memory, the same for
-/// both servers) calling `url` at once for [`STEADY`].
-async fn concurrent_rate(url: &str, clients: usize) -> Result<f64> {
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let url = url.to_owned();
-        tasks.push(tokio::spawn(async move {
+/// Slices each exactly-once round is cut into, per server: the two
+/// servers take turns slice by slice (in the order off, on, on, off, ...),
+/// so that a slow second of the machine lands on both, not on one.
+const SLICES: u32 = 8;
+
+/// Durable clients (journals in memory) calling one server's `echo`, each in
+/// a task of its own, in bursts: each burst runs until the deadline it is
+/// given and reports its calls.
+struct Callers {
+    go: Vec<tokio::sync::mpsc::Sender<Instant>>,
+    done: tokio::sync::mpsc::Receiver<Result<u64>>,
+    tasks: Vec<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl Callers {
+    async fn connect(url: &str, clients: usize) -> Result<Callers> {
+        let (done_tx, done) = tokio::sync::mpsc::channel(clients);
+        let mut go = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
             let store = Arc::new(MemoryStore::new());
             let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
             let client = ().serve(transport).await?;
-            let mut n = 0u64;
-            while start.elapsed() < STEADY {
-                client.call_tool(CallToolRequestParams::new("echo")).await?;
-                n += 1;
-            }
-            client.cancel().await?;
-            handle.end_session().await?;
-            Ok::<_, anyhow::Error>(n)
-        }));
+            let (go_tx, mut go_rx) = tokio::sync::mpsc::channel::<Instant>(1);
+            let done = done_tx.clone();
+            go.push(go_tx);
+            tasks.push(tokio::spawn(async move {
+                while let Some(until) = go_rx.recv().await {
+                    let mut n = 0u64;
+                    let mut failed = None;
+                    while Instant::now() < until {
+                        if let Err(e) = client.call_tool(CallToolRequestParams::new("echo")).await {
+                            failed = Some(e);
+                            break;
+                        }
+                        n += 1;
+                    }
+                    let _ = done.send(failed.map_or(Ok(n), |e| Err(e.into()))).await;
+                }
+                client.cancel().await?;
+                handle.end_session().await?;
+                Ok(())
+            }));
+        }
+        Ok(Callers { go, done, tasks })
     }
-    let mut calls = 0u64;
-    for task in tasks {
-        calls += task.await??;
+
+    /// One burst of every client at once for `length`: calls made and the
+    /// time taken.
+    async fn burst(&mut self, length: Duration) -> Result<(u64, Duration)> {
+        let start = Instant::now();
+        for go in &self.go {
+            go.send(start + length).await?;
+        }
+        let mut calls = 0;
+        for _ in 0..self.go.len() {
+            calls += self.done.recv().await.context("a caller stopped")??;
+        }
+        Ok((calls, start.elapsed()))
     }
-    Ok(calls as f64 / start.elapsed().as_secs_f64())
+
+    async fn close(self) -> Result<()> {
+        drop(self.go);
+        for task in self.tasks {
+            task.await??;
+        }
+        Ok(())
+    }
 }
 
 /// Where `cargo xtask bench client` names the Redis server it started.
@@ -407,10 +454,13 @@ async fn echo_server(
 /// end falls from about 1,550 to 1,350 calls/s. Measured one after the
 /// other, the second of two identical servers came out up to 8% slower,
 /// most of what exactly-once was measured to cost when off always went
-/// first. So each round measures off and on back to back, on servers of
-/// their own, off first in even rounds and on first in odd ones; each
-/// client ends its session after; the row's ratio is the median of the
-/// rounds' on/off ratios.
+/// first. So each round starts both servers, fresh, and measures them in
+/// turn, slice by slice ([`SLICES`] each, in the order off, on, on, off,
+/// ...): one round measured each server for a whole [`STEADY`] back to
+/// back, and its on/off ratios strayed from 0.76 to 1.01 on SQLite and
+/// from 0.78 to 1.30 on the memory store, where exactly-once costs next to
+/// nothing. Each client ends its session after; the row's ratio is the
+/// median of the rounds' on/off ratios, printed with their range.
 async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
     let mut figures = Vec::new();
     let mut stores = vec!["memory", "SQLite", "SQLite, Durability::Normal", "file"];
@@ -435,8 +485,10 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
         let mut concurrent = [Vec::new(), Vec::new()];
         let mut commits = [Vec::new(), Vec::new()];
         for round in 0..ROUNDS {
-            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-            for i in order {
+            // Both servers up at once, each with its one client and its
+            // CONCURRENT_CLIENTS callers; then the slices, in turn.
+            let mut servers = Vec::new();
+            for i in 0..2 {
                 let exactly_once = if i == 0 {
                     ExactlyOnce::disabled()
                 } else {
@@ -448,31 +500,69 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 let store = Arc::new(SqliteStore::open(db).await?);
                 let (transport, handle) = DurableClientBuilder::new(&url, store).build().await?;
                 let client = ().serve(transport).await?;
-                let before = sqlite.as_ref().map(|h| (h.write_stats(), Instant::now()));
-                let calls = rate(|| client.call_tool(CallToolRequestParams::new("echo"))).await?;
-                if let (Some((b, started)), Some(h)) = (before, sqlite.as_ref()) {
-                    let a = h.write_stats();
-                    let n = calls * started.elapsed().as_secs_f64();
-                    commits[i].push((
-                        (a.transactions - b.transactions) as f64 / n,
-                        (a.operations - b.operations) as f64 / n,
-                    ));
+                let callers = Callers::connect(&url, CONCURRENT_CLIENTS).await?;
+                servers.push((client, handle, callers, sqlite, task));
+            }
+            let slice = STEADY / SLICES;
+            // Per server: one-client calls, time, commits, writes; then the
+            // concurrent calls and time.
+            let mut one = [(0u64, Duration::ZERO, 0u64, 0u64); 2];
+            let mut many = [(0u64, Duration::ZERO); 2];
+            for turn in 0..2 * SLICES as usize {
+                // off, on, on, off, off, on, ...: each goes first as often.
+                let i = (turn + turn / 2) % 2;
+                let (client, _, _, sqlite, _) = &servers[i];
+                let before = sqlite.as_ref().map(SqliteStore::write_stats);
+                let start = Instant::now();
+                let mut n = 0u64;
+                while start.elapsed() < slice {
+                    client.call_tool(CallToolRequestParams::new("echo")).await?;
+                    n += 1;
                 }
+                let took = start.elapsed();
+                if let (Some(b), Some(h)) = (before, sqlite.as_ref()) {
+                    let a = h.write_stats();
+                    one[i].2 += a.transactions - b.transactions;
+                    one[i].3 += a.operations - b.operations;
+                }
+                one[i].0 += n;
+                one[i].1 += took;
+            }
+            for turn in 0..2 * SLICES as usize {
+                let i = (turn + turn / 2) % 2;
+                let (calls, took) = servers[i].2.burst(slice).await?;
+                many[i].0 += calls;
+                many[i].1 += took;
+            }
+            for (i, (client, handle, callers, sqlite, task)) in servers.into_iter().enumerate() {
                 client.cancel().await?;
                 handle.end_session().await?;
-                single[i].push(calls);
-                concurrent[i].push(concurrent_rate(&url, CONCURRENT_CLIENTS).await?);
+                callers.close().await?;
                 task.abort();
+                let (calls, took, transactions, operations) = one[i];
+                single[i].push(calls as f64 / took.as_secs_f64());
+                concurrent[i].push(many[i].0 as f64 / many[i].1.as_secs_f64());
+                if sqlite.is_some() {
+                    commits[i].push((
+                        transactions as f64 / calls as f64,
+                        operations as f64 / calls as f64,
+                    ));
+                }
             }
         }
-        let ratio = |rates: &[Vec<f64>; 2]| {
-            median(
-                rates[0]
-                    .iter()
-                    .zip(&rates[1])
-                    .map(|(off, on)| on / off)
-                    .collect(),
-            )
+        let ratios = |rates: &[Vec<f64>; 2]| -> Vec<f64> {
+            rates[0]
+                .iter()
+                .zip(&rates[1])
+                .map(|(off, on)| on / off)
+                .collect()
+        };
+        let range = |ratios: &[f64]| {
+            ratios
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), r| {
+                    (l.min(*r), h.max(*r))
+                })
         };
         let per_call = |c: &Vec<(f64, f64)>| {
             (
@@ -484,7 +574,8 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             row: format!("{name}, 1 client"),
             off: median(single[0].clone()),
             on: median(single[1].clone()),
-            ratio: ratio(&single),
+            ratio: median(ratios(&single)),
+            range: range(&ratios(&single)),
             commits: (!commits[0].is_empty() && !commits[1].is_empty())
                 .then(|| [per_call(&commits[0]), per_call(&commits[1])]),
         });
@@ -492,7 +583,8 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             row: format!("{name}, {CONCURRENT_CLIENTS} clients at once"),
             off: median(concurrent[0].clone()),
             on: median(concurrent[1].clone()),
-            ratio: ratio(&concurrent),
+            ratio: median(ratios(&concurrent)),
+            range: range(&ratios(&concurrent)),
             commits: None,
         });
     }
