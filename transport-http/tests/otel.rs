@@ -542,6 +542,110 @@ async fn the_metrics_an_operator_watches_count_what_happened() -> anyhow::Result
     Ok(())
 }
 
+/// A task taken over behind its instance's back, on an instance whose
+/// task watchers read their inbox only once a minute: the fenced run finds
+/// out before its watcher looks, from its own refused progress write or
+/// from the sweep taking the task back from the silent new owner. That
+/// lease was lost all the same, and is counted once; the run taken back,
+/// cancelled, loses none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_lost_to_a_takeover_is_counted_however_the_run_finds_out() -> anyhow::Result<()> {
+    otel_support::spans();
+    let memory = MemoryStore::new();
+    let meters = Meters::new();
+    let options = demo::Options::parse(["--liveness-grace-ms", "1000"].map(String::from))?;
+    let stores = Stores::new(memory.clone()).with_telemetry(meters.telemetry());
+    let server = demo::durable_server(stores, &options)?;
+    let tasks = demo::register_tasks(server.tasks(), &options)
+        .inbox_poll(Duration::from_secs(60))
+        .start()
+        .await?;
+    let counters = Arc::new(demo::Counters::default());
+    let service = server
+        .service(move || Ok(demo::DemoHandler::new(counters.clone()).with_tasks(tasks.clone())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let a = url(listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, axum::Router::new().nest_service("/mcp", service)).await;
+    });
+
+    let (_, traceparent) = root_traceparent();
+    let created = rpc(
+        &a,
+        &traceparent,
+        "tools/call",
+        json!({"name": "long_job", "arguments": {"steps": 100, "step_ms": 100}}),
+    )
+    .await?;
+    let task = TaskId::new(
+        created["result"]["taskId"]
+            .as_str()
+            .with_context(|| format!("not a task: {created}"))?,
+    )?;
+    let store = Stores::new(memory.clone()).tasks()?;
+    let taken = store
+        .update(&task, |record| {
+            record.take_over(
+                "elsewhere".to_owned(),
+                Timestamp::now().plus(Duration::from_secs(60)),
+            )?;
+            Ok(true)
+        })
+        .await?;
+    assert!(matches!(taken, TaskUpdate::Updated(_)));
+    // The sweep takes the task back from the silent "elsewhere".
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let record = store.load(&task).await?.context("the task")?.record;
+        if record.owner.generation > 2 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the sweep did not take the task back: {:?}",
+            record.owner
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while meters.total("mcp_persist.leases.lost", &[]) < 1.0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the lease lost to the takeover was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled = rpc(
+        &a,
+        &traceparent,
+        "tasks/cancel",
+        json!({"taskId": task.as_str()}),
+    )
+    .await?;
+    anyhow::ensure!(
+        cancelled.get("result").is_some(),
+        "not cancelled: {cancelled}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !store
+        .load(&task)
+        .await?
+        .context("the task")?
+        .record
+        .status
+        .is_terminal()
+    {
+        anyhow::ensure!(Instant::now() < deadline, "the cancelled task did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        meters.total("mcp_persist.leases.lost", &[]),
+        1.0,
+        "one lease lost, counted once"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_client_counts_its_journal_its_requests_and_its_restored_session() -> anyhow::Result<()>
 {

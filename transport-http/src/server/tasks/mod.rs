@@ -448,7 +448,8 @@ impl Runtime {
     /// unless this instance already holds that generation or a newer one
     /// (another reader is taking the task over): then `None`. An older
     /// generation still running here was fenced by a takeover since: it is
-    /// stopped, as its watcher would stop it.
+    /// stopped, as its watcher would stop it (the run counts its lost lease
+    /// as it ends).
     fn claim_local(self: &Arc<Self>, id: &TaskId, generation: u64) -> Option<TaskContext> {
         let mut local = self.lock_local();
         if local.get(id).is_some_and(|l| l.generation >= generation) {
@@ -528,8 +529,16 @@ impl Runtime {
                 Err(_) => None,
             };
             watcher.abort();
-            if let Some(outcome) = outcome {
-                rt.settle(&id, generation, outcome).await;
+            // However the run found out (its watcher, a takeover on this
+            // instance, or the operation's own write refused), a run whose
+            // record moved to another generation lost its lease: counted
+            // here, once per run.
+            let fenced = match outcome {
+                Some(outcome) => rt.settle(&id, generation, outcome).await,
+                None => rt.moved_on(&id, generation).await,
+            };
+            if fenced {
+                rt.telemetry.lease_lost();
             }
             let mut local = rt.lock_local();
             if local.get(&id).is_some_and(|l| l.generation == generation) {
@@ -538,15 +547,29 @@ impl Runtime {
         });
     }
 
+    /// Whether the record of `id` names a generation other than
+    /// `generation` by now (a store error reads as no).
+    async fn moved_on(&self, id: &TaskId, generation: u64) -> bool {
+        match self.store.load(id).await {
+            Ok(Some(stored)) => stored.record.owner.generation != generation,
+            Ok(None) => false,
+            Err(e) => {
+                debug!(task = %id, error = %e, "reading a stopped run's task failed");
+                false
+            }
+        }
+    }
+
     /// Writes the operation's outcome, unless another generation owns the
-    /// task by now. Store errors are retried: an outcome is not dropped
-    /// while the store is briefly unreachable.
+    /// task by now: then `true` (the outcome is dropped). Store errors are
+    /// retried: an outcome is not dropped while the store is briefly
+    /// unreachable.
     async fn settle(
         &self,
         id: &TaskId,
         generation: u64,
         outcome: Result<rmcp::model::CallToolResult, TaskExit>,
-    ) {
+    ) -> bool {
         let result = match &outcome {
             Ok(result) => Some(serde_json::to_value(result).unwrap_or_else(|e| {
                 serde_json::json!({
@@ -580,15 +603,15 @@ impl Runtime {
                 Ok(TaskUpdate::Updated(s)) => {
                     info!(task = %id, status = ?s.record.status, generation, "task settled");
                     self.telemetry.task_status(s.record.status.name());
-                    return;
+                    return false;
                 }
                 Ok(_) if fenced => {
                     info!(task = %id, generation, "task outcome dropped: another instance runs a newer generation");
-                    return;
+                    return true;
                 }
                 Ok(_) => {
                     debug!(task = %id, "task had already ended or is gone; outcome not written");
-                    return;
+                    return false;
                 }
                 Err(e) => {
                     warn!(task = %id, attempt, error = %e, "writing the task outcome failed; retrying");
@@ -598,6 +621,7 @@ impl Runtime {
             }
         }
         warn!(task = %id, "gave up writing the task outcome; the task will be reported as orphaned");
+        false
     }
 
     /// Follows the record of a task running here: delivers input responses,
@@ -622,11 +646,9 @@ impl Runtime {
             };
             if let Some(why) = stop {
                 info!(task = %id, generation, why, "stopping the task's operation");
-                if why == "taken over" {
-                    self.telemetry.lease_lost();
-                }
                 // Only this generation's own entry: a newer one this
-                // instance took over since is not this watcher's to stop.
+                // instance took over since is not this watcher's to stop
+                // (that takeover stopped this run).
                 let mine = {
                     let mut local = self.lock_local();
                     match local.get(&id) {
