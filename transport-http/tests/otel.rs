@@ -24,7 +24,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use mcp_persist_core::{MemoryStore, ServerKey, Stores, TaskId, TaskUpdate, Timestamp};
+use mcp_persist_core::{MemoryStore, ServerKey, Stores, TaskId, TaskStore, TaskUpdate, Timestamp};
 use mcp_persist_transport_http::{
     client::{DurableClientBuilder, Recovery},
     telemetry::current_traceparent,
@@ -504,18 +504,7 @@ async fn the_metrics_an_operator_watches_count_what_happened() -> anyhow::Result
     // A task running on A that another instance takes over behind A's
     // back: A finds its lease lost and stops the operation.
     let (_, traceparent) = root_traceparent();
-    let created = rpc(
-        &a,
-        &traceparent,
-        "tools/call",
-        json!({"name": "long_job", "arguments": {"steps": 100, "step_ms": 100}}),
-    )
-    .await?;
-    let task = TaskId::new(
-        created["result"]["taskId"]
-            .as_str()
-            .with_context(|| format!("not a task: {created}"))?,
-    )?;
+    let task = start_long_job(&a, &traceparent).await?;
     assert_eq!(
         meters_a.total(
             "mcp_persist.tasks.transitions",
@@ -524,8 +513,37 @@ async fn the_metrics_an_operator_watches_count_what_happened() -> anyhow::Result
         1.0
     );
     let store = Stores::new(memory.clone()).tasks()?;
+    take_over_elsewhere(&store, &task).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while meters_a.total("mcp_persist.leases.lost", &[]) < 1.0 {
+        anyhow::ensure!(Instant::now() < deadline, "the lost lease was not noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Starts the demo's `long_job` (100 steps of 100 ms) as a task on the
+/// server at `url`; its id.
+async fn start_long_job(url: &str, traceparent: &str) -> anyhow::Result<TaskId> {
+    let created = rpc(
+        url,
+        traceparent,
+        "tools/call",
+        json!({"name": "long_job", "arguments": {"steps": 100, "step_ms": 100}}),
+    )
+    .await?;
+    Ok(TaskId::new(
+        created["result"]["taskId"]
+            .as_str()
+            .with_context(|| format!("not a task: {created}"))?,
+    )?)
+}
+
+/// Hands `task` to a silent instance "elsewhere", behind the back of the
+/// instance running it: the next generation, leased for a minute.
+async fn take_over_elsewhere(store: &TaskStore, task: &TaskId) -> anyhow::Result<()> {
     let taken = store
-        .update(&task, |record| {
+        .update(task, |record| {
             record.take_over(
                 "elsewhere".to_owned(),
                 Timestamp::now().plus(Duration::from_secs(60)),
@@ -534,11 +552,6 @@ async fn the_metrics_an_operator_watches_count_what_happened() -> anyhow::Result
         })
         .await?;
     assert!(matches!(taken, TaskUpdate::Updated(_)));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while meters_a.total("mcp_persist.leases.lost", &[]) < 1.0 {
-        anyhow::ensure!(Instant::now() < deadline, "the lost lease was not noticed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     Ok(())
 }
 
@@ -570,29 +583,9 @@ async fn a_lease_lost_to_a_takeover_is_counted_however_the_run_finds_out() -> an
     });
 
     let (_, traceparent) = root_traceparent();
-    let created = rpc(
-        &a,
-        &traceparent,
-        "tools/call",
-        json!({"name": "long_job", "arguments": {"steps": 100, "step_ms": 100}}),
-    )
-    .await?;
-    let task = TaskId::new(
-        created["result"]["taskId"]
-            .as_str()
-            .with_context(|| format!("not a task: {created}"))?,
-    )?;
+    let task = start_long_job(&a, &traceparent).await?;
     let store = Stores::new(memory.clone()).tasks()?;
-    let taken = store
-        .update(&task, |record| {
-            record.take_over(
-                "elsewhere".to_owned(),
-                Timestamp::now().plus(Duration::from_secs(60)),
-            )?;
-            Ok(true)
-        })
-        .await?;
-    assert!(matches!(taken, TaskUpdate::Updated(_)));
+    take_over_elsewhere(&store, &task).await?;
     // The sweep takes the task back from the silent "elsewhere".
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
