@@ -10,8 +10,9 @@
 //!   before it exits;
 //! * steady state: sequential tool calls per second (the median of
 //!   [`STEADY_ROUNDS`] rounds), and the ratio as the median of each round's
-//!   durable/stock ratio (the two measured back to back), so that a slow
-//!   moment of the machine moves one round's pair, not one side's median;
+//!   durable/stock ratio, printed with their range; in a round both clients
+//!   are connected and take turns in slices, so that a slow moment of the
+//!   machine lands on both;
 //! * exactly-once: steady-state tool calls/s of the durable client against
 //!   a durable server (in memory, on a SQLite file fsynced at every
 //!   commit or only at checkpoints, on the file store, and on Redis and
@@ -27,7 +28,7 @@
 //!   once); a normal exit commits the mark at once.
 //!
 //! Stock rmcp and the durable client are measured in turn, alternating
-//! which goes first (one restart of each, one steady-state round of each),
+//! which goes first (one restart of each, one steady-state slice of each),
 //! so that both meet the process as it is at that point.
 //!
 //! Each is measured on plain loopback and through a local TCP proxy that
@@ -116,6 +117,8 @@ struct Figures {
     durable_rate: f64,
     /// The median of each round's durable/stock ratio.
     steady_ratio: f64,
+    /// The lowest and highest of the rounds' ratios.
+    steady_range: (f64, f64),
 }
 
 #[tokio::main]
@@ -204,8 +207,8 @@ fn print_start_figures(direct: &Figures, delayed: &Figures, window: Duration) {
             f.stock_requests, f.durable_requests
         );
         println!(
-            "| steady-state tool calls/s | {path} | {:.0} | {:.0} | {:.2} |",
-            f.stock_rate, f.durable_rate, f.steady_ratio
+            "| steady-state tool calls/s (rounds' ratios {:.2}-{:.2}) | {path} | {:.0} | {:.0} | {:.2} |",
+            f.steady_range.0, f.steady_range.1, f.stock_rate, f.durable_rate, f.steady_ratio
         );
     }
     println!(
@@ -286,6 +289,15 @@ struct Dedup {
 }
 
 /// The median of `values` (none empty here).
+/// The lowest and the highest of `values`.
+fn spread(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), r| {
+            (l.min(*r), h.max(*r))
+        })
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
@@ -557,13 +569,6 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 .map(|(off, on)| on / off)
                 .collect()
         };
-        let range = |ratios: &[f64]| {
-            ratios
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), r| {
-                    (l.min(*r), h.max(*r))
-                })
-        };
         let per_call = |c: &Vec<(f64, f64)>| {
             (
                 median(c.iter().map(|c| c.0).collect()),
@@ -575,7 +580,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             off: median(single[0].clone()),
             on: median(single[1].clone()),
             ratio: median(ratios(&single)),
-            range: range(&ratios(&single)),
+            range: spread(&ratios(&single)),
             commits: (!commits[0].is_empty() && !commits[1].is_empty())
                 .then(|| [per_call(&commits[0]), per_call(&commits[1])]),
         });
@@ -584,7 +589,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             off: median(concurrent[0].clone()),
             on: median(concurrent[1].clone()),
             ratio: median(ratios(&concurrent)),
-            range: range(&ratios(&concurrent)),
+            range: spread(&ratios(&concurrent)),
             commits: None,
         });
     }
@@ -654,32 +659,45 @@ async fn measure(
     let stock_requests = stock_requests as f64 / restarts as f64;
     let durable_requests = durable_requests as f64 / restarts as f64;
 
-    // Steady state, in rounds of one of each, alternating which goes
-    // first; the medians.
+    // Steady state: in each round both clients are connected at once and
+    // take turns in slices ([`SLICES`] each, stock, durable, durable,
+    // stock, ...), so that a slow moment of the machine lands on both. A
+    // round measured each client for a whole [`STEADY`] back to back, and
+    // single runs of the row read anywhere from 0.83 to 0.97.
     let mut stock_rates = Vec::new();
     let mut durable_rates = Vec::new();
-    for round in 0..STEADY_ROUNDS {
-        for durable_turn in [round % 2 == 1, round % 2 == 0] {
-            if durable_turn {
-                let store = Arc::new(SqliteStore::open(db).await?);
-                let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
-                let client = ().serve(transport).await?;
-                durable_rates.push(rate(|| client.call_tool(call())).await?);
-                client.cancel().await?;
-            } else {
-                let client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
-                stock_rates.push(rate(|| client.call_tool(call())).await?);
-                client.cancel().await?;
+    for _ in 0..STEADY_ROUNDS {
+        let store = Arc::new(SqliteStore::open(db).await?);
+        let (transport, _handle) = DurableClientBuilder::new(url, store).build().await?;
+        let durable = ().serve(transport).await?;
+        let stock = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
+        let slice = STEADY / SLICES;
+        let mut counted = [(0u64, Duration::ZERO); 2];
+        for turn in 0..2 * SLICES as usize {
+            let i = (turn + turn / 2) % 2;
+            let client = if i == 0 { &stock } else { &durable };
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < slice {
+                client.call_tool(call()).await?;
+                n += 1;
             }
+            counted[i].0 += n;
+            counted[i].1 += start.elapsed();
         }
+        let [stock_rate, durable_rate] = counted.map(|(n, took)| n as f64 / took.as_secs_f64());
+        stock_rates.push(stock_rate);
+        durable_rates.push(durable_rate);
+        durable.cancel().await?;
+        stock.cancel().await?;
     }
-    let steady_ratio = median(
-        durable_rates
-            .iter()
-            .zip(&stock_rates)
-            .map(|(durable, stock)| durable / stock)
-            .collect(),
-    );
+    let ratios: Vec<f64> = durable_rates
+        .iter()
+        .zip(&stock_rates)
+        .map(|(durable, stock)| durable / stock)
+        .collect();
+    let steady_range = spread(&ratios);
+    let steady_ratio = median(ratios);
     let stock_rate = median(stock_rates);
     let durable_rate = median(durable_rates);
     Ok(Figures {
@@ -692,6 +710,7 @@ async fn measure(
         stock_rate,
         durable_rate,
         steady_ratio,
+        steady_range,
     })
 }
 
@@ -782,19 +801,4 @@ async fn pump(
         }
     };
     tokio::join!(reader, writer);
-}
-
-async fn rate<F, Fut, T, E>(mut f: F) -> Result<f64>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let start = Instant::now();
-    let mut n = 0u32;
-    while start.elapsed() < STEADY && n < 100_000 {
-        f().await?;
-        n += 1;
-    }
-    Ok(f64::from(n) / start.elapsed().as_secs_f64())
 }
