@@ -20,7 +20,10 @@
 //!   name servers, as `cargo xtask bench client` arranges) with keyed calls
 //!   deduplicated (a call record written twice per call: begun before the
 //!   tool runs, its answer kept after) against the same server with
-//!   deduplication off, in the same run;
+//!   deduplication off, in the same run, by clients speaking 2026-07-28
+//!   (no session: with deduplication off the server writes nothing per
+//!   call) and 2025-11-25 (a session whose streams are stored: the record
+//!   shares the commit of its stream's first event);
 //! * answered-mark window: for a call in flight longer than the journal's
 //!   window (so journaled), how long after the answer reached the
 //!   application its entry leaves the store. A SIGKILL within that window
@@ -40,7 +43,7 @@
 //! (bounded: a few minutes; 5 here, the build included). `-- start`
 //! measures the start, steady-state and answered-mark rows alone;
 //! `-- exactly-once` the exactly-once rows alone (`store=NAME` one
-//! store's).
+//! store's, `era=2026-07-28` or `era=2025-11-25` one era's).
 
 use std::{
     sync::{
@@ -58,7 +61,7 @@ use mcp_persist_transport_http::{
     server::{DurableServer, ExactlyOnce},
 };
 use rmcp::{
-    ErrorData, RoleServer, ServerHandler, ServiceExt,
+    ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt,
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ServerCapabilities,
         ServerConfig,
@@ -320,6 +323,44 @@ const CONCURRENT_CLIENTS: usize = 8;
 /// so that a slow second of the machine lands on both, not on one.
 const SLICES: u32 = 8;
 
+/// The revision a client of the exactly-once rows speaks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Era {
+    /// 2026-07-28: no session; a request's stream is not resumed, and a
+    /// keyed call is what makes its re-issue safe.
+    Modern,
+    /// 2025-11-25: `initialize`, a session, resumable streams.
+    Legacy,
+}
+
+impl Era {
+    fn name(self) -> &'static str {
+        match self {
+            Era::Modern => "2026-07-28",
+            Era::Legacy => "2025-11-25",
+        }
+    }
+
+    /// A client over `transport` speaking this era.
+    async fn serve<T, E, A>(
+        self,
+        transport: T,
+    ) -> Result<rmcp::service::RunningService<RoleClient, ()>>
+    where
+        T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let lifecycle = match self {
+            Era::Modern => rmcp::service::ClientLifecycleMode::Auto {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+                legacy_version: None,
+            },
+            Era::Legacy => rmcp::service::ClientLifecycleMode::Initialize,
+        };
+        Ok(rmcp::service::ClientServiceExt::serve_with_lifecycle((), transport, lifecycle).await?)
+    }
+}
+
 /// Durable clients (journals in memory) calling one server's `echo`, each in
 /// a task of its own, in bursts: each burst runs until the deadline it is
 /// given and reports its calls.
@@ -330,14 +371,14 @@ struct Callers {
 }
 
 impl Callers {
-    async fn connect(url: &str, clients: usize) -> Result<Callers> {
+    async fn connect(url: &str, clients: usize, era: Era) -> Result<Callers> {
         let (done_tx, done) = tokio::sync::mpsc::channel(clients);
         let mut go = Vec::new();
         let mut tasks = Vec::new();
         for _ in 0..clients {
             let store = Arc::new(MemoryStore::new());
             let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
-            let client = ().serve(transport).await?;
+            let client = era.serve(transport).await?;
             let (go_tx, mut go_rx) = tokio::sync::mpsc::channel::<Instant>(1);
             let done = done_tx.clone();
             go.push(go_tx);
@@ -490,7 +531,19 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
         .filter_map(|a| a.strip_prefix("store=").map(str::to_owned))
         .collect();
     stores.retain(|s| only.is_empty() || only.iter().any(|o| o == s));
-    for name in stores {
+    // `-- era=2026-07-28` or `-- era=2025-11-25` measures one era alone.
+    let eras: Vec<Era> = [Era::Modern, Era::Legacy]
+        .into_iter()
+        .filter(|era| {
+            std::env::args()
+                .filter_map(|a| a.strip_prefix("era=").map(str::to_owned))
+                .all(|only| only == era.name())
+        })
+        .collect();
+    for (name, era) in stores
+        .iter()
+        .flat_map(|name| eras.iter().map(move |era| (*name, *era)))
+    {
         // Per server (off, on): each round's one-client and concurrent
         // rates, and the one-client rounds' commits and writes per call.
         let mut single = [Vec::new(), Vec::new()];
@@ -511,8 +564,8 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 let db = folder.join(format!("client-{}-{round}-{i}.db", figures.len()));
                 let store = Arc::new(SqliteStore::open(db).await?);
                 let (transport, handle) = DurableClientBuilder::new(&url, store).build().await?;
-                let client = ().serve(transport).await?;
-                let callers = Callers::connect(&url, CONCURRENT_CLIENTS).await?;
+                let client = era.serve(transport).await?;
+                let callers = Callers::connect(&url, CONCURRENT_CLIENTS, era).await?;
                 servers.push((client, handle, callers, sqlite, task));
             }
             let slice = STEADY / SLICES;
@@ -576,7 +629,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             )
         };
         figures.push(Dedup {
-            row: format!("{name}, 1 client"),
+            row: format!("{name}, {}, 1 client", era.name()),
             off: median(single[0].clone()),
             on: median(single[1].clone()),
             ratio: median(ratios(&single)),
@@ -585,7 +638,10 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 .then(|| [per_call(&commits[0]), per_call(&commits[1])]),
         });
         figures.push(Dedup {
-            row: format!("{name}, {CONCURRENT_CLIENTS} clients at once"),
+            row: format!(
+                "{name}, {}, {CONCURRENT_CLIENTS} clients at once",
+                era.name()
+            ),
             off: median(concurrent[0].clone()),
             on: median(concurrent[1].clone()),
             ratio: median(ratios(&concurrent)),
