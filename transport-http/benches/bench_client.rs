@@ -291,7 +291,6 @@ struct Dedup {
     commits: Option<[(f64, f64); 2]>,
 }
 
-/// The median of `values` (none empty here).
 /// The lowest and the highest of `values`.
 fn spread(values: &[f64]) -> (f64, f64) {
     values
@@ -301,6 +300,7 @@ fn spread(values: &[f64]) -> (f64, f64) {
         })
 }
 
+/// The median of `values` (none empty here).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
@@ -532,13 +532,12 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
         .collect();
     stores.retain(|s| only.is_empty() || only.iter().any(|o| o == s));
     // `-- era=2026-07-28` or `-- era=2025-11-25` measures one era alone.
+    let only_eras: Vec<String> = std::env::args()
+        .filter_map(|a| a.strip_prefix("era=").map(str::to_owned))
+        .collect();
     let eras: Vec<Era> = [Era::Modern, Era::Legacy]
         .into_iter()
-        .filter(|era| {
-            std::env::args()
-                .filter_map(|a| a.strip_prefix("era=").map(str::to_owned))
-                .all(|only| only == era.name())
-        })
+        .filter(|era| only_eras.is_empty() || only_eras.iter().any(|o| o == era.name()))
         .collect();
     for (name, era) in stores
         .iter()
