@@ -54,7 +54,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use mcp_persist_core::{ClientStateStore, MemoryStore, Stores};
+use mcp_persist_core::{CallKey, CallStore, ClientStateStore, MemoryStore, Stores};
 use mcp_persist_store_sqlite::SqliteStore;
 use mcp_persist_transport_http::{
     client::DurableClientBuilder,
@@ -240,9 +240,9 @@ fn print_start_figures(direct: &Figures, delayed: &Figures, window: Duration) {
 fn print_exactly_once(dedup: &[Dedup]) {
     println!();
     println!(
-        "| durable client to a durable server | store | exactly-once off | on | ratio | rounds' ratios, lowest to highest | server commits (writes) per call, off / on |"
+        "| durable client to a durable server | store | exactly-once off | on | ratio | rounds' ratios, lowest to highest | server commits (writes) per call, off / on | ratio if the record's write were all it added |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for Dedup {
         row,
         off,
@@ -250,13 +250,15 @@ fn print_exactly_once(dedup: &[Dedup]) {
         ratio,
         range: (low, high),
         commits,
+        ceiling,
     } in dedup
     {
         let commits = commits.map_or(String::new(), |[off, on]| {
             format!("{:.1} ({:.1}) / {:.1} ({:.1})", off.0, off.1, on.0, on.1)
         });
+        let ceiling = ceiling.map_or(String::new(), |c| format!("{c:.2}"));
         println!(
-            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {row} | {off:.0} | {on:.0} | {ratio:.2} | {low:.2}-{high:.2} | {commits} |"
+            "| steady-state tool calls/s (keyed calls, deduplicated or not) | {row} | {off:.0} | {on:.0} | {ratio:.2} | {low:.2}-{high:.2} | {commits} | {ceiling} |"
         );
     }
     if let Some(lowest) = dedup.iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio)) {
@@ -269,6 +271,16 @@ fn print_exactly_once(dedup: &[Dedup]) {
             } else {
                 "not met"
             }
+        );
+    }
+    let ceilings: Vec<String> = dedup
+        .iter()
+        .filter_map(|d| Some(format!("{:.2} ({})", d.ceiling?, d.row)))
+        .collect();
+    if !ceilings.is_empty() {
+        println!(
+            "bound: a 2026-07-28 keyed call waits for its record's write (committed with the store's full durability) before its tool runs; with nothing else added, one client would read at most {}",
+            ceilings.join(", ")
         );
     }
     println!(
@@ -289,6 +301,11 @@ struct Dedup {
     /// read as a gain or a loss from one run.
     range: (f64, f64),
     commits: Option<[(f64, f64); 2]>,
+    /// For one 2026-07-28 client: the ratio if a keyed call cost nothing
+    /// but the write of its record before its tool runs, timed alone (the
+    /// median of the rounds'), the most the row can read while that write
+    /// stays on the call's path.
+    ceiling: Option<f64>,
 }
 
 /// The lowest and the highest of `values`.
@@ -434,12 +451,18 @@ const POSTGRES_URL: &str = "MCP_PERSIST_POSTGRES_URL";
 /// A durable server serving [`Echo`] on `store` (`"memory"`, `"SQLite"`,
 /// `"SQLite, Durability::Normal"` or `"file"`, in a new file or folder at
 /// `db`; `"Redis"` or `"Postgres"`, under keys of its own), with
-/// `exactly_once`: its URL, its SQLite store (to count commits) and its task.
+/// `exactly_once`: its URL, its SQLite store (to count commits), its stores
+/// (to time a call record's write alone) and its task.
 async fn echo_server(
     store: &str,
     db: std::path::PathBuf,
     exactly_once: ExactlyOnce,
-) -> Result<(String, Option<SqliteStore>, tokio::task::JoinHandle<()>)> {
+) -> Result<(
+    String,
+    Option<SqliteStore>,
+    Stores,
+    tokio::task::JoinHandle<()>,
+)> {
     // Each server its own keys: a Redis prefix or Postgres schema named
     // after its file.
     let space = db
@@ -480,7 +503,7 @@ async fn echo_server(
             (Stores::new(s.clone()), Some(s))
         }
     };
-    let server = DurableServer::builder(stores)
+    let server = DurableServer::builder(stores.clone())
         .exactly_once(exactly_once)
         .build()?;
     let router = axum::Router::new().nest_service("/mcp", server.service(|| Ok(Echo)));
@@ -492,7 +515,26 @@ async fn echo_server(
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
-    Ok((format!("http://{addr}/mcp"), sqlite, task))
+    Ok((format!("http://{addr}/mcp"), sqlite, stores, task))
+}
+
+/// How long the write a keyed call waits for before its tool runs takes
+/// on `stores`, alone: the mean of the call records begun one after the
+/// other for `slice`, through the server's own call store, as
+/// [`CallStore::begin`] writes them (committed with the store's full
+/// durability), under keys of their own.
+async fn record_write(stores: &Stores, slice: Duration, round: usize) -> Result<Duration> {
+    // ExactlyOnce's default window, which the server keeps its records for.
+    let calls = stores.calls(Duration::from_secs(60 * 60));
+    let digest = CallStore::digest("echo", &serde_json::json!({}));
+    let start = Instant::now();
+    let mut n = 0u32;
+    while start.elapsed() < slice {
+        let key = CallKey::new(None, &format!("record-write-{round}-{n}"))?;
+        calls.begin(&key, "echo", &digest, "bench").await?;
+        n += 1;
+    }
+    Ok(start.elapsed() / n.max(1))
 }
 
 /// Steady-state calls/s of the durable client against a durable server
@@ -548,6 +590,9 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
         let mut single = [Vec::new(), Vec::new()];
         let mut concurrent = [Vec::new(), Vec::new()];
         let mut commits = [Vec::new(), Vec::new()];
+        // Per round, for 2026-07-28: the one-client ratio if a keyed call
+        // cost nothing but its record's write.
+        let mut ceilings = Vec::new();
         for round in 0..ROUNDS {
             // Both servers up at once, each with its one client and its
             // CONCURRENT_CLIENTS callers; then the slices, in turn.
@@ -559,13 +604,13 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                     ExactlyOnce::new()
                 };
                 let db = folder.join(format!("server-{}-{round}-{i}.db", figures.len()));
-                let (url, sqlite, task) = echo_server(name, db, exactly_once).await?;
+                let (url, sqlite, stores, task) = echo_server(name, db, exactly_once).await?;
                 let db = folder.join(format!("client-{}-{round}-{i}.db", figures.len()));
                 let store = Arc::new(SqliteStore::open(db).await?);
                 let (transport, handle) = DurableClientBuilder::new(&url, store).build().await?;
                 let client = era.serve(transport).await?;
                 let callers = Callers::connect(&url, CONCURRENT_CLIENTS, era).await?;
-                servers.push((client, handle, callers, sqlite, task));
+                servers.push((client, handle, callers, sqlite, stores, task));
             }
             let slice = STEADY / SLICES;
             // Per server: one-client calls, time, commits, writes; then the
@@ -575,7 +620,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             for turn in 0..2 * SLICES as usize {
                 // off, on, on, off, off, on, ...: each goes first as often.
                 let i = (turn + turn / 2) % 2;
-                let (client, _, _, sqlite, _) = &servers[i];
+                let (client, _, _, sqlite, _, _) = &servers[i];
                 let before = sqlite.as_ref().map(SqliteStore::write_stats);
                 let start = Instant::now();
                 let mut n = 0u64;
@@ -592,13 +637,21 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 one[i].0 += n;
                 one[i].1 += took;
             }
+            if era == Era::Modern {
+                // Off, a call takes `per_call`; a keyed call also waits for
+                // its record's write before its tool runs (on a server with
+                // nothing else to do here, so no slower than among calls).
+                let write = record_write(&servers[1].4, slice, round).await?;
+                let per_call = one[0].1.as_secs_f64() / one[0].0.max(1) as f64;
+                ceilings.push(per_call / (per_call + write.as_secs_f64()));
+            }
             for turn in 0..2 * SLICES as usize {
                 let i = (turn + turn / 2) % 2;
                 let (calls, took) = servers[i].2.burst(slice).await?;
                 many[i].0 += calls;
                 many[i].1 += took;
             }
-            for (i, (client, handle, callers, sqlite, task)) in servers.into_iter().enumerate() {
+            for (i, (client, handle, callers, sqlite, _, task)) in servers.into_iter().enumerate() {
                 client.cancel().await?;
                 handle.end_session().await?;
                 callers.close().await?;
@@ -635,6 +688,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             range: spread(&ratios(&single)),
             commits: (!commits[0].is_empty() && !commits[1].is_empty())
                 .then(|| [per_call(&commits[0]), per_call(&commits[1])]),
+            ceiling: (!ceilings.is_empty()).then(|| median(ceilings.clone())),
         });
         figures.push(Dedup {
             row: format!(
@@ -646,6 +700,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             ratio: median(ratios(&concurrent)),
             range: spread(&ratios(&concurrent)),
             commits: None,
+            ceiling: None,
         });
     }
     Ok(figures)
