@@ -23,7 +23,10 @@
 //!   deduplication off, in the same run, by clients speaking 2026-07-28
 //!   (no session: with deduplication off the server writes nothing per
 //!   call) and 2025-11-25 (a session whose streams are stored: the record
-//!   shares the commit of its stream's first event);
+//!   shares the commit of its stream's first event); for 2026-07-28 each
+//!   round also times the record's write alone, and the one-client row
+//!   prints the ratio it would read if that write were all a keyed call
+//!   added, the most it can read while the write is on the call's path;
 //! * answered-mark window: for a call in flight longer than the journal's
 //!   window (so journaled), how long after the answer reached the
 //!   application its entry leaves the store. A SIGKILL within that window
