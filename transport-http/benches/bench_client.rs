@@ -8,6 +8,9 @@
 //! * start and close: the same, up to the client closed and dropped (the
 //!   durable client's last writes committed), the work a process does
 //!   before it exits;
+//! * where the durable start's time goes: opening the store, building the
+//!   client (reading what is stored, reserving request ids), serving it
+//!   and the first call, each a median;
 //! * steady state: sequential tool calls per second (the median of
 //!   [`STEADY_ROUNDS`] rounds), and the ratio as the median of each round's
 //!   durable/stock ratio, printed with their range; in a round both clients
@@ -119,6 +122,11 @@ struct Figures {
     durable_start_close: Duration,
     stock_requests: f64,
     durable_requests: f64,
+    /// Where the durable start's time goes (medians): opening the store,
+    /// building the client (reading what is stored, reserving request
+    /// ids), serving it (rmcp's handshake, none when resuming), the first
+    /// call.
+    durable_phases: [Duration; 4],
     stock_rate: f64,
     durable_rate: f64,
     /// The median of each round's durable/stock ratio.
@@ -237,6 +245,12 @@ fn print_start_figures(direct: &Figures, delayed: &Figures, window: Duration) {
         "aim: steady-state tool calls/s, loopback, at least 0.95 of stock rmcp: {steady:.2} ({})",
         verdict(steady >= 0.95)
     );
+    for (path, f) in [("loopback", &direct), ("+50 ms RTT", &delayed)] {
+        let [open, build, serve, call] = f.durable_phases.map(ms);
+        println!(
+            "(durable start, {path}, medians: open the store {open:.2} ms, build the client {build:.2} ms (reads the stored session, reserves request ids in one synced commit, lists the journal), serve {serve:.2} ms, first call {call:.2} ms)"
+        );
+    }
 }
 
 /// The exactly-once rows and their aim.
@@ -742,6 +756,8 @@ async fn measure(
     let mut stock_close = Vec::new();
     let mut durable = Vec::new();
     let mut durable_close = Vec::new();
+    // The durable start's phases: open the store, build, serve, first call.
+    let mut phases: [Vec<Duration>; 4] = Default::default();
     let (mut stock_requests, mut durable_requests) = (0, 0);
     for i in 0..restarts {
         for durable_turn in [i % 2 == 1, i % 2 == 0] {
@@ -749,10 +765,21 @@ async fn measure(
             let start = Instant::now();
             if durable_turn {
                 let store = Arc::new(SqliteStore::open(db).await?);
+                let opened = start.elapsed();
                 let (transport, handle) = DurableClientBuilder::new(url, store).build().await?;
+                let built = start.elapsed();
                 let client = ().serve(transport).await?;
+                let served = start.elapsed();
                 client.call_tool(call()).await?;
                 durable.push(start.elapsed());
+                for (phase, took) in phases.iter_mut().zip([
+                    opened,
+                    built - opened,
+                    served - built,
+                    start.elapsed() - served,
+                ]) {
+                    phase.push(took);
+                }
                 // What a process returning from `main` does: no flush; the
                 // last drop commits what is pending and waits for it.
                 client.cancel().await?;
@@ -820,6 +847,7 @@ async fn measure(
         durable_start_close: median_time(durable_close),
         stock_requests,
         durable_requests,
+        durable_phases: phases.map(median_time),
         stock_rate,
         durable_rate,
         steady_ratio,
