@@ -554,6 +554,19 @@ async fn record_write(stores: &Stores, slice: Duration, round: usize) -> Result<
     Ok(start.elapsed() / n.max(1))
 }
 
+/// One server of an exactly-once round, with its one client and its
+/// concurrent callers.
+struct Served {
+    client: rmcp::service::RunningService<RoleClient, ()>,
+    handle: mcp_persist_transport_http::client::ClientHandle,
+    callers: Callers,
+    /// Its SQLite store, to count commits.
+    sqlite: Option<SqliteStore>,
+    /// Its stores, to time a call record's write alone.
+    stores: Stores,
+    task: tokio::task::JoinHandle<()>,
+}
+
 /// Steady-state calls/s of the durable client against a durable server
 /// serving [`Echo`] with exactly-once calls off and on, on each store, from
 /// one client (each call waits for the one before: the call record's commit
@@ -627,7 +640,14 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 let (transport, handle) = DurableClientBuilder::new(&url, store).build().await?;
                 let client = era.serve(transport).await?;
                 let callers = Callers::connect(&url, CONCURRENT_CLIENTS, era).await?;
-                servers.push((client, handle, callers, sqlite, stores, task));
+                servers.push(Served {
+                    client,
+                    handle,
+                    callers,
+                    sqlite,
+                    stores,
+                    task,
+                });
             }
             let slice = STEADY / SLICES;
             // Per server: one-client calls, time, commits, writes; then the
@@ -637,7 +657,7 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
             for turn in 0..2 * SLICES as usize {
                 // off, on, on, off, off, on, ...: each goes first as often.
                 let i = (turn + turn / 2) % 2;
-                let (client, _, _, sqlite, _, _) = &servers[i];
+                let Served { client, sqlite, .. } = &servers[i];
                 let before = sqlite.as_ref().map(SqliteStore::write_stats);
                 let start = Instant::now();
                 let mut n = 0u64;
@@ -658,17 +678,25 @@ async fn exactly_once_rates(folder: &std::path::Path) -> Result<Vec<Dedup>> {
                 // Off, a call takes `per_call`; a keyed call also waits for
                 // its record's write before its tool runs (on a server with
                 // nothing else to do here, so no slower than among calls).
-                let write = record_write(&servers[1].4, slice, round).await?;
+                let write = record_write(&servers[1].stores, slice, round).await?;
                 let per_call = one[0].1.as_secs_f64() / one[0].0.max(1) as f64;
                 ceilings.push(per_call / (per_call + write.as_secs_f64()));
             }
             for turn in 0..2 * SLICES as usize {
                 let i = (turn + turn / 2) % 2;
-                let (calls, took) = servers[i].2.burst(slice).await?;
+                let (calls, took) = servers[i].callers.burst(slice).await?;
                 many[i].0 += calls;
                 many[i].1 += took;
             }
-            for (i, (client, handle, callers, sqlite, _, task)) in servers.into_iter().enumerate() {
+            for (i, served) in servers.into_iter().enumerate() {
+                let Served {
+                    client,
+                    handle,
+                    callers,
+                    sqlite,
+                    task,
+                    ..
+                } = served;
                 client.cancel().await?;
                 handle.end_session().await?;
                 callers.close().await?;
