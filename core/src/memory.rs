@@ -202,10 +202,15 @@ impl LogStore for MemoryStore {
         let now = Instant::now();
         let seqs = {
             let mut state = self.state();
-            if state.live_log(log, now).is_none() {
-                state.logs.insert(log.clone(), Log::default());
+            // One lookup on the way every event takes: the log is there.
+            let entry = match state.logs.get_mut(log) {
+                Some(entry) => entry,
+                None => state.logs.entry(log.clone()).or_default(),
+            };
+            if !live(entry.expires, now) {
+                // Expired: it starts again, as after a sweep.
+                *entry = Log::default();
             }
-            let entry = state.live_log(log, now).expect("inserted above");
             let mut seqs = Vec::with_capacity(records.len());
             for record in records {
                 entry.last_seq += 1;

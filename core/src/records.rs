@@ -68,18 +68,28 @@ pub(crate) fn encode_event<P: Serialize + ?Sized>(payload: &P) -> Result<Vec<u8>
     struct EventRecordOut<'a, P: ?Sized> {
         payload: &'a P,
     }
-    serde_json::to_vec(&EnvelopeOut {
-        kind: EventRecord::KIND,
-        schema: EventRecord::SCHEMA,
-        record: &EventRecordOut { payload },
-    })
+    // Most events (progress, a short result) fit in this: `to_vec` starts
+    // at 128 bytes and grew the buffer once or twice for each of them.
+    let mut bytes = Vec::with_capacity(EVENT_RECORD_CAPACITY);
+    serde_json::to_writer(
+        &mut bytes,
+        &EnvelopeOut {
+            kind: EventRecord::KIND,
+            schema: EventRecord::SCHEMA,
+            record: &EventRecordOut { payload },
+        },
+    )
     .map_err(|e| {
         Error::invalid(
             "record",
             format!("{} does not serialize: {e}", EventRecord::KIND),
         )
-    })
+    })?;
+    Ok(bytes)
 }
+
+/// The buffer an event's record is encoded into starts this large.
+const EVENT_RECORD_CAPACITY: usize = 256;
 
 /// Decodes a record read from `key`, checking kind and schema version.
 pub fn decode<T: Record>(key: &str, bytes: &[u8]) -> Result<T> {

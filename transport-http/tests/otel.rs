@@ -452,6 +452,19 @@ async fn the_metrics_an_operator_watches_count_what_happened() -> anyhow::Result
         ) > 0.0,
         "{points:?}"
     );
+    // Each sample names the kind of record read (the replay's events),
+    // never the key.
+    assert!(
+        total(
+            &points,
+            "mcp_persist.store.operation.duration",
+            &[
+                ("db.operation.name", "read_after"),
+                ("mcp_persist.record.kind", "event")
+            ]
+        ) > 0.0,
+        "{points:?}"
+    );
 
     // A bus notice published on A reaches both instances.
     let (status, _) = raw_post(

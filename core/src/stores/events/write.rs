@@ -93,8 +93,20 @@ impl EventLog {
                 "append returned no sequence number",
             )
         })?;
-        let token = self.settle(stream, session, request, known, seq).await?;
-        self.after_append(stream, &seqs).await;
+        let token = match known {
+            // The way nearly every event goes: the stream is known and the
+            // number above its last, so the token stands. Its number and
+            // its count towards trimming are noted under one lock.
+            Some((token, last)) if seq > last => {
+                self.after_append_numbered(stream, &seqs, Some(token)).await;
+                token
+            }
+            _ => {
+                let token = self.settle(stream, session, request, known, seq).await?;
+                self.after_append(stream, &seqs).await;
+                token
+            }
+        };
         Ok(EventId::new(token, seq, stream))
     }
 
@@ -437,11 +449,23 @@ impl EventLog {
     /// Counts the events just stored in `stream` under `seqs`, and trims
     /// the stream when that is due.
     pub(super) async fn after_append(&self, stream: &str, seqs: &[u64]) {
+        self.after_append_numbered(stream, seqs, None).await;
+    }
+
+    /// [`after_append`](Self::after_append) for events numbered under
+    /// `token`, when that token stands (see [`settle`](Self::settle)): the
+    /// stream's last number known goes up to theirs in the same lock.
+    async fn after_append_numbered(&self, stream: &str, seqs: &[u64], token: Option<[u8; 16]>) {
         let due = {
             let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
             let Some(c) = streams.get_mut(stream) else {
                 return;
             };
+            if let (Some(token), Some(&last)) = (token, seqs.last())
+                && c.token == token
+            {
+                c.last_seq = c.last_seq.max(last);
+            }
             c.trimming
                 .counted(seqs, &self.config)
                 .map(|due| (due, c.token))
