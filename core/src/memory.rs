@@ -314,6 +314,43 @@ impl crate::registry::Opener for MemoryOpener {
 mod tests {
     use super::*;
 
+    /// An append to a log that expired (and was not swept yet) starts it
+    /// again: the expired records are gone, numbering starts over, and the
+    /// new log lives without the old one's TTL unless given its own.
+    #[tokio::test(start_paused = true)]
+    async fn an_append_to_an_expired_log_starts_it_again() {
+        let store = MemoryStore::new();
+        let log = Key::new("l").unwrap();
+        let ttl = Some(Duration::from_secs(10));
+        assert_eq!(
+            store.append(&log, vec![b"a".to_vec()], ttl).await.unwrap(),
+            [1]
+        );
+        assert_eq!(
+            store.append(&log, vec![b"b".to_vec()], ttl).await.unwrap(),
+            [2]
+        );
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(
+            store.append(&log, vec![b"c".to_vec()], None).await.unwrap(),
+            [1]
+        );
+        let read = store.read_after(&log, 0, 10).await.unwrap();
+        assert_eq!(
+            read.iter()
+                .map(|r| (r.seq, r.data.as_slice()))
+                .collect::<Vec<_>>(),
+            [(1, &b"c"[..])]
+        );
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(store.read_after(&log, 0, 10).await.unwrap().len(), 1);
+        // A live log goes on where it was.
+        assert_eq!(
+            store.append(&log, vec![b"d".to_vec()], None).await.unwrap(),
+            [2]
+        );
+    }
+
     /// Both traits are object safe: stores are passed around as trait objects.
     #[tokio::test]
     async fn traits_are_object_safe() {
