@@ -67,9 +67,9 @@ fn kind_of(space: Space, key: &str) -> &'static str {
 impl<S: Backend + ?Sized> Observed<S> {
     /// Runs `call` in its span, timed for the metrics; `kind` names the
     /// kind of record it is about. With the span disabled and no metrics,
-    /// it is `call` alone: nothing is looked up or timed for no one (two
-    /// clock reads and a declaration lookup on every event a server
-    /// stores).
+    /// it is `call` alone: nothing is looked up or timed that no one would
+    /// see (two clock reads and a declaration lookup on every event a
+    /// server stores).
     async fn observe<T>(
         &self,
         name: &'static str,
