@@ -288,6 +288,30 @@ impl StripeLocks {
         }
     }
 
+    /// The stripe whose lock file is `path` when it can be held at once:
+    /// `None` while another task of this process or another process holds
+    /// it. Never waits.
+    pub(crate) fn try_lock(&self, path: PathBuf) -> Result<Option<StripeGuard>, Error> {
+        let stripe = self.stripe(&path)?;
+        {
+            let mut held = stripe.held.lock().unwrap_or_else(|p| p.into_inner());
+            if *held {
+                return Ok(None);
+            }
+            *held = true;
+        }
+        // From here on the guard releases the flag, whatever happens.
+        let guard = StripeGuard(stripe);
+        match guard.0.file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(fs::TryLockError::Error(e)) => return Err(io_error("lock", &guard.0.path, e)),
+        }
+        let meta = guard.0.file.metadata().map_err(io("inspect", &path))?;
+        // A lock file removed meanwhile: `lock` opens it again.
+        Ok((meta.nlink() > 0).then_some(guard))
+    }
+
     /// The stripe of the lock file `path`, opened if this handle has not
     /// yet.
     fn stripe(&self, path: &Path) -> Result<Arc<Stripe>, Error> {

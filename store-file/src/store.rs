@@ -177,9 +177,22 @@ impl StoreDir {
 
     /// Takes the lock stripe of a hashed key or log name.
     pub(crate) fn lock_stripe(&self, space: &str, hashed: &str) -> Result<StripeGuard, Error> {
+        self.stripes.lock(self.stripe_path(space, hashed))
+    }
+
+    /// [`lock_stripe`](Self::lock_stripe) when the stripe is free now;
+    /// `None` when it is held.
+    pub(crate) fn try_lock_stripe(
+        &self,
+        space: &str,
+        hashed: &str,
+    ) -> Result<Option<StripeGuard>, Error> {
+        self.stripes.try_lock(self.stripe_path(space, hashed))
+    }
+
+    fn stripe_path(&self, space: &str, hashed: &str) -> PathBuf {
         let stripe = u8::from_str_radix(hashed.get(..2).unwrap_or("00"), 16).unwrap_or(0) % STRIPES;
-        self.stripes
-            .lock(self.lock_dir.join(format!("{space}-{stripe:02}")))
+        self.lock_dir.join(format!("{space}-{stripe:02}"))
     }
 
     /// Warns, once per handle, about a record file open to group or others.

@@ -84,6 +84,12 @@ async fn concurrent_synced_appends_to_many_logs_all_land() {
             .await
             .expect("open");
         many_logs_at_once(&store, 60).await;
+        if let Some(stats) = store.group_commit_stats() {
+            // Every append after each log's first (which starts a segment,
+            // synced whole) was synced by a round, whether its frames were
+            // written on the blocking pool or by its own task.
+            assert_eq!(stats.appends, (LOGS * 59) as u64, "{stats:?}");
+        }
         let report = store.verify().await.expect("verify");
         assert!(report.is_clean(), "{:?}", report.problems);
         assert_eq!(report.log_records, (LOGS * 60) as u64);

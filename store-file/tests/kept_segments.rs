@@ -31,11 +31,19 @@ async fn open(dir: &Path, options: FileStoreOptions) -> FileStore {
     FileStore::open_with(dir, options).await.expect("open")
 }
 
+/// Appends one record, unsynced when its text is of odd length (so the
+/// tests mix both, the same way every run): an unsynced append to a kept
+/// segment is written by the calling task (no blocking thread, a lock
+/// stripe only if free), a lone synced one on the blocking pool, and both
+/// must find what the other handle did.
 async fn append(store: &FileStore, data: &str) -> u64 {
-    let seqs = store
-        .append(&key(LOG), vec![data.as_bytes().to_vec()], None)
-        .await
-        .expect("append");
+    let record = vec![data.as_bytes().to_vec()];
+    let seqs = if data.len().is_multiple_of(2) {
+        store.append(&key(LOG), record, None).await
+    } else {
+        store.append_unsynced(&key(LOG), record, None).await
+    }
+    .expect("append");
     assert_eq!(seqs.len(), 1);
     seqs[0]
 }

@@ -21,8 +21,9 @@ use super::{
     mark, report,
     tail::{Slot, Tail},
 };
-use crate::fsio::{
-    ensure_private_dir, expiry_ms, io, io_error, is_live, sync_dir, unix_ms, write_atomic,
+use crate::{
+    commit::GroupCommit,
+    fsio::{ensure_private_dir, expiry_ms, io, io_error, is_live, sync_dir, unix_ms, write_atomic},
 };
 
 /// The numbers of an append's records, and, for a synced append written in
@@ -42,6 +43,51 @@ pub(crate) struct Unsynced {
     seg_first: u64,
     ino: u64,
     last: u64,
+}
+
+impl Unsynced {
+    /// The sync an append that left the log at `tail` needs, in `file`.
+    fn after(file: Arc<File>, path: PathBuf, hashed: String, tail: &Tail) -> Self {
+        Unsynced {
+            file,
+            path,
+            hashed,
+            seg_first: tail.seg_first,
+            ino: tail.ino,
+            last: tail.last_seq,
+        }
+    }
+}
+
+/// Writes an append's encoded `frames` at the end of the kept last segment
+/// `t`, then its slot, and returns the log's tail after them.
+fn write_in_place(
+    file: &File,
+    path: &Path,
+    t: Tail,
+    frames: &[u8],
+    (last, last_rel, last_crc): (u64, u64, u32),
+    expires_ms: u64,
+) -> Result<Tail, Error> {
+    file.write_all_at(frames, t.end)
+        .map_err(io("write", path))?;
+    // After the frames: a slot never names a frame not written.
+    let synced = t.slot.map_or(0, |s| s.synced).max(t.synced);
+    let slot = Slot {
+        issued: last,
+        synced,
+        next: 0,
+    };
+    write_slot(file, path, slot)?;
+    Ok(Tail {
+        last_off: t.end + last_rel,
+        last_seq: last,
+        last_crc,
+        end: t.end + frames.len() as u64,
+        expires_ms,
+        slot: Some(slot),
+        ..t
+    })
 }
 
 impl Logs {
@@ -91,6 +137,80 @@ impl Logs {
         {
             t.synced = t.synced.max(unsynced.last);
         }
+    }
+
+    /// [`append`](Self::append) without waiting for anything, for the
+    /// calling task to run itself: when the log's last segment is kept open
+    /// and takes the records in place, the stripe is free, the numbering
+    /// mark already covers the new numbers and a synced append can leave
+    /// its sync to a group commit round. The frames and the slot are two
+    /// writes to the page cache; no sync, no lock wait, no directory
+    /// listing. `None` when any of that does not hold: append the usual
+    /// way, on the blocking pool.
+    pub(crate) fn try_append_in_place(
+        &self,
+        name: &str,
+        records: &[Vec<u8>],
+        ttl: Option<Duration>,
+        sync: bool,
+    ) -> Result<Option<Appended>, Error> {
+        report(name, self.append_in_place_now(name, records, ttl, sync))
+    }
+
+    fn append_in_place_now(
+        &self,
+        name: &str,
+        records: &[Vec<u8>],
+        ttl: Option<Duration>,
+        sync: bool,
+    ) -> Result<Option<Appended>, Error> {
+        if !self.store.options.appends_on_caller
+            || (sync && !self.group.as_ref().is_some_and(GroupCommit::busy))
+        {
+            return Ok(None);
+        }
+        let (hashed, dir) = self.paths(name);
+        let Some(guard) = self.store.try_lock_stripe("log", &hashed)? else {
+            return Ok(None);
+        };
+        let now = unix_ms();
+        let Some((t, file)) = self
+            .kept_tail(&hashed, &dir)
+            .filter(|(t, _)| is_live(t.expires_ms, now))
+        else {
+            return Ok(None);
+        };
+        let count = records.len() as u64;
+        let last = match t.handed_out() {
+            Some(handed)
+                if handed == t.last_seq
+                    && t.format >= LOG_FORMAT
+                    && t.end < self.store.options.segment_bytes =>
+            {
+                // u64::MAX is never a sequence number (the mark stays below it).
+                match handed.checked_add(count).filter(|last| *last < u64::MAX) {
+                    Some(last) if last <= t.reserved => last,
+                    _ => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        let expires_ms = ttl.map_or(t.expires_ms, |ttl| expiry_ms(now, ttl));
+        let (frames, seqs, last_rel, last_crc) = encode_frames(t.last_seq + 1, expires_ms, records);
+        debug_assert_eq!(seqs.last(), Some(&last));
+        let path = dir.join(segment_name(t.seg_first));
+        let tail = write_in_place(
+            &file,
+            &path,
+            t,
+            &frames,
+            (last, last_rel, last_crc),
+            expires_ms,
+        )?;
+        self.tails().insert(hashed.clone(), tail);
+        drop(guard);
+        let unsynced = sync.then(|| Unsynced::after(file, path, hashed, &tail));
+        Ok(Some(Appended { seqs, unsynced }))
     }
 
     fn append_records(
@@ -193,26 +313,16 @@ impl Logs {
                     Some((_, file)) => file,
                     None => self.open_for_append(&hashed, &dir, &t)?,
                 };
-                file.write_all_at(&frames, t.end)
-                    .map_err(io("write", &path))?;
-                // After the frames: a slot never names a frame not written.
-                let synced = t.slot.map_or(0, |s| s.synced).max(t.synced);
-                let slot = Slot {
-                    issued: last,
-                    synced,
-                    next: 0,
-                };
-                write_slot(&file, &path, slot)?;
-                to_sync = Some((file, path));
-                Tail {
-                    last_off: t.end + last_rel,
-                    last_seq: last,
-                    last_crc,
-                    end: t.end + frames.len() as u64,
+                let tail = write_in_place(
+                    &file,
+                    &path,
+                    t,
+                    &frames,
+                    (last, last_rel, last_crc),
                     expires_ms,
-                    slot: Some(slot),
-                    ..t
-                }
+                )?;
+                to_sync = Some((file, path));
+                tail
             }
             None => self
                 .start_segment(
@@ -261,14 +371,7 @@ impl Logs {
                 unsynced: None,
             });
         };
-        let unsynced = Unsynced {
-            file,
-            path,
-            hashed,
-            seg_first: tail.seg_first,
-            ino: tail.ino,
-            last,
-        };
+        let unsynced = Unsynced::after(file, path, hashed, &tail);
         if let Some(group) = &self.group {
             match group.sync_alone(&unsynced.file) {
                 Some(synced) => synced.map_err(io("fsync", &unsynced.path))?,
@@ -408,5 +511,190 @@ impl Logs {
             synced: last,
             reserved,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mcp_persist_core::{Key, LogStore};
+
+    use crate::{FileStore, FileStoreOptions, log::mark};
+
+    const LOG: &str = "stream";
+
+    fn notes(from: u64, count: u64) -> Vec<Vec<u8>> {
+        (from..from + count)
+            .map(|i| format!("note {i}").into_bytes())
+            .collect()
+    }
+
+    async fn seqs_stored(store: &FileStore) -> Vec<u64> {
+        let key = Key::new(LOG).expect("key");
+        let records = store.read_after(&key, 0, 10_000).await.expect("read");
+        records.iter().map(|r| r.seq).collect()
+    }
+
+    /// The numbers an append on the calling task hands out stay under the
+    /// mark already on disk: one that would go past it is left to the
+    /// blocking path, which raises the mark first. So a log set aside or
+    /// cut short after such appends still never numbers a record twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_append_on_the_calling_task_never_goes_past_the_mark() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // 4,096-byte segments reserve numbers in blocks of 170.
+        let options = FileStoreOptions::default().segment_bytes(4096);
+        let store = FileStore::open_with(dir.path(), options)
+            .await
+            .expect("open");
+        let logs = &store.inner.logs;
+        let key = Key::new(LOG).expect("key");
+        assert_eq!(
+            store.append(&key, notes(1, 1), None).await.expect("append"),
+            vec![1]
+        );
+        let (hashed, _) = logs.paths(LOG);
+        let mark_dir = &logs.store.mark_dir;
+        let reserved = || {
+            mark::read(mark_dir, &hashed, LOG)
+                .expect("mark")
+                .expect("a mark")
+                .reserved
+        };
+        let first_mark = reserved();
+        assert_eq!(first_mark, 1 + logs.reserve_block());
+
+        // Past the mark: not here, and nothing written.
+        let past = first_mark;
+        assert!(
+            logs.try_append_in_place(LOG, &notes(2, past), None, false)
+                .expect("try")
+                .is_none()
+        );
+        assert_eq!(seqs_stored(&store).await, vec![1]);
+
+        // Up to the mark: here, numbered on.
+        let upto = first_mark - 1;
+        let appended = logs
+            .try_append_in_place(LOG, &notes(2, upto), None, false)
+            .expect("try")
+            .expect("in place");
+        assert_eq!(appended.seqs, (2..=first_mark).collect::<Vec<_>>());
+        assert!(
+            appended.unsynced.is_none(),
+            "an unsynced append needs no sync"
+        );
+        assert_eq!(reserved(), first_mark, "no mark write on this path");
+
+        // The next append goes past it: the usual path raises the mark
+        // before it answers.
+        let seqs = store
+            .append(&key, notes(first_mark + 1, 1), None)
+            .await
+            .expect("append");
+        assert_eq!(seqs, vec![first_mark + 1]);
+        assert!(reserved() > first_mark);
+        assert_eq!(
+            seqs_stored(&store).await,
+            (1..=first_mark + 1).collect::<Vec<_>>()
+        );
+        assert!(store.verify().await.expect("verify").is_clean());
+    }
+
+    /// The calling task never waits for a lock: while another append holds
+    /// the log's stripe the append is left to the blocking pool, and
+    /// nothing is written meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_append_on_the_calling_task_never_waits_for_the_stripe() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = FileStore::open(dir.path()).await.expect("open");
+        let logs = &store.inner.logs;
+        let key = Key::new(LOG).expect("key");
+        store.append(&key, notes(1, 1), None).await.expect("append");
+        let (hashed, _) = logs.paths(LOG);
+
+        let held = logs.store.lock_stripe("log", &hashed).expect("lock");
+        assert!(
+            logs.try_append_in_place(LOG, &notes(2, 1), None, false)
+                .expect("try")
+                .is_none()
+        );
+        // Another handle on the same folder holds it through its file lock.
+        let other = FileStore::open(dir.path()).await.expect("open again");
+        drop(held);
+        let other_held = other
+            .inner
+            .logs
+            .store
+            .lock_stripe("log", &hashed)
+            .expect("lock");
+        assert!(
+            logs.try_append_in_place(LOG, &notes(2, 1), None, false)
+                .expect("try")
+                .is_none()
+        );
+        assert_eq!(seqs_stored(&store).await, vec![1]);
+        drop(other_held);
+
+        let appended = logs
+            .try_append_in_place(LOG, &notes(2, 1), None, false)
+            .expect("try")
+            .expect("in place once the stripe is free");
+        assert_eq!(appended.seqs, vec![2]);
+        assert_eq!(seqs_stored(&other).await, vec![1, 2]);
+    }
+
+    /// A synced append is done on the calling task only when it can join a
+    /// group commit round that others are waiting for; a lone one syncs on
+    /// the blocking thread that wrote it (no hand-over to the sync thread),
+    /// and with group commit off every synced append syncs its own file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_synced_append_is_left_to_the_blocking_pool() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for group_commit in [true, false] {
+            let options = FileStoreOptions::default().group_commit(group_commit);
+            let store = FileStore::open_with(dir.path().join(group_commit.to_string()), options)
+                .await
+                .expect("open");
+            let logs = &store.inner.logs;
+            let key = Key::new(LOG).expect("key");
+            store.append(&key, notes(1, 1), None).await.expect("append");
+            assert!(
+                logs.try_append_in_place(LOG, &notes(2, 1), None, true)
+                    .expect("try")
+                    .is_none()
+            );
+            let unsynced = logs
+                .try_append_in_place(LOG, &notes(2, 1), None, false)
+                .expect("try")
+                .expect("an unsynced append is done here");
+            assert_eq!(unsynced.seqs, vec![2]);
+        }
+    }
+
+    /// With [`FileStoreOptions::appends_on_caller`] off every append goes
+    /// to the blocking pool, and appends still number on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_on_caller_off_leaves_every_append_to_the_blocking_pool() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = FileStoreOptions::default().appends_on_caller(false);
+        let store = FileStore::open_with(dir.path(), options)
+            .await
+            .expect("open");
+        let key = Key::new(LOG).expect("key");
+        store.append(&key, notes(1, 1), None).await.expect("append");
+        assert!(
+            store
+                .inner
+                .logs
+                .try_append_in_place(LOG, &notes(2, 1), None, false)
+                .expect("try")
+                .is_none()
+        );
+        let seqs = store
+            .append_unsynced(&key, notes(2, 2), None)
+            .await
+            .expect("append");
+        assert_eq!(seqs, vec![2, 3]);
+        assert_eq!(seqs_stored(&store).await, vec![1, 2, 3]);
     }
 }
