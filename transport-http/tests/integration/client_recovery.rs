@@ -226,6 +226,68 @@ async fn bad_state_case(
     (handle.start(), handle.notices(), old_session)
 }
 
+/// A journal entry that does not read back is told to the application
+/// and lists nothing, while the stored session still resumes, on this
+/// start and the next: reading changes nothing stored.
+#[tokio::test]
+async fn a_damaged_journal_entry_is_reported_and_the_session_still_resumes() {
+    let server = client_support::start_server(1).await;
+    let store = Arc::new(MemoryStore::new());
+    run_client(&server.url, &store, 1).await;
+    let server_key = ServerKey::new(&server.url, "default").expect("key");
+    let session = ClientStateStore::new(store.clone())
+        .session(&server_key)
+        .await
+        .expect("read")
+        .expect("a stored session")
+        .record
+        .session_id;
+    let entry = mcp_persist_core::declare::IN_FLIGHT_REQUEST
+        .try_key(&[
+            server_key.profile(),
+            server_key.endpoint(),
+            session.as_str(),
+            "7",
+        ])
+        .expect("journal key");
+    store
+        .put(
+            &entry,
+            b"\x00not a journal entry".to_vec(),
+            PutOptions::new(PutMode::Overwrite),
+        )
+        .await
+        .expect("damage");
+    for run in 0..2 {
+        let (transport, handle) = DurableClientBuilder::new(&server.url, store.clone())
+            .build()
+            .await
+            .expect("build");
+        assert!(handle.resumed(), "run {run}: {:?}", handle.start());
+        assert!(
+            handle.notices().iter().any(|n| matches!(
+                n,
+                ClientNotice::BadStoredState { reason } if reason.contains("journal")
+            )),
+            "run {run}: {:?}",
+            handle.notices()
+        );
+        let client = ().serve(transport).await.expect("serve");
+        client.call_tool(echo(run)).await.expect("echo works");
+        handle.flush().await;
+        client.cancel().await.expect("close");
+    }
+    assert_eq!(
+        server.stats.initializes.load(Ordering::SeqCst),
+        1,
+        "the stored session was resumed both times"
+    );
+    assert!(
+        store.get(&entry).await.expect("get").is_some(),
+        "the damaged entry is left as it is"
+    );
+}
+
 #[tokio::test]
 async fn corrupt_record_starts_fresh_with_a_reason() {
     let (start, notices, _) = bad_state_case(|_| b"\x00\xffnot json".to_vec()).await;
