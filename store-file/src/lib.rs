@@ -291,8 +291,8 @@ pub struct FileStoreOptions {
     /// joins a group commit round others are waiting for, the log's lock is
     /// free and the log's numbering mark covers the new numbers. The hand-over
     /// to a blocking thread and back is most of what such an append costs:
-    /// 64 logs appended at once went from 0.63–0.66 to 0.81–0.91 of 64 raw
-    /// threads (`cargo xtask bench file`). Those writes go to the page
+    /// 64 logs appended at once went from 0.59–0.66 to 0.70–0.91 of 64 raw
+    /// threads in six runs each (`cargo xtask bench file`). Those writes go to the page
     /// cache and the task waits for nothing else, but the kernel can hold a
     /// writer when its dirty memory is over its limits or the segment's
     /// last page has left the cache; turn this off to keep every file
