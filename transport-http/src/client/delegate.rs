@@ -8,7 +8,7 @@ use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
 use mcp_persist_core::SessionId;
 use rmcp::{
-    model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
+    model::{ClientJsonRpcMessage, ClientRequest, ServerJsonRpcMessage},
     transport::streamable_http_client::{
         SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
         StreamableHttpResponseLimits,
@@ -163,9 +163,9 @@ fn stored_session(session_id: Option<&str>) -> Option<SessionId> {
     session_id.and_then(|s| SessionId::new(s.to_owned()).ok())
 }
 
-/// The method and params of a message, as the journal keeps them.
-pub(crate) fn method_and_params(message: &ClientJsonRpcMessage) -> (String, Option<Value>) {
-    match serde_json::to_value(message) {
+/// The method and params of a request, as the journal keeps them.
+pub(crate) fn method_and_params(request: &ClientRequest) -> (String, Option<Value>) {
+    match serde_json::to_value(request) {
         Ok(mut v) => {
             let method = v
                 .get("method")

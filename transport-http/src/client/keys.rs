@@ -36,11 +36,22 @@ pub(crate) fn ensure_key(message: &mut ClientJsonRpcMessage) -> Option<String> {
     }
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).ok()?;
-    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let key = hex(&bytes);
     meta.0
         .0
         .insert(IDEMPOTENCY_KEY.to_owned(), Value::String(key.clone()));
     Some(key)
+}
+
+/// `bytes` in lowercase hex.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        text.push(char::from(DIGITS[usize::from(b >> 4)]));
+        text.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    text
 }
 
 /// The key a journaled request's params carry, if any.
@@ -53,4 +64,39 @@ pub(crate) fn key_in(params: Option<&Value>) -> Option<&str> {
 /// replaces its entry instead of adding one.
 pub(crate) fn journal_id(key: &str) -> RequestId {
     RequestId::String(format!("key-{key}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ClientJsonRpcMessage;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_call_gets_a_new_random_key_unless_it_has_one() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        let call = || -> ClientJsonRpcMessage {
+            serde_json::from_value(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                          "params": {"name": "t"}}))
+            .expect("a tools/call")
+        };
+        let (mut first, mut second) = (call(), call());
+        let key = ensure_key(&mut first).expect("a key");
+        assert_eq!(key.len(), 32);
+        assert!(
+            key.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{key}"
+        );
+        assert_ne!(
+            ensure_key(&mut second),
+            Some(key.clone()),
+            "each call its own"
+        );
+        // Sent again, the call keeps its key; and it is on the wire.
+        assert_eq!(ensure_key(&mut first), Some(key.clone()));
+        let params = serde_json::to_value(&first).expect("JSON")["params"].clone();
+        assert_eq!(key_in(Some(&params)), Some(key.as_str()));
+    }
 }

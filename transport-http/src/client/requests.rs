@@ -10,10 +10,9 @@ use rmcp::model::{ClientJsonRpcMessage, ClientNotification, NumberOrString, Serv
 
 use super::{
     answer::StreamAnswer,
-    delegate::method_and_params,
     health::Health,
     ids::WireIds,
-    journal::{self, JournalScope, JournalTx},
+    journal::{JournalScope, JournalTx, Unwritten},
     keys,
     progress::{self, ProgressTokens},
     tasks::{self, TaskWatch},
@@ -68,21 +67,23 @@ impl Requests {
         // A key, journaled with the call, lets it be sent again safely
         // once the session is gone (to a server that runs keyed calls once).
         keys::ensure_key(message);
-        let (method, params) = method_and_params(message);
-        if let ClientJsonRpcMessage::Request(request) = message
-            && let Some(rmcp_token) = rmcp_token
-        {
-            self.progress
-                .send_as_wire(request, wire, rmcp_token, params.as_ref());
-        }
-        // The request's span (current here) names it by its wire id.
-        tracing::Span::current().record("jsonrpc.request.id", wire);
+        // Still the request matched above; `ensure_key` needed the message.
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return None;
+        };
+        // Journaled as the application wrote it (with its key, without
+        // rmcp's progress token), before the wire token goes in.
         if self.health.persisting() {
             self.journal.record(
                 JournalScope::Session(session.clone()),
-                journal::entry(RequestId::Number(wire), method, params),
+                Unwritten::new(RequestId::Number(wire), request.request.clone()),
             );
         }
+        if let Some(rmcp_token) = rmcp_token {
+            self.progress.send_as_wire(request, wire, rmcp_token);
+        }
+        // The request's span (current here) names it by its wire id.
+        tracing::Span::current().record("jsonrpc.request.id", wire);
         Some(wire)
     }
 

@@ -20,9 +20,9 @@ use tracing::{debug, info};
 
 use super::{
     answer::{StreamAnswer, TaskFields},
-    delegate::{PostResult, method_and_params},
+    delegate::PostResult,
     health::Health,
-    journal::{self, JournalScope, JournalTx},
+    journal::{JournalScope, JournalTx, Unwritten},
     keys,
 };
 
@@ -78,11 +78,13 @@ impl TaskWatch {
         }
         let local = request.id.clone();
         let key = keys::ensure_key(message)?;
-        let (method, params) = method_and_params(message);
+        let ClientJsonRpcMessage::Request(request) = &*message else {
+            return None;
+        };
         let id = keys::journal_id(&key);
         self.journal.record(
             JournalScope::Sessionless,
-            journal::entry(id.clone(), method, params),
+            Unwritten::new(id.clone(), request.request.clone()),
         );
         Some(ModernCall { local, id })
     }

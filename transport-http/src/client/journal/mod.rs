@@ -48,11 +48,15 @@ use mcp_persist_core::{
     ClientStateStore, InFlightRequest, RequestId, ServerKey, ServerProfile, SessionId,
     telemetry::Telemetry,
 };
+use rmcp::model::ClientRequest;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{Span, debug, warn};
 
 use self::writer::Writer;
-use super::health::{Health, lock};
+use super::{
+    delegate::method_and_params,
+    health::{Health, lock},
+};
 
 /// The key under which a session's standalone GET stream cursor is stored
 /// (request streams are keyed by their request id).
@@ -112,7 +116,7 @@ enum Op {
     /// entries stay until each is collected or dismissed.
     ForgetSession(SessionId),
     /// A request was sent.
-    Record(JournalScope, Box<InFlightRequest>),
+    Record(JournalScope, Box<Unwritten>),
     /// An SSE event id arrived on a request's stream.
     Cursor(JournalScope, RequestId, String),
     /// A task-augmented request was answered with its task id.
@@ -310,8 +314,8 @@ impl JournalTx {
     }
 
     /// Journals a request sent in `scope`.
-    pub(crate) fn record(&self, scope: JournalScope, record: InFlightRequest) {
-        self.send(Op::Record(scope, Box::new(record)));
+    pub(crate) fn record(&self, scope: JournalScope, entry: Unwritten) {
+        self.send(Op::Record(scope, Box::new(entry)));
     }
 
     /// Closes the journal entry of a request (answered, failed to send, or
@@ -342,18 +346,42 @@ impl JournalTx {
     }
 }
 
-/// A request to journal: its method and params as sent, and the
-/// `traceparent` its params carry (the request's span), so that whoever
-/// collects it later continues its trace.
-pub(crate) fn entry(
-    id: RequestId,
-    method: String,
-    params: Option<serde_json::Value>,
-) -> InFlightRequest {
-    let mut request = InFlightRequest::new(id, method, params);
-    request.traceparent =
-        crate::telemetry::traceparent_in(request.params.as_ref()).map(str::to_owned);
-    request
+/// A request to journal, as sent. Its method and params stay in the typed
+/// request rmcp built until the entry is written: a call answered within
+/// the window never is, and never pays for turning them into JSON, which
+/// was the largest part of what the client did to each call before
+/// sending it.
+#[derive(Debug)]
+pub(crate) struct Unwritten {
+    /// The record, without method and params yet.
+    record: InFlightRequest,
+    request: ClientRequest,
+}
+
+impl Unwritten {
+    /// The record of `request`, sent now as `id`.
+    pub(crate) fn new(id: RequestId, request: ClientRequest) -> Self {
+        Unwritten {
+            record: InFlightRequest::new(id, String::new(), None),
+            request,
+        }
+    }
+
+    /// The record, still without method and params, and the request they
+    /// are to be read from ([`fill_in`]).
+    fn into_parts(self) -> (InFlightRequest, ClientRequest) {
+        (self.record, self.request)
+    }
+}
+
+/// Completes `record` for writing: the method and params of `request` as
+/// JSON, and the `traceparent` its params carry (the request's span), so
+/// that whoever collects it later continues its trace.
+fn fill_in(record: &mut InFlightRequest, request: &ClientRequest) {
+    let (method, params) = method_and_params(request);
+    record.traceparent = crate::telemetry::traceparent_in(params.as_ref()).map(str::to_owned);
+    record.method = method;
+    record.params = params;
 }
 
 /// Starts the writer on its own thread; its logs go to `span` (the
@@ -419,5 +447,65 @@ pub(crate) fn spawn(
             span,
             key,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{ClientJsonRpcMessage, GetMeta, NumberOrString, ProgressToken};
+    use serde_json::json;
+
+    use super::*;
+
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[test]
+    fn an_entry_written_later_holds_the_request_as_it_was_journaled() {
+        let mut message: ClientJsonRpcMessage = serde_json::from_value(json!({
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {
+                "name": "echo",
+                "arguments": {"text": "hi", "n": [1, 2]},
+                "_meta": {"io.mcp-persist/idempotencyKey": "k1", "traceparent": TRACEPARENT}
+            }
+        }))
+        .expect("a tools/call");
+        let ClientJsonRpcMessage::Request(request) = &mut message else {
+            panic!("a request")
+        };
+        // What rmcp keeps beside the params (the envelope's `_meta`) is
+        // sent inside them, and journaled with them.
+        request
+            .request
+            .get_meta_mut()
+            .0
+            .0
+            .insert("io.example/extra".to_owned(), json!(true));
+        // The params as the journal kept them before it held the typed
+        // request: the whole message as JSON.
+        let as_sent = serde_json::to_value(&message).expect("JSON")["params"].clone();
+        let ClientJsonRpcMessage::Request(request) = &mut message else {
+            panic!("a request")
+        };
+        let unwritten = Unwritten::new(RequestId::Number(9), request.request.clone());
+        // The request goes on changing after it is journaled (the wire
+        // progress token goes in): the entry does not.
+        request
+            .request
+            .get_meta_mut()
+            .set_progress_token(ProgressToken(NumberOrString::Number(9)));
+
+        let (mut record, request) = unwritten.into_parts();
+        assert_eq!(record.method, "", "nothing is encoded until written");
+        assert_eq!(record.params, None);
+        fill_in(&mut record, &request);
+        assert_eq!(record.id, RequestId::Number(9));
+        assert_eq!(record.method, "tools/call");
+        assert_eq!(record.params.as_ref(), Some(&as_sent));
+        let meta = &as_sent["_meta"];
+        assert_eq!(meta["io.example/extra"], json!(true));
+        assert_eq!(meta["io.mcp-persist/idempotencyKey"], json!("k1"));
+        assert!(meta.get("progressToken").is_none());
+        assert_eq!(record.traceparent.as_deref(), Some(TRACEPARENT));
     }
 }

@@ -15,13 +15,21 @@ use mcp_persist_core::{
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
 
-use super::{Done, JournalScope, Op, STANDALONE_STREAM};
+use rmcp::model::ClientRequest;
+
+#[cfg(doc)]
+use super::Unwritten;
+use super::{Done, JournalScope, Op, STANDALONE_STREAM, fill_in};
 use crate::client::health::Health;
 
 /// Where a journal entry stands between the client and the store.
 #[derive(Debug)]
 struct Entry {
+    /// Without method and params until first written (see [`Unwritten`]).
     record: InFlightRequest,
+    /// The request the record's method and params are read from when it is
+    /// first written; `None` once they are in it.
+    request: Option<Box<ClientRequest>>,
     /// Whether the store holds some version of it.
     written: bool,
     /// Since when the in-memory record is newer than the stored one (for
@@ -153,11 +161,13 @@ impl Writer {
                 self.standalone.remove(&sid);
                 self.saves.push(Err(sid));
             }
-            Op::Record(scope, record) => {
+            Op::Record(scope, unwritten) => {
+                let (record, request) = unwritten.into_parts();
                 let replaced = self.entries.insert(
                     (scope, record.id.clone()),
                     Entry {
-                        record: *record,
+                        record,
+                        request: Some(Box::new(request)),
                         written: false,
                         dirty_since: Some(at),
                         answered_at: None,
@@ -274,7 +284,7 @@ impl Writer {
             .map(|(k, _)| k.clone())
             .collect();
         for key in keys {
-            let Some(entry) = self.entries.get(&key) else {
+            let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
             };
             if entry.answered_at.is_some() {
@@ -287,6 +297,9 @@ impl Writer {
                 }
                 self.entries.remove(&key);
             } else {
+                if let Some(request) = entry.request.take() {
+                    fill_in(&mut entry.record, &request);
+                }
                 let record = entry.record.clone();
                 if let Err(e) = self
                     .store
