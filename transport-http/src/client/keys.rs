@@ -36,22 +36,11 @@ pub(crate) fn ensure_key(message: &mut ClientJsonRpcMessage) -> Option<String> {
     }
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).ok()?;
-    let key = hex(&bytes);
+    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     meta.0
         .0
         .insert(IDEMPOTENCY_KEY.to_owned(), Value::String(key.clone()));
     Some(key)
-}
-
-/// `bytes` in lowercase hex.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        text.push(char::from(DIGITS[usize::from(b >> 4)]));
-        text.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    text
 }
 
 /// The key a journaled request's params carry, if any.
@@ -75,7 +64,6 @@ mod tests {
 
     #[test]
     fn a_call_gets_a_new_random_key_unless_it_has_one() {
-        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
         let call = || -> ClientJsonRpcMessage {
             serde_json::from_value(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                                           "params": {"name": "t"}}))
