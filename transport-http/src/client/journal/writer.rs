@@ -17,15 +17,13 @@ use tracing::{debug, warn};
 
 use rmcp::model::ClientRequest;
 
-#[cfg(doc)]
-use super::Unwritten;
 use super::{Done, JournalScope, Op, STANDALONE_STREAM, fill_in};
 use crate::client::health::Health;
 
 /// Where a journal entry stands between the client and the store.
 #[derive(Debug)]
 struct Entry {
-    /// Without method and params until first written (see [`Unwritten`]).
+    /// Without method and params until first written (see [`Unwritten`](super::Unwritten)).
     record: InFlightRequest,
     /// The request the record's method and params are read from when it is
     /// first written; `None` once they are in it.
