@@ -17,6 +17,8 @@
 //! * **One value check.** [`check_value`] against the backend's limit.
 //! * **Log TTL slack**: a log may outlive its TTL by at most
 //!   [`log_ttl_slack`], never less.
+//! * **One hex form.** [`hex`]: lowercase, two digits per byte, the way
+//!   tokens, keys and hashed names are written throughout.
 //!
 //! ```
 //! use std::time::Duration;
@@ -32,6 +34,7 @@
 //! let expired = Timestamp::from_unix_millis(1_000);
 //! assert!(!kit::sweepable(expired, expired.plus(Duration::from_secs(30)), kit::SWEEP_MARGIN));
 //! assert!(kit::sweepable(expired, expired.plus(Duration::from_secs(60)), kit::SWEEP_MARGIN));
+//! assert_eq!(kit::hex(&[0x00, 0x7f, 0xab]), "007fab");
 //! ```
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -111,6 +114,28 @@ pub fn check_value(value: &[u8], limit: usize) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The lowercase hex digits of `bytes`, two per byte.
+///
+/// ```
+/// assert_eq!(mcp_persist_core::kit::hex(b"\x01\xfe"), "01fe");
+/// ```
+pub fn hex(bytes: &[u8]) -> String {
+    let mut digits = vec![0u8; bytes.len() * 2];
+    hex_into(bytes, &mut digits).to_owned()
+}
+
+/// Writes the lowercase hex digits of `bytes` into `out` (twice as long)
+/// and returns them: for text written often, from a buffer on the stack.
+pub(crate) fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(out).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -316,7 +316,7 @@ pub fn kind_of_log(log: &str) -> &'static str {
 /// The first 16 hex digits of the SHA-256 of a session id.
 pub fn hash_session_id(id: &str) -> String {
     let digest = Sha256::digest(id.as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::kit::hex(&digest[..8])
 }
 
 /// A short, stable name of what an error is, for `error.type`.

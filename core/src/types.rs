@@ -430,22 +430,8 @@ impl FromStr for EventId {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut digits = vec![0u8; bytes.len() * 2];
-    hex_into(bytes, &mut digits).to_owned()
-}
-
-/// Writes the lowercase hex digits of `bytes` into `out` (twice as long)
-/// and returns them.
-fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0xf)];
-    }
-    // Only ASCII digits were written.
-    std::str::from_utf8(out).unwrap_or_default()
-}
+pub(crate) use crate::kit::hex;
+use crate::kit::hex_into;
 
 fn unhex16(s: &str) -> Option<[u8; 16]> {
     let b = s.as_bytes();

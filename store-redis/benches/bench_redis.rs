@@ -127,7 +127,7 @@ fn main() -> Result<()> {
         .unwrap_or_else(|_| "redis-benchmark".to_owned());
     let mut nonce = [0u8; 4];
     getrandom::fill(&mut nonce).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    let run: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let run = mcp_persist_core::kit::hex(&nonce);
     let prefix = format!("bench:{run}:");
     let payload = "x".repeat(RECORD_BYTES);
 

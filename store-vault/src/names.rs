@@ -104,10 +104,7 @@ fn cut(escaped: &str, budget: usize) -> &str {
 }
 
 fn sha256_hex(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    mcp_persist_core::kit::hex(&Sha256::digest(key.as_bytes()))
 }
 
 /// The secret name of one key.

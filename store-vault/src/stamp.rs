@@ -166,9 +166,8 @@ impl Stamp {
             self.expires_ms,
             self.kind.code()
         );
-        for b in self.digest.iter().chain(&self.predecessor) {
-            id.push_str(&format!("{b:02x}"));
-        }
+        id.push_str(&mcp_persist_core::kit::hex(&self.digest));
+        id.push_str(&mcp_persist_core::kit::hex(&self.predecessor));
         id
     }
 

@@ -113,7 +113,7 @@ fn new_key() -> (SealKey, String) {
 /// Every form a key's material could take in storage.
 fn key_forms(text: &str) -> Vec<Vec<u8>> {
     let raw = STANDARD.decode(text).expect("our own base64");
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::kit::hex(&raw);
     vec![text.as_bytes().to_vec(), raw, hex.into_bytes()]
 }
 

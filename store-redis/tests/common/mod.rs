@@ -87,7 +87,7 @@ impl Endpoint {
 pub fn unique_prefix(what: &str) -> String {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).expect("the OS has randomness");
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = mcp_persist_core::kit::hex(&bytes);
     format!("test:{what}:{hex}:")
 }
 

@@ -36,7 +36,7 @@ pub(crate) fn ensure_key(message: &mut ClientJsonRpcMessage) -> Option<String> {
     }
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).ok()?;
-    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let key = mcp_persist_core::kit::hex(&bytes);
     meta.0
         .0
         .insert(IDEMPOTENCY_KEY.to_owned(), Value::String(key.clone()));

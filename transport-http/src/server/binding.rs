@@ -245,7 +245,7 @@ fn unknown_session_id() -> Result<String, Refusal> {
         warn!(error = %e, "no randomness for a stand-in session id");
         Refusal::Unavailable
     })?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = mcp_persist_core::kit::hex(&bytes);
     Ok(format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],

@@ -72,7 +72,7 @@ fn random_id() -> String {
     if getrandom::fill(&mut bytes).is_err() {
         return format!("pid-{}", std::process::id());
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    mcp_persist_core::kit::hex(&bytes)
 }
 
 impl FleetBus {

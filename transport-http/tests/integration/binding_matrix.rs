@@ -390,7 +390,7 @@ async fn no_request_but_the_owners_reaches_her_session_whatever_it_claims() -> a
     let (seq, _stream) = rest.split_once('-').context("sequence")?;
     let mut random = [0u8; 16];
     getrandom::fill(&mut random).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = mcp_persist_core::kit::hex(&random);
     let no_such_stream_event = format!(
         "{token}-{seq}-{}-{}-{}-{}-{}",
         &hex[..8],

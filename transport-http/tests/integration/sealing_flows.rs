@@ -248,7 +248,7 @@ async fn flows_leave_no_secret_on(backend: Backend) {
     let mut material = [0u8; 32];
     getrandom::fill(&mut material).unwrap();
     let key = SealKey::from_bytes(&material).unwrap();
-    let material_hex: String = material.iter().map(|b| format!("{b:02x}")).collect();
+    let material_hex = mcp_persist_core::kit::hex(&material);
     let sealing = Sealing::new(Keyring::new(key));
     let stores = Stores::from_parts(kv.clone(), Some(log.clone())).encrypted(sealing.clone());
 
@@ -354,10 +354,7 @@ async fn redis_holds_no_secret_of_the_flows() {
     getrandom::fill(&mut suffix).unwrap();
     let prefix = format!(
         "test:sealing-flows:{}:",
-        suffix
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
+        mcp_persist_core::kit::hex(&suffix)
     );
     flows_leave_no_secret_on(Backend::Redis { url, prefix }).await;
 }

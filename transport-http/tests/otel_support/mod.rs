@@ -195,7 +195,7 @@ pub fn total(points: &[Point], name: &str, with: &[(&str, &str)]) -> f64 {
 pub fn root_traceparent() -> (String, String) {
     let mut bytes = [0u8; 24];
     getrandom_fill(&mut bytes);
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let hex = mcp_persist_core::kit::hex;
     let trace = hex(&bytes[..16]);
     let span = hex(&bytes[16..]);
     let value = format!("00-{trace}-{span}-01");
