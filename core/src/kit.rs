@@ -142,6 +142,19 @@ pub(crate) fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
 mod tests {
     use super::*;
 
+    /// Names and ids already in stores (Secrets Manager names, stream
+    /// tokens, version ids) were written in this form: every byte as
+    /// `format!("{b:02x}")` writes it, in order, for any length.
+    #[test]
+    fn hex_is_the_form_stored_names_were_written_in() {
+        let all: Vec<u8> = (0..=255).collect();
+        let formatted: String = all.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&all), formatted);
+        assert_eq!(hex(&[]), "");
+        let mut stack = [0u8; 6];
+        assert_eq!(hex_into(&[0xde, 0xad, 0x01], &mut stack), "dead01");
+    }
+
     #[test]
     fn conversions_round_up() {
         assert_eq!(ceil_millis(Duration::ZERO), 0);
