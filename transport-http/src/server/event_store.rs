@@ -308,8 +308,43 @@ struct OwnedMessage(Option<Arc<ServerJsonRpcMessage>>);
 
 impl serde::Serialize for OwnedMessage {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use rmcp::model::{JsonRpcMessage, ServerNotification};
+        // rmcp writes a notification's params to a JSON tree and then the
+        // tree, to merge `_meta` kept in its extensions with the params'
+        // own: about half of what storing a progress event cost. Without
+        // metadata in the extensions there is nothing to merge, and a
+        // progress notification's params are written as they are: the same
+        // object, up to the order of its keys (pinned by a test).
+        if let Some(JsonRpcMessage::Notification(note)) = self.0.as_deref()
+            && let ServerNotification::ProgressNotification(n) = &note.notification
+            && no_meta(&n.extensions)
+        {
+            return PlainNotification {
+                jsonrpc: &note.jsonrpc,
+                method: &n.method,
+                params: &n.params,
+            }
+            .serialize(serializer);
+        }
         self.0.as_deref().serialize(serializer)
     }
+}
+
+/// A notification whose extensions hold no `_meta`, as rmcp writes it.
+#[derive(serde::Serialize)]
+struct PlainNotification<'a, M, P> {
+    jsonrpc: &'a rmcp::model::JsonRpcVersion2_0,
+    method: &'a M,
+    params: &'a P,
+}
+
+/// Whether a notification's extensions hold no metadata for rmcp to merge
+/// into its params (the typed kind or the older untyped one).
+fn no_meta(extensions: &rmcp::model::Extensions) -> bool {
+    extensions
+        .get::<rmcp::model::NotificationMetaObject>()
+        .is_none()
+        && extensions.get::<rmcp::model::MetaObject>().is_none()
 }
 
 /// Replays, then tails, one stream into `tx` until its final response is
@@ -509,5 +544,93 @@ impl futures::Stream for ReceiverStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.0.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{
+        JsonObject, MetaObject, NotificationMetaObject, NumberOrString, ProgressNotification,
+        ProgressNotificationParam, ProgressToken, ResourceUpdatedNotification,
+        ResourceUpdatedNotificationParam, ServerJsonRpcMessage, ServerNotification,
+    };
+
+    use super::*;
+
+    fn object(key: &str, value: serde_json::Value) -> JsonObject {
+        let mut object = JsonObject::new();
+        object.insert(key.into(), value);
+        object
+    }
+
+    fn progress(param: ProgressNotificationParam) -> ProgressNotification {
+        ProgressNotification::new(param)
+    }
+
+    /// Every progress notification is stored as the object rmcp sends, and
+    /// reads back as the message it was: the params written without rmcp's
+    /// detour through a JSON tree when its extensions hold no metadata, and
+    /// through rmcp's own writing when they do.
+    #[test]
+    fn a_stored_notification_is_the_object_rmcp_sends() {
+        let token = |n: i64| ProgressToken(NumberOrString::Number(n));
+        let mut typed = progress(ProgressNotificationParam::new(token(3), 1.0));
+        typed
+            .extensions
+            .insert(NotificationMetaObject(MetaObject(object(
+                "trace",
+                "typed".into(),
+            ))));
+        let with_meta = |mut param: ProgressNotificationParam, meta: JsonObject| {
+            param.meta = Some(NotificationMetaObject(MetaObject(meta)));
+            param
+        };
+        let mut legacy = progress(with_meta(
+            ProgressNotificationParam::new(token(4), 2.0),
+            object("from", "params".into()),
+        ));
+        legacy
+            .extensions
+            .insert(MetaObject(object("trace", "legacy".into())));
+        let notes = [
+            progress(
+                ProgressNotificationParam::new(token(1), 5.0)
+                    .with_total(2000.0)
+                    .with_message("half \"way\"\n"),
+            ),
+            progress(ProgressNotificationParam::new(
+                ProgressToken(NumberOrString::String("tok-é".into())),
+                0.25,
+            )),
+            progress(ProgressNotificationParam::new(token(-7), f64::NAN)),
+            progress(with_meta(
+                ProgressNotificationParam::new(token(2), 3.0),
+                object("io.example/step", serde_json::json!({"n": 3})),
+            )),
+            typed,
+            legacy,
+        ];
+        let mut messages: Vec<ServerJsonRpcMessage> = notes
+            .into_iter()
+            .map(|n| {
+                ServerJsonRpcMessage::notification(ServerNotification::ProgressNotification(n))
+            })
+            .collect();
+        messages.push(ServerJsonRpcMessage::notification(
+            ServerNotification::ResourceUpdatedNotification(ResourceUpdatedNotification::new(
+                ResourceUpdatedNotificationParam::new("file:///a"),
+            )),
+        ));
+        for message in messages {
+            let message = Arc::new(message);
+            let sent: serde_json::Value =
+                serde_json::from_slice(&serde_json::to_vec(&*message).unwrap()).unwrap();
+            let stored = serde_json::to_vec(&OwnedMessage(Some(message.clone()))).unwrap();
+            let stored_value: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+            assert_eq!(stored_value, sent, "{message:?}");
+            let back: ServerJsonRpcMessage = serde_json::from_slice(&stored).unwrap();
+            assert_eq!(serde_json::to_value(&back).unwrap(), sent, "{message:?}");
+        }
+        assert_eq!(serde_json::to_vec(&OwnedMessage(None)).unwrap(), b"null");
     }
 }
