@@ -1114,7 +1114,8 @@ async fn assert_all_under(opened: &Opened, active: super::KeyId) {
 
 /// Two server processes reserve request ids (compare-and-swap on shared
 /// records) and append events, and a client process refreshes a credential
-/// again and again, while `rekey` re-seals the store under a new key: every
+/// again and again, while `rekey` re-seals the store under a new key (and
+/// waits halfway until each of them has acknowledged a write): every
 /// acknowledged write is there afterwards (no id handed out twice or lost,
 /// the last rotated refresh token stored, every event readable), and every
 /// key-value record is under the new key.
@@ -1152,14 +1153,60 @@ pub fn rotation_under_load(open: &Opener, child_test: &str) {
     };
     wait_for(&mut acks, 10);
     let before: Vec<usize> = acks.iter().map(Vec::len).collect();
+    // The rekey stops halfway (half the records under the new key, half
+    // under the old) until every writer has acknowledged a write made
+    // since: writers go on while a rekey is under way, however quick the
+    // rekey is next to the slowest writer's pace (a refresh every few tens
+    // of milliseconds, against a rekey that can take less under load).
+    let (halfway_tx, halfway_rx) = mpsc::channel::<()>();
+    let (resume_tx, resume_rx) = mpsc::channel::<()>();
     let started = Instant::now();
-    let report = rt
-        .block_on(
-            Rekey::new(&sealing, opened.kv.clone(), opened.log.clone())
-                .options(RekeyOptions::default().lease_ttl(LEASE_TTL))
-                .run(|_| {}),
-        )
-        .expect("rekey under load");
+    let (report, halfway) = thread::scope(|scope| {
+        // Owned here, so that a panic below lets the rekey go on at once.
+        let resume_tx = resume_tx;
+        let rekey = scope.spawn(|| {
+            let mut halfway_tx = Some(halfway_tx);
+            rt.block_on(
+                Rekey::new(&sealing, opened.kv.clone(), opened.log.clone())
+                    .options(RekeyOptions::default().lease_ttl(LEASE_TTL))
+                    .run(move |p| {
+                        if p.done >= p.total / 2
+                            && let Some(tx) = halfway_tx.take()
+                        {
+                            let _ = tx.send(());
+                            let _ = resume_rx.recv_timeout(Duration::from_secs(150));
+                        }
+                    }),
+            )
+        });
+        let halfway = halfway_rx.recv().is_ok();
+        if halfway {
+            for (i, (lines, _)) in streams.iter().enumerate() {
+                acks[i].extend(lines.try_iter().filter(|l| l.starts_with("ACK ")));
+            }
+            let paused: Vec<usize> = acks.iter().map(Vec::len).collect();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            for (i, (lines, _)) in streams.iter().enumerate() {
+                while acks[i].len() <= paused[i] {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let line = lines.recv_timeout(left).unwrap_or_else(|_| {
+                        panic!(
+                            "child {i} acknowledged nothing while the rekey was halfway \
+                             ({} writes before it)",
+                            paused[i]
+                        )
+                    });
+                    if line.starts_with("ACK ") {
+                        acks[i].push(line);
+                    }
+                }
+            }
+            let _ = resume_tx.send(());
+        }
+        (rekey.join().expect("the rekey thread"), halfway)
+    });
+    let report = report.expect("rekey under load");
+    assert!(halfway, "the rekey never reached its halfway point");
     let took = started.elapsed();
     for (i, (lines, _)) in streams.iter().enumerate() {
         acks[i].extend(lines.try_iter().filter(|l| l.starts_with("ACK ")));
@@ -1170,7 +1217,7 @@ pub fn rotation_under_load(open: &Opener, child_test: &str) {
         "every writer made progress while rekey ran ({before:?} before, {during:?} after)"
     );
     eprintln!(
-        "rekey under load: {} records re-sealed in {took:?} while the writers acknowledged {:?} writes",
+        "rekey under load: {} records re-sealed in {took:?} (its halfway pause included) while the writers acknowledged {:?} writes",
         report.resealed,
         during
             .iter()
