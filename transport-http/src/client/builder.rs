@@ -295,18 +295,25 @@ impl DurableClientBuilder {
             mcp_persist.outcome = tracing::field::Empty,
         );
         crate::telemetry::continue_trace(&restore, None);
-        let start = load(&key, &store, &verdict, &session, &ids, &health)
-            .instrument(restore.clone())
-            .await;
+        // The journal is read while the session is loaded: neither depends
+        // on the other, and the request-id reservation's synced commit is
+        // the longest step of a start, so the listing costs no time beside
+        // it. Nothing is journaled before the client is built.
+        let (start, journaled) = tokio::join!(
+            load(&key, &store, &verdict, &session, &ids, &health).instrument(restore.clone()),
+            store.journal(&key),
+        );
         restore.record("mcp_persist.outcome", start_outcome(&start));
         if matches!(start, StartKind::Resumed { .. }) {
             self.telemetry.session_restored(Side::Client);
         }
         drop(restore);
+        // A client running in memory leaves the store alone, the journal
+        // of earlier processes included: what was read is set aside.
         let listed = if matches!(start, StartKind::InMemory { .. }) {
             Vec::new()
         } else {
-            read_journal(&store, &key, &health).await
+            collect_journal(journaled, &health)
         };
         match &start {
             StartKind::FreshAfterBadState { reason } => {
@@ -436,14 +443,16 @@ async fn load(
     ids: &WireIds,
     health: &Health,
 ) -> StartKind {
-    match store.profile(key).await {
+    // Two reads of their own, made at once.
+    let (profile, stored) = tokio::join!(store.profile(key), store.session(key));
+    match profile {
         Ok(Some(profile)) => verdict.install(profile),
         Ok(None) => {}
         Err(e) => {
             warn!(error = %e, "stored server profile is unusable; the era will be probed again")
         }
     }
-    let stored = match store.session(key).await {
+    let stored = match stored {
         Ok(Some(stored)) => stored.record,
         Ok(None) => {
             info!("no stored session; starting fresh");
@@ -501,16 +510,15 @@ async fn load(
     StartKind::Resumed { session_id }
 }
 
-/// Every request an earlier process journaled and nobody collected or
-/// dismissed: those of the stored session, of sessions forgotten since (a
-/// 404, an ended session: reported lost), and the tasks of a server without
-/// sessions.
-async fn read_journal(
-    store: &ClientStateStore,
-    key: &ServerKey,
+/// The journal as read at the start: every request an earlier process
+/// journaled and nobody collected or dismissed; those of the stored
+/// session, of sessions forgotten since (a 404, an ended session: reported
+/// lost), and the tasks of a server without sessions.
+fn collect_journal(
+    journaled: mcp_persist_core::Result<Vec<(mcp_persist_core::SessionId, InFlightRequest)>>,
     health: &Health,
 ) -> Vec<(JournalScope, InFlightRequest)> {
-    match store.journal(key).await {
+    match journaled {
         Ok(list) => {
             if !list.is_empty() {
                 info!(
