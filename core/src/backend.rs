@@ -463,6 +463,23 @@ pub trait LogStore: Backend {
     /// Reads up to `limit` records with sequence numbers strictly after `after`.
     async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>>;
 
+    /// The number the next append to `log` would give its first record,
+    /// found without writing; `None` (the default) when the backend cannot
+    /// tell without an append.
+    ///
+    /// A caller that numbers a log's records itself before they are
+    /// committed (a `Pipelined` event stream starting) asks this instead of
+    /// appending at once. The answer may be out of date by the time it
+    /// appends (another writer appended, the log expired and started
+    /// again), so the caller compares it with the numbers the append
+    /// returns. A backend answering it must give exactly what an append made
+    /// at that moment would, including after a trim, an expiry or a
+    /// quarantine.
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        let _ = log;
+        Ok(None)
+    }
+
     /// Like [`read_after`](LogStore::read_after), but when nothing is there yet,
     /// waits up to `timeout` for another task or process to append, and returns
     /// an empty vector if nothing came. The default polls; backends that can be

@@ -337,6 +337,17 @@ impl LogStore for MemoryStore {
             .unwrap_or_default())
     }
 
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        let state = self.state();
+        // An expired log starts again at 1, as `append` makes it.
+        let last = state
+            .logs
+            .get(log)
+            .filter(|l| live(l.expires, Instant::now()))
+            .map_or(0, |l| l.last_seq);
+        Ok(Some(last.saturating_add(1)))
+    }
+
     async fn wait_after(
         &self,
         log: &Key,

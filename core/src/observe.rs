@@ -219,6 +219,16 @@ impl<S: LogStore + ?Sized> LogStore for Observed<S> {
         .await
     }
 
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        self.observe(
+            "store next_seq",
+            "next_seq",
+            || kind_of(Space::Log, log),
+            self.inner.next_seq(log),
+        )
+        .await
+    }
+
     async fn wait_after(
         &self,
         log: &Key,

@@ -556,6 +556,13 @@ impl LogStore for SqliteStore {
             .await
     }
 
+    /// Read on a pooled read connection: no write, no commit.
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        let log = log.clone();
+        self.read(move |conn, ctx| ops::log_next_seq(conn, ctx, &log).map(Some))
+            .await
+    }
+
     /// Returns as soon as a record after `after` is committed: at once for an
     /// append through this store (or a clone of it), within about 100 ms for
     /// an append by another process or another `SqliteStore` on the same file.

@@ -408,6 +408,33 @@ pub(crate) fn log_read_after(
     Ok(records)
 }
 
+/// The number `log_append` would give the next record of `log`: one above
+/// the header's last number (kept through a trim and an expiry not yet
+/// swept), or 1 when there is no header.
+pub(crate) fn log_next_seq(conn: &Connection, ctx: Ctx<'_>, log: &str) -> Result<u64> {
+    let last: Option<i64> = conn
+        .prepare_cached("SELECT last_seq FROM logs WHERE name = ?1")
+        .and_then(|mut stmt| stmt.query_row([log], |row| row.get(0)).optional())
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(_) => ctx.sql(e),
+            None => bad_row(log, "a log header of the wrong shape", Some(e)),
+        })?;
+    let last = last.unwrap_or(0);
+    // As `log_append` checks it: a damaged header is `Corrupt`, never a
+    // number that could repeat one.
+    u64::try_from(last)
+        .ok()
+        .filter(|_| last < i64::MAX)
+        .map(|last| last + 1)
+        .ok_or_else(|| {
+            bad_row(
+                log,
+                &format!("the invalid last sequence number {last} (cannot append 1 more)"),
+                None,
+            )
+        })
+}
+
 pub(crate) fn log_trim(conn: &Connection, ctx: Ctx<'_>, log: &str, before: u64) -> Result<u64> {
     let removed = conn
         .prepare_cached(

@@ -70,6 +70,12 @@ async fn a_last_sequence_number_at_the_maximum_fails_that_append_alone() {
             .await
             .expect_err("no sequence number is left");
         assert_corrupt(&err, "full");
+        // Asked without appending, the same: never a number that repeats.
+        let err = store
+            .next_seq(&key("full"))
+            .await
+            .expect_err("no next number");
+        assert_corrupt(&err, "full");
     }
     writer_alive(&store, "other").await;
     // Reads of the damaged log still work: its records are intact.
@@ -99,6 +105,11 @@ async fn negative_stored_numbers_are_corrupt_and_the_writer_goes_on() {
     }
     let err = store
         .append(&key("neg"), vec![b"b".to_vec()], None)
+        .await
+        .expect_err("negative last sequence number");
+    assert_corrupt(&err, "neg");
+    let err = store
+        .next_seq(&key("neg"))
         .await
         .expect_err("negative last sequence number");
     assert_corrupt(&err, "neg");

@@ -314,3 +314,55 @@ pub async fn unsynced_appends_are_committed(f: &dyn LogFixture) {
         assert_eq!(r.data, (i as u32).to_be_bytes());
     }
 }
+
+/// `next_seq`, on a backend that answers it, is the number the next append
+/// gives: on a log never written, after appends, after a trim of every
+/// record, after an expiry (swept or not) and after a delete. Asking writes
+/// nothing. A backend that does not answer (`None`) never does.
+pub async fn next_seq_is_the_next_appends_number(f: &dyn LogFixture) {
+    async fn said_then_appended(store: &dyn LogStore, log: &str, ttl: Option<Duration>) {
+        let said = store
+            .next_seq(&key(log))
+            .await
+            .unwrap_or_else(|e| panic!("next_seq of {log:?} failed: {e}"))
+            .unwrap_or_else(|| panic!("next_seq of {log:?} answered once, not again"));
+        let again = store.next_seq(&key(log)).await.expect("next_seq");
+        assert_eq!(again, Some(said), "asking moved the answer");
+        let got = store
+            .append(&key(log), vec![b"x".to_vec()], ttl)
+            .await
+            .expect("append");
+        assert_eq!(got, vec![said], "{log}: said {said}, appended as {got:?}");
+    }
+    let store = f.open_log().await;
+    if store
+        .next_seq(&key("fresh"))
+        .await
+        .expect("next_seq")
+        .is_none()
+    {
+        assert_eq!(store.next_seq(&key("other")).await.expect("next_seq"), None);
+        return;
+    }
+    assert!(
+        data_after(&*store, "fresh", 0).await.is_empty(),
+        "asking wrote to the log"
+    );
+    said_then_appended(&*store, "fresh", None).await;
+    append(&*store, "fresh", &[b"a", b"b", b"c"]).await;
+    said_then_appended(&*store, "fresh", None).await;
+    let last = append(&*store, "fresh", &[b"d"]).await[0];
+    store.trim(&key("fresh"), last + 1).await.expect("trim");
+    said_then_appended(&*store, "fresh", None).await;
+    store.delete_log(&key("fresh")).await.expect("delete");
+    said_then_appended(&*store, "fresh", None).await;
+
+    let ttl = Some(Duration::from_millis(200));
+    append(&*store, "short", &[b"a", b"b"]).await;
+    said_then_appended(&*store, "short", ttl).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    said_then_appended(&*store, "short", ttl).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.sweep_expired().await.expect("sweep");
+    said_then_appended(&*store, "short", None).await;
+}

@@ -333,6 +333,7 @@ macro_rules! log_conformance {
                 large_records,
                 reopen_keeps_acknowledged_appends,
                 unsynced_appends_are_committed,
+                next_seq_is_the_next_appends_number,
             );
         }
         mod log_typed_conformance {
@@ -346,6 +347,7 @@ macro_rules! log_conformance {
                 restarted_event_log_never_serves_old_ids,
                 pipelined_stream_over_an_expired_log_sends_stored_numbers,
                 pipelined_events_replay_whole_and_refuse_lost_ids,
+                pipelined_stream_over_a_left_log_sends_stored_numbers,
             );
             $crate::__conformance_tests!(tasks, $fixture;
                 task_create_is_visible_before_return,

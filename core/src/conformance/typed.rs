@@ -1237,3 +1237,69 @@ pub async fn pipelined_events_replay_whole_and_refuse_lost_ids(f: &dyn LogFixtur
         other => panic!("a lost event id was not refused: {other:?}"),
     }
 }
+
+/// A pipelined stream started over a log its name left behind (a stream
+/// deleted halfway: its log, not its metadata) sends the numbers its events
+/// are stored under, above the old ones, however the backend numbers a new
+/// stream's first event; another instance replays them whole once they are
+/// committed, with the request the stream answers.
+pub async fn pipelined_stream_over_a_left_log_sends_stored_numbers(f: &dyn LogFixture) {
+    use crate::stores::EventDurability;
+    let log = f.open_log().await;
+    let name = crate::declare::EVENT.try_key(&["reused"]).expect("a log");
+    let old = crate::records::encode_event(&serde_json::json!("old")).expect("encoded");
+    let left = log
+        .append(&name, vec![old; 3], None)
+        .await
+        .expect("old records");
+    let config = EventLogConfig::default().with_durability(EventDurability::PIPELINED);
+    let writer = EventLog::new(f.open_kv().await, log, config);
+    let request = serde_json::json!("req-1");
+    let mut ids = vec![
+        writer
+            .append_opening("reused", None, &serde_json::Value::Null, &request)
+            .await
+            .expect("opening event"),
+    ];
+    for n in 0..5 {
+        ids.push(
+            writer
+                .append("reused", None, &serde_json::json!({ "n": n }))
+                .await
+                .expect("append"),
+        );
+    }
+    let seqs: Vec<u64> = ids.iter().map(|id| id.seq()).collect();
+    assert!(
+        seqs[0] > *left.last().expect("old"),
+        "numbered below the old records: {seqs:?} after {left:?}"
+    );
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    // The writer's replay waits for its commits.
+    let replayed = writer
+        .replay_after(&ids[0].to_string(), None)
+        .await
+        .expect("replay on the writer");
+    assert_eq!(
+        replayed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        ids[1..].to_vec()
+    );
+    let other = EventLog::new(f.open_kv().await, f.open_log().await, config);
+    let seen = other
+        .replay_after(&ids[0].to_string(), None)
+        .await
+        .expect("replay elsewhere");
+    assert_eq!(
+        seen.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        ids[1..].to_vec()
+    );
+    assert_eq!(seen[0].payload, serde_json::json!({ "n": 0 }));
+    assert_eq!(
+        other
+            .origin("reused")
+            .await
+            .expect("origin")
+            .and_then(|o| o.request),
+        Some(request)
+    );
+}

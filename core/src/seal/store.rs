@@ -304,6 +304,11 @@ impl<S: LogStore + ?Sized> LogStore for Sealed<S> {
         self.open_records(log, records)
     }
 
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        // Sealing keeps the wrapped store's numbering.
+        self.inner.next_seq(log).await
+    }
+
     async fn wait_after(
         &self,
         log: &Key,

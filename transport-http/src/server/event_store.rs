@@ -155,8 +155,9 @@ impl DurableEventStore {
     /// their first events one at a time anyway.
     ///
     /// `beside`, when given, is written alongside that first event (in one
-    /// commit, on a store that groups the writes waiting together); it is
-    /// dropped unstarted when no first event took the request.
+    /// commit, on a store that groups the writes waiting together; after
+    /// it, on its own, when the event is pipelined and committed later); it
+    /// is dropped unstarted when no first event took the request.
     pub(crate) async fn opening<T>(
         &self,
         request: serde_json::Value,

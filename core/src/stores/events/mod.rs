@@ -185,9 +185,10 @@ enum PipelinedStart {
     /// stream it starts, written with the first commit.
     Numbered([u8; 16], Option<StreamMeta>),
     /// Stored at once, so that its number is the backend's: the first event
-    /// of a stream new to this instance (`None`), or of a log that started
-    /// again under an existing stream (its token and the last number known
-    /// under it).
+    /// of a stream new to this instance on a backend that cannot tell its
+    /// next number without writing (`None`), or of a log that started again
+    /// under an existing stream (its token and the last number known under
+    /// it).
     AtOnce(Option<([u8; 16], u64)>),
 }
 
@@ -363,6 +364,9 @@ impl EventLog {
     /// Who writes `stream` and which request it answers, when recorded;
     /// `None` for an unknown stream.
     pub async fn origin(&self, stream: &str) -> Result<Option<StreamOrigin>> {
+        // On the writing instance, a new pipelined stream's metadata is
+        // committed before it is read.
+        self.flushed(stream).await;
         Ok(read::<StreamMeta>(&*self.kv, &meta_key(stream)?)
             .await?
             .map(|s| StreamOrigin {
@@ -422,6 +426,9 @@ impl EventLog {
     /// creates it. An instance resuming the stream after its writer stopped
     /// can then answer that request, however soon the writer stopped; there
     /// is no moment in which the stream exists but its request is unknown.
+    /// (A `Pipelined` stream numbered here is created by its first commit,
+    /// its request with it: a writer that stops before that commit leaves
+    /// no stream, and a client resuming it is told it is unknown.)
     /// On a stream that already exists it is `append`, and `request` is not
     /// recorded (see [`describe_request`](Self::describe_request)).
     pub async fn append_opening<P: Serialize + ?Sized + Sync>(
@@ -441,7 +448,8 @@ impl EventLog {
     /// puts the event and whatever `beside` writes first on disk with one
     /// commit. `beside` runs to its end exactly once, whatever becomes of
     /// the event: with its write, or after the append when the append wrote
-    /// nothing at once (a pipelined stream's later events) or failed.
+    /// nothing at once (a pipelined stream's events, numbered here and
+    /// committed within the window) or failed.
     pub async fn append_opening_beside<P: Serialize + ?Sized + Sync>(
         &self,
         stream: &str,
@@ -486,15 +494,16 @@ impl EventLog {
     ) -> Result<EventId> {
         crate::types::check_visible_ascii("stream id", stream, crate::types::MAX_STREAM_ID_BYTES)?;
         if let EventDurability::Pipelined { window } = self.config.durability {
-            match self.pipelined_token(stream, session).await? {
+            match self.pipelined_token(stream, session, request).await? {
                 PipelinedStart::Numbered(token, new_meta) => {
                     let seq = self
                         .pipeline(stream, data, session, window, new_meta)
                         .await?;
                     return Ok(EventId::new(token, seq, stream));
                 }
-                // The first event of a stream new here, or of a log that
-                // started again, is stored at once, as a synchronous one is:
+                // The first event of a stream new here (on a backend that
+                // cannot tell its next number), or of a log that started
+                // again, is stored at once, as a synchronous one is:
                 // its number is the backend's, which may start again or go
                 // on above the numbers of an earlier log of the same name,
                 // and the stream's next events are numbered on from it.
@@ -1181,9 +1190,98 @@ mod tests {
         );
     }
 
+    /// A pipelined stream new to this instance is numbered from what the
+    /// backend says its log's next append gets, with no write before its
+    /// first commit: neither its first event nor its metadata is stored
+    /// until then (another instance does not know the stream yet), and then
+    /// every event is stored under the number it was sent with, above those
+    /// of a log of the same name left behind, with the stream's request.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_pipelined_stream_writes_nothing_before_its_first_commit() {
+        let store = MemoryStore::new();
+        let name = log_name("left").expect("a log");
+        // What a stream deleted halfway leaves: its log, not its metadata.
+        let old = crate::records::encode_event(&serde_json::json!("old")).expect("encoded");
+        store
+            .append(&name, vec![old; 3], None)
+            .await
+            .expect("old records");
+        let config = EventLogConfig::new(Duration::from_secs(600), 100).with_durability(
+            EventDurability::Pipelined {
+                window: Duration::from_secs(1),
+            },
+        );
+        let events = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
+        let request = serde_json::json!(9);
+        let first = events
+            .append_opening("left", None, &serde_json::Value::Null, &request)
+            .await
+            .expect("opening event");
+        let second = events
+            .append("left", None, &serde_json::json!("answer"))
+            .await
+            .expect("answer");
+        assert_eq!((first.seq(), second.seq()), (4, 5));
+        assert!(
+            store
+                .read_after(&name, 3, 10)
+                .await
+                .expect("read")
+                .is_empty(),
+            "the first event was written before the window"
+        );
+        assert!(
+            store
+                .get(&meta_key("left").expect("a key"))
+                .await
+                .expect("read")
+                .is_none(),
+            "the metadata was written before the window"
+        );
+        let other = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
+        assert!(
+            matches!(
+                other.check(&first.to_string(), None).await,
+                Err(Error::NotFound {
+                    what: "event stream",
+                    ..
+                })
+            ),
+            "another instance knows the stream before its first commit"
+        );
+        // The writer's replay waits for the commit.
+        let replayed = events
+            .replay_after(&first.to_string(), None)
+            .await
+            .expect("replay on the writer");
+        assert_eq!(
+            replayed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+            vec![second.clone()]
+        );
+        let seen = other
+            .replay_after(&first.to_string(), None)
+            .await
+            .expect("replay elsewhere once committed");
+        assert_eq!(
+            seen.iter()
+                .map(|e| (e.id.clone(), e.payload.clone()))
+                .collect::<Vec<_>>(),
+            vec![(second, serde_json::json!("answer"))]
+        );
+        assert_eq!(
+            other
+                .origin("left")
+                .await
+                .expect("origin")
+                .and_then(|o| o.request),
+            Some(request)
+        );
+    }
+
     /// What runs beside an opening event runs once, whatever becomes of the
     /// event: with its write, when it is refused (a bad stream id), and on
-    /// a pipelined stream, whose first event is written at once.
+    /// a pipelined stream, whose first event is numbered here and committed
+    /// later.
     #[tokio::test]
     async fn work_beside_an_opening_event_runs_once_whatever_becomes_of_it() {
         use std::sync::atomic::{AtomicUsize, Ordering};

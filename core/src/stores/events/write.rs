@@ -111,15 +111,19 @@ impl EventLog {
     }
 
     /// The token of `stream` for a pipelined append. A stream new to this
-    /// instance has its first event stored at once (one synchronous write
-    /// per stream), so that every number it sends is the one stored; a
-    /// stream whose metadata went while this instance writes it gets a new
-    /// token here and its metadata with the next commit (returned for
+    /// instance is numbered from the number the backend says its log's
+    /// next append gets, under a new token whose metadata (recording
+    /// `request`) goes with the first commit; on a backend that cannot say
+    /// without writing, its first event is stored at once (one synchronous
+    /// write per stream), so that every number it sends is the one stored.
+    /// A stream whose metadata went while this instance writes it gets a
+    /// new token here and its metadata with the next commit (returned for
     /// [`pipeline`](Self::pipeline) to schedule).
     pub(super) async fn pipelined_token(
         &self,
         stream: &str,
         session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
     ) -> Result<PipelinedStart> {
         if let Some((token, last)) = self.stream_token(stream).await? {
             let piped = self
@@ -151,11 +155,35 @@ impl EventLog {
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(stream);
         if !piped {
-            // A stream new to this instance: numbering it here from an empty
-            // log would be wrong on a backend that goes on above the numbers
-            // of an expired log of the same name (Postgres, the file store),
-            // so its first event is stored at once and numbered by the
-            // backend.
+            // A stream new to this instance. Numbering it from 1 would be
+            // wrong on a backend that goes on above the numbers of an
+            // expired log of the same name (Postgres, the file store,
+            // SQLite until it sweeps), so it is numbered from what the
+            // backend says its next append gets; the commit finds a log
+            // that moved meanwhile, as for any pipelined event.
+            if let Some(first) = self.log.next_seq(&log_name(stream)?).await?
+                && let Some(last) = first.checked_sub(1)
+            {
+                let token = random_token()?;
+                let meta = self.new_meta(session, request, &token, last);
+                self.cache(
+                    stream,
+                    StreamCache {
+                        token,
+                        meta_refreshed: tokio::time::Instant::now(),
+                        trimming: Trimming::default(),
+                        last_seq: last,
+                    },
+                );
+                debug!(
+                    stream,
+                    first,
+                    "new pipelined event stream: numbered here from the backend's next number"
+                );
+                return Ok(PipelinedStart::Numbered(token, Some(meta)));
+            }
+            // The backend cannot tell without writing: the first event is
+            // stored at once and numbered by the backend.
             debug!(
                 stream,
                 "new pipelined event stream: first event stored at once"
@@ -198,10 +226,11 @@ impl EventLog {
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(stream);
         if !known {
-            // First event of this stream here: continue after what is stored
-            // (nothing, for a stream that starts now).
+            // First event of this stream here: continue after what is stored,
+            // or, for a stream that starts now, after the number its new
+            // metadata starts from.
             let last = match &new_meta {
-                Some(_) => 0,
+                Some(meta) => meta.last_seq,
                 None => self.last_stored_seq(stream).await?,
             };
             // A stored number at the end of the range is damage (a crafted
