@@ -649,6 +649,95 @@ mod tests {
         }
     }
 
+    /// A memory store whose metadata reads and `next_seq` each wait for the
+    /// other at a barrier: they finish only when made at the same time.
+    #[derive(Clone)]
+    struct Meeting {
+        store: MemoryStore,
+        barrier: Arc<tokio::sync::Barrier>,
+    }
+
+    impl Backend for Meeting {
+        fn backend_name(&self) -> &'static str {
+            "meeting"
+        }
+    }
+
+    #[async_trait]
+    impl KvStore for Meeting {
+        async fn get(&self, key: &Key) -> Result<Option<crate::KvEntry>> {
+            self.barrier.wait().await;
+            self.store.get(key).await
+        }
+
+        async fn put(
+            &self,
+            key: &Key,
+            value: Vec<u8>,
+            options: PutOptions,
+        ) -> Result<crate::Version> {
+            self.store.put(key, value, options).await
+        }
+
+        async fn delete(&self, key: &Key, if_version: Option<crate::Version>) -> Result<bool> {
+            self.store.delete(key, if_version).await
+        }
+
+        async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
+            self.store.list(prefix).await
+        }
+    }
+
+    #[async_trait]
+    impl LogStore for Meeting {
+        async fn append(
+            &self,
+            log: &Key,
+            records: Vec<Vec<u8>>,
+            ttl: Option<Duration>,
+        ) -> Result<Vec<u64>> {
+            self.store.append(log, records, ttl).await
+        }
+
+        async fn read_after(&self, log: &Key, after: u64, limit: usize) -> Result<Vec<LogRecord>> {
+            self.store.read_after(log, after, limit).await
+        }
+
+        async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+            self.barrier.wait().await;
+            self.store.next_seq(log).await
+        }
+
+        async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
+            self.store.trim(log, before).await
+        }
+
+        async fn delete_log(&self, log: &Key) -> Result<()> {
+            self.store.delete_log(log).await
+        }
+    }
+
+    /// A pipelined stream new to this instance reads its metadata and its
+    /// log's next number at the same time, not one after the other: on a
+    /// network store that is one round trip on every request's path.
+    #[tokio::test]
+    async fn a_new_pipelined_stream_reads_its_metadata_and_next_number_at_once() {
+        let meeting = Meeting {
+            store: MemoryStore::new(),
+            barrier: Arc::new(tokio::sync::Barrier::new(2)),
+        };
+        let config = EventLogConfig::default().with_durability(EventDurability::PIPELINED);
+        let events = EventLog::new(Arc::new(meeting.clone()), Arc::new(meeting), config);
+        let id = tokio::time::timeout(
+            Duration::from_secs(10),
+            events.append("met", None, &serde_json::json!("first")),
+        )
+        .await
+        .expect("the two reads were made one after the other")
+        .expect("append");
+        assert_eq!(id.seq(), 1);
+    }
+
     /// A stream's first event reads its metadata once (to find it has
     /// none) and creates it without reading it again: one read fewer on
     /// every request's stream. A writer that created it in between still

@@ -60,10 +60,26 @@ impl EventLog {
     pub(super) async fn stream_token(&self, stream: &str) -> Result<Option<([u8; 16], u64)>> {
         let now = tokio::time::Instant::now();
         if let Some(c) = self.cached(stream)
-            && now.duration_since(c.meta_refreshed) < self.config.retention / 4
+            && self.is_fresh(&c, now)
         {
             return Ok(Some((c.token, c.last_seq)));
         }
+        self.read_stream_token(stream, now).await
+    }
+
+    /// Whether a cached token is recent enough to be used without reading
+    /// (and refreshing) the stream's metadata.
+    pub(super) fn is_fresh(&self, cached: &StreamCache, now: tokio::time::Instant) -> bool {
+        now.duration_since(cached.meta_refreshed) < self.config.retention / 4
+    }
+
+    /// [`stream_token`](Self::stream_token) from the stream's metadata,
+    /// whatever the cache holds.
+    pub(super) async fn read_stream_token(
+        &self,
+        stream: &str,
+        now: tokio::time::Instant,
+    ) -> Result<Option<([u8; 16], u64)>> {
         let key = &meta_key(stream)?;
         retry_cas(key, 8, move || async move {
             let Some(Stored {

@@ -125,7 +125,23 @@ impl EventLog {
         session: Option<&SessionId>,
         request: Option<&serde_json::Value>,
     ) -> Result<PipelinedStart> {
-        if let Some((token, last)) = self.stream_token(stream).await? {
+        let now = tokio::time::Instant::now();
+        let (known, next) = match self.cached(stream) {
+            Some(c) if self.is_fresh(&c, now) => (Some((c.token, c.last_seq)), None),
+            Some(_) => (self.read_stream_token(stream, now).await?, None),
+            // A stream this instance does not know: its metadata and its
+            // log's next number are read at once, the number to serve
+            // should there be no metadata (every request's new stream).
+            None => {
+                let name = log_name(stream)?;
+                let (known, next) = tokio::join!(
+                    self.read_stream_token(stream, now),
+                    self.log.next_seq(&name)
+                );
+                (known?, Some(next))
+            }
+        };
+        if let Some((token, last)) = known {
             let piped = self
                 .pipes
                 .lock()
@@ -161,7 +177,11 @@ impl EventLog {
             // SQLite until it sweeps), so it is numbered from what the
             // backend says its next append gets; the commit finds a log
             // that moved meanwhile, as for any pipelined event.
-            if let Some(first) = self.log.next_seq(&log_name(stream)?).await?
+            let next = match next {
+                Some(read) => read?,
+                None => self.log.next_seq(&log_name(stream)?).await?,
+            };
+            if let Some(first) = next
                 && let Some(last) = first.checked_sub(1)
             {
                 let token = random_token()?;
