@@ -663,6 +663,16 @@ impl LogStore for FileStore {
             .await
     }
 
+    /// Reads, on the blocking pool, what the next append reads to number
+    /// its first record: the log's last segment (its last frame and commit
+    /// slot), and its trim file and numbering mark where that append reads
+    /// them. Writes nothing: a torn tail is left for the append to cut.
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        let log = log.clone();
+        self.blocking(move |inner| inner.logs.next_seq(&log).map(Some))
+            .await
+    }
+
     async fn trim(&self, log: &Key, before: u64) -> Result<u64> {
         let log = log.clone();
         self.blocking(move |inner| inner.logs.trim(&log, before))

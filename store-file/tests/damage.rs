@@ -118,6 +118,14 @@ fn append_bytes(path: &Path, bytes: &[u8]) {
         .expect("append bytes");
 }
 
+/// What `store` says the journal's next append is numbered (`next_seq`).
+async fn said(store: &FileStore) -> Result<u64, Error> {
+    store
+        .next_seq(&mcp_persist_core::conformance::key(LOG))
+        .await
+        .map(|next| next.expect("the file store answers next_seq"))
+}
+
 fn flip(path: &Path, at: usize, mask: u8) {
     let mut bytes = fs::read(path).expect("read");
     bytes[at] ^= mask;
@@ -132,9 +140,9 @@ fn corrupt_log(result: Result<impl std::fmt::Debug, Error>, what: &str) -> Strin
     }
 }
 
-/// Checks the store's answer to a damaged journal: reads, appends and trims
-/// fail with `Corrupt` naming the log and its segment, nothing on disk
-/// changes, and `verify` reports one problem.
+/// Checks the store's answer to a damaged journal: reads, appends, trims
+/// and `next_seq` fail with `Corrupt` naming the log and its segment,
+/// nothing on disk changes, and `verify` reports one problem.
 async fn assert_damage_kept(dir: &Path, what: &str) {
     let segs: Vec<(PathBuf, Vec<u8>)> = segments(dir)
         .into_iter()
@@ -154,6 +162,19 @@ async fn assert_damage_kept(dir: &Path, what: &str) {
         reason.contains(".seg") && reason.contains("at byte"),
         "{what}: the error does not say where: {reason}"
     );
+    // Asked first, then appended: the same damage, named the same way.
+    let told = corrupt_log(said(&store).await, what);
+    let appended = corrupt_log(
+        store
+            .append(
+                &mcp_persist_core::conformance::key(LOG),
+                vec![note(99)],
+                None,
+            )
+            .await,
+        what,
+    );
+    assert_eq!(told, appended, "{what}");
     corrupt_log(
         store
             .append(
@@ -178,6 +199,7 @@ async fn assert_damage_kept(dir: &Path, what: &str) {
             .await,
         what,
     );
+    corrupt_log(said(&other).await, what);
     for (path, bytes) in &segs {
         assert_eq!(
             &fs::read(path).expect("read segment"),
@@ -260,6 +282,7 @@ async fn a_frame_with_a_good_checksum_but_an_impossible_length_is_damage() {
             .await,
         "oversized frame",
     );
+    corrupt_log(said(&store).await, "oversized frame");
     corrupt_log(
         store
             .append(
@@ -308,6 +331,7 @@ async fn sequence_number_u64_max_is_damage_and_nothing_panics() {
             .await,
         "segment at u64::MAX",
     );
+    corrupt_log(said(&store).await, "segment at u64::MAX");
     corrupt_log(
         store
             .append(
@@ -391,6 +415,7 @@ async fn a_deleted_middle_segment_is_damage_and_numbering_goes_on() {
             .seq,
         last
     );
+    assert_eq!(said(&store).await.expect("next_seq"), last + 1);
     let next = store
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -412,7 +437,9 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
     let damaged = fs::read(&seg).expect("read");
 
     let store = FileStore::open(&dir).await.expect("open");
-    // Until the operator acts, appends refuse rather than reuse 9 and 10.
+    // Until the operator acts, appends refuse rather than reuse 9 and 10,
+    // and `next_seq` names no number either.
+    corrupt_log(said(&store).await, "damaged");
     corrupt_log(
         store
             .append(
@@ -445,6 +472,7 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
             .expect("read")
             .is_empty()
     );
+    let told = said(&store).await.expect("next_seq after setting aside");
     let next = store
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -454,6 +482,7 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
         .await
         .expect("append")[0];
     assert!(next > highest, "{next} reuses a number up to {highest}");
+    assert_eq!(told, next, "next_seq after setting aside");
     assert!(store.verify().await.expect("verify").is_clean());
 
     // A sweep keeps the numbering, and so does another handle.
@@ -464,6 +493,7 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
         .await
         .expect("read");
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![next]);
+    assert_eq!(said(&other).await.expect("next_seq"), next + 1);
     let after = other
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -477,6 +507,9 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
     // Set aside again: numbering still holds, through a sweep too.
     other.quarantine_log(LOG).await.expect("quarantine again");
     store.sweep_expired().await.expect("sweep");
+    let told = said(&store)
+        .await
+        .expect("next_seq after setting aside again");
     let again = other
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -486,6 +519,7 @@ async fn after_damage_a_sequence_number_is_never_handed_out_twice() {
         .await
         .expect("append")[0];
     assert!(again > after, "{again} after {after}");
+    assert_eq!(told, again, "next_seq after setting aside again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -512,6 +546,14 @@ async fn a_torn_tail_is_still_cut_and_numbering_goes_on() {
         append_bytes(&seg, &tail);
 
         let store = FileStore::open(&dir).await.expect("open");
+        // Asked before anything cut the torn tail: the number after the
+        // last good frame, and the tail is still there (nothing written).
+        assert_eq!(said(&store).await.expect("next_seq"), 4, "{what}");
+        assert_eq!(
+            fs::metadata(&seg).expect("stat").len(),
+            good_len + tail.len() as u64,
+            "{what}: next_seq cut the torn tail"
+        );
         let report = store.verify().await.expect("verify");
         assert!(report.is_clean(), "{what}: {:?}", report.problems);
         assert_eq!(report.torn_tail_bytes, tail.len() as u64, "{what}");
@@ -771,4 +813,38 @@ async fn a_record_at_version_u64_max_is_corrupt_not_a_repeated_version() {
         bytes,
         "the record was changed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_file_that_does_not_parse_fails_the_first_append_over_the_expired_log() {
+    // An append reads the trim file only to rewrite it over an expired
+    // log; `next_seq` reads it there too, and only there.
+    let ttl = Some(std::time::Duration::from_secs(1));
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    let store = FileStore::open(&dir).await.expect("open");
+    let first = store
+        .append(&key(LOG), vec![note(1), note(2)], ttl)
+        .await
+        .expect("append");
+    assert_eq!(first, vec![1, 2]);
+    let trim = last_segment(&dir).with_file_name("trim.json");
+    fs::write(&trim, b"garbage").expect("damage the trim file");
+    assert_eq!(said(&store).await.expect("next_seq of the live log"), 3);
+    assert_eq!(
+        store
+            .append(&key(LOG), vec![note(3)], ttl)
+            .await
+            .expect("append to the live log"),
+        vec![3]
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let told = corrupt_log(said(&store).await, "expired, trim file damaged");
+    let appended = corrupt_log(
+        store.append(&key(LOG), vec![note(4)], ttl).await,
+        "expired, trim file damaged",
+    );
+    assert_eq!(told, appended);
+    assert!(told.contains("trim point"), "{told}");
+    assert_eq!(fs::read(&trim).expect("trim file"), b"garbage");
 }

@@ -48,6 +48,15 @@ async fn append(store: &FileStore, data: &str) -> u64 {
     seqs[0]
 }
 
+/// What `store` says the log's next append is numbered (its `next_seq`).
+async fn said(store: &FileStore) -> u64 {
+    store
+        .next_seq(&key(LOG))
+        .await
+        .expect("next_seq")
+        .expect("the file store answers next_seq")
+}
+
 /// Every record of the log, as (number, text).
 async fn records(store: &FileStore) -> Vec<(u64, String)> {
     store
@@ -107,13 +116,22 @@ async fn two_handles_taking_turns_number_one_log_without_gaps() {
     // Runs of different lengths, so each handle finds the other's appends
     // in its kept segment, and segments started by the other after it.
     for round in 0..12u64 {
+        // Each handle's next number, asked of both before the append,
+        // is the one it gets: whichever handle wrote last, and across a
+        // segment the other started.
         for i in 0..round % 4 + 1 {
             let text = format!("a{round}.{i}");
-            want.push((append(&a, &text).await, text));
+            let (by_a, by_b) = (said(&a).await, said(&b).await);
+            let seq = append(&a, &text).await;
+            assert_eq!((by_a, by_b), (seq, seq), "{text}");
+            want.push((seq, text));
         }
         for i in 0..(round + 2) % 3 + 1 {
             let text = format!("b{round}.{i}");
-            want.push((append(&b, &text).await, text));
+            let (by_a, by_b) = (said(&a).await, said(&b).await);
+            let seq = append(&b, &text).await;
+            assert_eq!((by_a, by_b), (seq, seq), "{text}");
+            want.push((seq, text));
         }
     }
     let numbers: Vec<u64> = want.iter().map(|(seq, _)| *seq).collect();
@@ -135,6 +153,7 @@ async fn an_append_after_another_handle_deleted_the_log_starts_it_again() {
     b.delete_log(&key(LOG)).await.expect("delete");
     // Numbering starts again after a delete, in a new segment 1: the kept
     // descriptor of the deleted one must not be taken for it.
+    assert_eq!(said(&a).await, 1);
     assert_eq!(append(&a, "new 1").await, 1);
     assert_eq!(append(&a, "new 2").await, 2);
     let want = vec![(1, "new 1".to_owned()), (2, "new 2".to_owned())];
@@ -190,8 +209,10 @@ async fn an_append_after_another_handle_set_the_log_aside_goes_on_above_it() {
         .expect("there was a log");
     let set_aside = files_under(&kept);
     assert!(!set_aside.is_empty());
+    let next = said(&a).await;
     let seq = append(&a, "after").await;
     assert!(seq > 3, "numbered above the set-aside records: {seq}");
+    assert_eq!(next, seq, "next_seq after another handle set the log aside");
     assert_eq!(
         files_under(&kept),
         set_aside,
@@ -215,8 +236,11 @@ async fn an_append_after_another_handle_swept_the_expired_log_starts_it_again() 
     .await
     .expect("append");
     tokio::time::sleep(Duration::from_millis(20)).await;
+    // Expired but not swept, the log keeps its numbering.
+    assert_eq!((said(&a).await, said(&b).await), (2, 2));
     assert_eq!(b.sweep_expired().await.expect("sweep"), 1);
     assert!(segments(&dir).is_empty(), "the sweep removed the log");
+    assert_eq!(said(&a).await, 1);
     assert_eq!(append(&a, "fresh").await, 1);
     assert_eq!(records(&b).await, vec![(1, "fresh".to_owned())]);
     assert_clean(&b).await;
@@ -264,7 +288,12 @@ async fn a_segment_started_by_a_handle_that_died_before_sealing_is_not_appended_
     // ...and "dies" before sealing the first.
     unseal_with_notice(&first);
     let text = "a after".to_owned();
+    let next = said(&a).await;
     let seq = append(&a, &text).await;
+    assert_eq!(
+        next, seq,
+        "next_seq of the handle that kept the unsealed segment"
+    );
     want.push((seq, text));
     assert_eq!(seq, want.len() as u64, "numbered after the new segment");
     assert_eq!(records(&b).await, want);

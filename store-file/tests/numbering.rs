@@ -85,6 +85,14 @@ fn keep_frames(store_dir: &Path, keep: usize) {
         .expect("truncate");
 }
 
+/// What `store` says the journal's next append is numbered (`next_seq`).
+async fn said(store: &FileStore) -> Result<u64, Error> {
+    store
+        .next_seq(&mcp_persist_core::conformance::key(LOG))
+        .await
+        .map(|next| next.expect("the file store answers next_seq"))
+}
+
 fn seqs_of(records: &[mcp_persist_core::LogRecord]) -> Vec<u64> {
     records.iter().map(|r| r.seq).collect()
 }
@@ -97,8 +105,8 @@ fn corrupt(result: Result<impl std::fmt::Debug, Error>, what: &str) -> String {
     }
 }
 
-/// Reads, appends and trims all refuse with `Corrupt`, on this handle and
-/// on a fresh one; `verify` reports exactly one problem.
+/// Reads, appends, trims and `next_seq` all refuse with `Corrupt`, on this
+/// handle and on a fresh one; `verify` reports exactly one problem.
 async fn assert_refused(dir: &Path, options: &FileStoreOptions, store: &FileStore, what: &str) {
     let other = FileStore::open_with(dir, options.clone())
         .await
@@ -110,6 +118,7 @@ async fn assert_refused(dir: &Path, options: &FileStoreOptions, store: &FileStor
                 .await,
             what,
         );
+        corrupt(said(handle).await, what);
         corrupt(
             handle
                 .append(
@@ -147,6 +156,7 @@ async fn assert_goes_on_above(dir: &Path, store: &FileStore, highest: u64, what:
             .is_empty(),
         "{what}"
     );
+    let told = said(store).await.expect("next_seq after setting aside");
     let next = store
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -159,7 +169,9 @@ async fn assert_goes_on_above(dir: &Path, store: &FileStore, highest: u64, what:
         next > highest,
         "{what}: {next} reuses a number up to {highest}"
     );
+    assert_eq!(told, next, "{what}: next_seq after setting aside");
     let other = FileStore::open(dir).await.expect("open");
+    assert_eq!(said(&other).await.expect("next_seq"), next + 1, "{what}");
     let again = other
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -234,6 +246,10 @@ async fn records_of_the_last_append_cut_away_are_skipped_not_reissued() {
     }
     let report = store.verify().await.expect("verify");
     assert!(report.is_clean(), "{:?}", report.problems);
+    // The commit slot says 10 was handed out, though its frame is gone.
+    for handle in [&store, &FileStore::open(&dir).await.expect("open")] {
+        assert_eq!(said(handle).await.expect("next_seq"), 11);
+    }
     let next = store
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -284,6 +300,7 @@ async fn records_of_the_last_append_cut_away_are_skipped_not_reissued() {
         ),
         vec![1, 2, 3, 4, 5]
     );
+    assert_eq!(said(&other).await.expect("next_seq"), 12);
     let next = other
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -323,6 +340,7 @@ async fn records_of_the_last_append_cut_away_are_skipped_not_reissued() {
             .await,
         "first batch cut",
     );
+    corrupt(said(&store).await, "first batch cut");
     corrupt(
         store
             .append(
@@ -473,6 +491,12 @@ async fn delete_log_lets_numbering_start_again() {
         .expect("delete");
     assert_eq!(fs::read_dir(dir.join("mark")).expect("marks").count(), 0);
     assert_eq!(fs::read_dir(dir.join("log")).expect("logs").count(), 0);
+    assert_eq!(said(&store).await.expect("next_seq"), 1);
+    assert_eq!(
+        fs::read_dir(dir.join("log")).expect("logs").count(),
+        0,
+        "next_seq created the log"
+    );
     assert_eq!(
         store
             .append(
@@ -486,6 +510,7 @@ async fn delete_log_lets_numbering_start_again() {
     );
     // Deleting is also a way out of a log whose directory went missing.
     fs::remove_dir_all(log_dir(&dir)).expect("delete the log directory");
+    corrupt(said(&store).await, "directory deleted");
     corrupt(
         store
             .append(
@@ -500,6 +525,7 @@ async fn delete_log_lets_numbering_start_again() {
         .delete_log(&mcp_persist_core::conformance::key(LOG))
         .await
         .expect("delete");
+    assert_eq!(said(&store).await.expect("next_seq"), 1);
     assert!(store.verify().await.expect("verify").is_clean());
 }
 
@@ -516,9 +542,27 @@ async fn a_mark_that_does_not_parse_is_damage_until_set_aside() {
         .expect("entry")
         .path();
     fs::write(&mark, b"garbage").expect("write");
-    // Appends need the mark once they pass it; reads do not.
+    // A handle that never read the mark needs it for its first append, and
+    // so for `next_seq`, which writes nothing.
+    let segs: Vec<Vec<u8>> = segments(&dir)
+        .iter()
+        .map(|p| fs::read(p).expect("read"))
+        .collect();
+    let fresh = FileStore::open_with(&dir, small()).await.expect("open");
+    corrupt(said(&fresh).await, "a fresh handle, damaged mark");
+    assert_eq!(
+        segments(&dir)
+            .iter()
+            .map(|p| fs::read(p).expect("read"))
+            .collect::<Vec<_>>(),
+        segs,
+        "next_seq wrote to the log"
+    );
+    // Appends need the mark once they pass it; reads do not. `next_seq`
+    // says each time what the append then does.
     let mut refused = false;
     for i in 13..=200 {
+        let told = said(&store).await;
         match store
             .append(
                 &mcp_persist_core::conformance::key(LOG),
@@ -527,8 +571,9 @@ async fn a_mark_that_does_not_parse_is_damage_until_set_aside() {
             )
             .await
         {
-            Ok(_) => {}
+            Ok(seqs) => assert_eq!(told.ok(), Some(seqs[0]), "note {i}"),
             Err(Error::Corrupt { key, .. }) if key == LOG => {
+                corrupt(told, "next_seq once appends need the damaged mark");
                 refused = true;
                 break;
             }
@@ -536,6 +581,7 @@ async fn a_mark_that_does_not_parse_is_damage_until_set_aside() {
         }
     }
     assert!(refused, "a damaged mark was overwritten");
+    corrupt(said(&store).await, "after the refused append");
     assert_eq!(fs::read(&mark).expect("read"), b"garbage");
     assert!(!store.verify().await.expect("verify").is_clean());
     let highest = store
@@ -552,6 +598,7 @@ async fn a_mark_that_does_not_parse_is_damage_until_set_aside() {
         .expect("quarantine")
         .expect("set aside");
     assert_eq!(fs::read(kept.join("mark")).expect("kept mark"), b"garbage");
+    let told = said(&store).await.expect("next_seq after setting aside");
     let next = store
         .append(
             &mcp_persist_core::conformance::key(LOG),
@@ -561,6 +608,7 @@ async fn a_mark_that_does_not_parse_is_damage_until_set_aside() {
         .await
         .expect("append")[0];
     assert!(next > highest, "{next} after {highest}");
+    assert_eq!(told, next);
     assert!(store.verify().await.expect("verify").is_clean());
 }
 
@@ -623,6 +671,7 @@ async fn a_log_written_by_the_old_format_goes_on_in_the_new_one() {
         vec![1, 2, 3]
     );
     assert!(store.verify().await.expect("verify").is_clean());
+    assert_eq!(said(&store).await.expect("next_seq"), 4);
     // The first append starts a segment of the new format, with a mark.
     let next = store
         .append(
@@ -671,4 +720,57 @@ async fn a_log_written_by_the_old_format_goes_on_in_the_new_one() {
         .await
         .expect("append")[0];
     assert!(next > 4, "{next}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbering_planted_at_the_end_of_the_range_runs_out_and_never_wraps() {
+    // The trim file of a log set aside says where its numbering goes on;
+    // planted near u64::MAX, `next_seq` and the append agree up to the
+    // last number there is, then both refuse with `Corrupt`.
+    for (planted, last) in [(u64::MAX - 1, Some(u64::MAX - 1)), (u64::MAX, None)] {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = tmp.path().join("store");
+        let store = FileStore::open(&dir).await.expect("open");
+        append_notes(&store, 1, 3).await;
+        store
+            .quarantine_log(LOG)
+            .await
+            .expect("quarantine")
+            .expect("set aside");
+        fs::write(
+            log_dir(&dir).join("trim.json"),
+            format!(r#"{{"trim_before":{planted},"next_seq":{planted}}}"#),
+        )
+        .expect("plant");
+        let store = FileStore::open(&dir).await.expect("open");
+        let what = format!("planted {planted}");
+        if let Some(last) = last {
+            assert_eq!(said(&store).await.expect("next_seq"), last, "{what}");
+            assert_eq!(append_notes(&store, 4, 4).await, vec![last], "{what}");
+        }
+        for _ in 0..2 {
+            corrupt(said(&store).await, &what);
+            let reason = corrupt(
+                store
+                    .append(
+                        &mcp_persist_core::conformance::key(LOG),
+                        vec![note(5)],
+                        None,
+                    )
+                    .await,
+                &what,
+            );
+            assert!(reason.contains("exhausted"), "{what}: {reason}");
+        }
+        assert_eq!(
+            seqs_of(
+                &store
+                    .read_after(&mcp_persist_core::conformance::key(LOG), 0, 10)
+                    .await
+                    .expect("read")
+            ),
+            last.into_iter().collect::<Vec<_>>(),
+            "{what}"
+        );
+    }
 }

@@ -296,7 +296,7 @@ fn parse_ids(job: &AppendJob, results: &mut impl Iterator<Item = Value>) -> Resu
             return Err(if message.starts_with("WRONGTYPE") {
                 Error::Corrupt {
                     key: log.to_owned(),
-                    reason: "the Redis key holds a value of another type".to_owned(),
+                    reason: crate::error::WRONG_TYPE.to_owned(),
                     source: Some(message.into()),
                 }
             } else {

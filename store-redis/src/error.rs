@@ -7,6 +7,10 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 pub(crate) const BACKEND: &str = "redis";
 
+/// The reason of the [`Error::Corrupt`] for a key holding a value of another
+/// Redis type than the store writes there.
+pub(crate) const WRONG_TYPE: &str = "the Redis key holds a value of another type";
+
 /// Maps a Redis error met while working on `key` (a store key or log name).
 ///
 /// Anything that says the server cannot be reached or cannot serve right now
@@ -25,7 +29,7 @@ pub(crate) fn map(err: RedisError, key: &str) -> Error {
     if err.code() == Some("WRONGTYPE") {
         return Error::Corrupt {
             key: key.to_owned(),
-            reason: "the Redis key holds a value of another type".to_owned(),
+            reason: WRONG_TYPE.to_owned(),
             source: Some(Box::new(err)),
         };
     }

@@ -131,6 +131,29 @@ return {0, 1}
     )
 });
 
+/// `next_seq`: the last id Redis generated for a log's stream, which the
+/// next `XADD ... 0-*` goes one above. Redis keeps it through `XTRIM` and
+/// `XDEL`, so it covers trimmed records too; it goes with the key (a delete
+/// or an expiry). Reads only: `TYPE`, then `XINFO STREAM`, in one atomic
+/// step, so the key cannot expire or change type between the two.
+///
+/// KEYS: the stream. Returns `{0}` when there is no such key, `{0, id}` for a
+/// stream, `{3}` for a key of another type.
+pub(crate) static LAST_ID: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return {0} end
+if kind ~= 'stream' then return {3} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+for i = 1, #info - 1, 2 do
+  if info[i] == 'last-generated-id' then return {0, info[i + 1]} end
+end
+return redis.error_reply('XINFO STREAM gave no last-generated-id')
+"#,
+    )
+});
+
 /// `append` of a batch of appends, in order. For each: its records are
 /// `XADD`ed with ids `0-<seq>` (Redis picks the next sequence number) and,
 /// when it has an expiry and every `XADD` succeeded, its log gets that expiry

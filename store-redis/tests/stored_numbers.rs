@@ -2,6 +2,11 @@
 //! by hand (Redis takes any entry id), is damage to the typed stores above:
 //! a pipelined event log refuses to continue after it with `Corrupt` naming
 //! the log, instead of wrapping around or panicking, and appends nothing.
+//!
+//! `next_seq` reads the stream's last generated id, the one the next
+//! `XADD ... 0-*` goes above: whatever the stream holds now, after entries
+//! removed by hand, at the end of the range, and for keys this store did
+//! not write.
 
 mod common;
 
@@ -91,5 +96,132 @@ async fn pipelined_events_after_the_largest_sequence_number_are_corrupt() {
         store.read_after(&name, 0, 10).await.expect("read"),
         stored,
         "nothing was appended"
+    );
+}
+
+/// The log's next number as the store says it.
+async fn said(store: &impl LogStore, log: &str) -> mcp_persist_core::Result<u64> {
+    store
+        .next_seq(&mcp_persist_core::conformance::key(log))
+        .await
+        .map(|next| next.expect("the Redis store answers next_seq"))
+}
+
+async fn append_one(store: &impl LogStore, log: &str) -> mcp_persist_core::Result<Vec<u64>> {
+    store
+        .append(
+            &mcp_persist_core::conformance::key(log),
+            vec![b"x".to_vec()],
+            None,
+        )
+        .await
+}
+
+fn corrupt_naming(result: mcp_persist_core::Result<impl std::fmt::Debug>, log: &str) -> String {
+    match result {
+        Err(Error::Corrupt { key, reason, .. }) if key == log => reason,
+        other => panic!("{log}: expected Corrupt naming it, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn next_seq_is_the_number_redis_gives_the_next_append() {
+    let Some(endpoint) = Endpoint::of(Topology::Standalone) else {
+        return;
+    };
+    let Endpoint::Standalone(url) = &endpoint else {
+        unreachable!("asked for the standalone server")
+    };
+    let prefix = unique_prefix("next");
+    let store = endpoint.open(&prefix).await;
+    let client = redis::Client::open(url.as_str()).expect("url");
+    let mut raw = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection");
+    let stream = |log: &str| format!("{prefix}{{log:{log}}}");
+
+    // Never written: 1, and asking creates no key.
+    assert_eq!(said(&store, "fresh").await.expect("next_seq"), 1);
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"EXISTS", stream("fresh").as_bytes()]).await,
+        redis::Value::Int(0),
+        "next_seq created the log's key"
+    );
+
+    // Entries added and removed by hand: Redis goes on above the last id it
+    // generated, though the stream is empty.
+    let key = stream("removed");
+    raw_cmd(&mut raw, &[b"XADD", key.as_bytes(), b"0-5", b"d", b"x"]).await;
+    raw_cmd(&mut raw, &[b"XDEL", key.as_bytes(), b"0-5"]).await;
+    assert_eq!(said(&store, "removed").await.expect("next_seq"), 6);
+    assert_eq!(
+        append_one(&store, "removed").await.expect("append"),
+        vec![6]
+    );
+
+    // An empty stream that never had an entry (made for a consumer group).
+    let key = stream("grouped");
+    raw_cmd(
+        &mut raw,
+        &[
+            b"XGROUP",
+            b"CREATE",
+            key.as_bytes(),
+            b"g",
+            b"$",
+            b"MKSTREAM",
+        ],
+    )
+    .await;
+    assert_eq!(said(&store, "grouped").await.expect("next_seq"), 1);
+    assert_eq!(
+        append_one(&store, "grouped").await.expect("append"),
+        vec![1]
+    );
+
+    // The last number there is: said and given, then refused by both, and
+    // nothing is added.
+    let key = stream("end");
+    let below_max = format!("0-{}", u64::MAX - 1);
+    raw_cmd(
+        &mut raw,
+        &[b"XADD", key.as_bytes(), below_max.as_bytes(), b"d", b"x"],
+    )
+    .await;
+    assert_eq!(said(&store, "end").await.expect("next_seq"), u64::MAX);
+    assert_eq!(
+        append_one(&store, "end").await.expect("append"),
+        vec![u64::MAX]
+    );
+    let reason = corrupt_naming(said(&store, "end").await, "end");
+    assert!(reason.contains("exhausted"), "{reason}");
+    append_one(&store, "end")
+        .await
+        .expect_err("no number is left");
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"XLEN", key.as_bytes()]).await,
+        redis::Value::Int(2),
+        "something was appended past the end"
+    );
+
+    // Ids this store never writes: no number.
+    let key = stream("foreign");
+    raw_cmd(&mut raw, &[b"XADD", key.as_bytes(), b"*", b"d", b"x"]).await;
+    corrupt_naming(said(&store, "foreign").await, "foreign");
+    append_one(&store, "foreign")
+        .await
+        .expect_err("an id below the foreign one");
+
+    // A key of another type: the append's `Corrupt`, and the key is kept.
+    let key = stream("wrong");
+    raw_cmd(&mut raw, &[b"SET", key.as_bytes(), b"not a stream"]).await;
+    let told = corrupt_naming(said(&store, "wrong").await, "wrong");
+    let appended = corrupt_naming(append_one(&store, "wrong").await, "wrong");
+    assert_eq!(told, appended);
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"GET", key.as_bytes()]).await,
+        redis::Value::BulkString(b"not a stream".to_vec()),
+        "the foreign key keeps its value"
     );
 }

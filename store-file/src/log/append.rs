@@ -90,6 +90,22 @@ fn write_in_place(
     })
 }
 
+/// The number an append of `count` records gives the first of them when
+/// the log may have handed out every number up to `handed`. u64::MAX is
+/// never a sequence number, so every read can add one: a log with no room
+/// left is [`Error::Corrupt`].
+fn first_after(name: &str, handed: u64, count: u64) -> Result<u64, Error> {
+    handed
+        .checked_add(1)
+        .filter(|next| next.checked_add(count).is_some())
+        .ok_or_else(|| {
+            Error::corrupt(
+                name,
+                format!("the log's sequence numbers are exhausted (last {handed})"),
+            )
+        })
+}
+
 impl Logs {
     /// Appends `records` to log `name`. With `sync`, the frames are
     /// fdatasynced before this returns (they survive a power cut), or, under
@@ -106,6 +122,74 @@ impl Logs {
         sync: bool,
     ) -> Result<Appended, Error> {
         report(name, self.append_records(name, records, ttl, sync))
+    }
+
+    /// The highest number a log whose last segment ends at `t` may have
+    /// handed out: what the segment says ([`Tail::handed_out`]), or, when
+    /// its commit slot does not check out, its last frame or the log's
+    /// numbering mark, whichever is higher.
+    fn handed_out(&self, t: &Tail, hashed: &str, name: &str) -> Result<u64, Error> {
+        match t.handed_out() {
+            Some(handed) => Ok(handed),
+            None => {
+                let reserved =
+                    mark::read(&self.store.mark_dir, hashed, name)?.map_or(0, |m| m.reserved);
+                Ok(t.last_seq.max(reserved))
+            }
+        }
+    }
+
+    /// The number the next append to log `name` gives its first record,
+    /// found by reading what that append reads, in the same order, and
+    /// writing nothing: the last segment (its last frame and commit slot)
+    /// or, with no segment, the trim file of a log set aside and the
+    /// numbering mark; the mark too where the append would read it (a
+    /// commit slot that does not check out, a number past the mark this
+    /// handle last saw), and the trim file of an expired log, which the
+    /// append rewrites. So it is the append's number, or the append's
+    /// [`Error::Corrupt`] for damage. A torn tail is left where it is (the
+    /// append cuts it, which changes no number).
+    ///
+    /// Read without the log's lock, like [`read`](Self::read); damage seen
+    /// that way may be another writer's change in flight, so it is looked
+    /// at again under the lock before it is reported.
+    pub(crate) fn next_seq(&self, name: &str) -> Result<u64, Error> {
+        let (hashed, dir) = self.paths(name);
+        let next = match self.peek_next_seq(&hashed, &dir, name) {
+            Err(Error::Corrupt { .. }) => self
+                .store
+                .lock_stripe("log", &hashed)
+                .and_then(|_guard| self.peek_next_seq(&hashed, &dir, name)),
+            other => other,
+        };
+        report(name, next)
+    }
+
+    fn peek_next_seq(&self, hashed: &str, dir: &Path, name: &str) -> Result<u64, Error> {
+        // As in `append_records`: `handed` is the highest number the log may
+        // have handed out, `reserved` the mark as this handle knows it.
+        let (handed, reserved, expired) = match self.scan_tail(hashed, dir, name, Cut::No)? {
+            None => match self.empty_log(hashed, dir, name)? {
+                Empty::Fresh => (0, 0, false),
+                Empty::SetAside { next } => (next - 1, 0, false),
+            },
+            Some((t, _)) => (
+                self.handed_out(&t, hashed, name)?,
+                t.reserved,
+                !is_live(t.expires_ms, unix_ms()),
+            ),
+        };
+        let next = first_after(name, handed, 1)?;
+        if expired {
+            // An append over an expired log raises its trim point first,
+            // reading the trim file.
+            read_trim(dir, name)?;
+        }
+        if next > reserved {
+            // An append this far raises the mark, reading it first.
+            mark::read(&self.store.mark_dir, hashed, name)?;
+        }
+        Ok(next)
     }
 
     /// Syncs the segment a synced append wrote in place, as one member of
@@ -249,19 +333,14 @@ impl Logs {
                 (handed, None, None)
             }
             Some((t, segments)) => {
-                let handed = match t.handed_out() {
-                    Some(handed) => handed,
-                    None => {
-                        let reserved = mark::read(&self.store.mark_dir, &hashed, name)?
-                            .map_or(0, |m| m.reserved);
-                        warn!(
-                            log = name,
-                            "the commit slot of a log's last segment does not check out; \
-                             numbering goes on above the log's mark"
-                        );
-                        t.last_seq.max(reserved)
-                    }
-                };
+                let handed = self.handed_out(&t, &hashed, name)?;
+                if t.handed_out().is_none() {
+                    warn!(
+                        log = name,
+                        "the commit slot of a log's last segment does not check out; \
+                         numbering goes on above the log's mark"
+                    );
+                }
                 if handed > t.last_seq && t.slot.is_some() {
                     warn!(
                         log = name,
@@ -286,17 +365,7 @@ impl Logs {
             (None, None) => (handed, 0, 0),
         };
         let expires_ms = ttl.map_or(carried_expiry, |ttl| expiry_ms(now, ttl));
-        // u64::MAX is never a sequence number, so every read can add one.
-        let count = records.len() as u64;
-        let Some(next) = handed
-            .checked_add(1)
-            .filter(|next| next.checked_add(count).is_some())
-        else {
-            return Err(Error::corrupt(
-                name,
-                format!("the log's sequence numbers are exhausted (last {handed})"),
-            ));
-        };
+        let next = first_after(name, handed, records.len() as u64)?;
         let (frames, seqs, last_rel, last_crc) = encode_frames(next, expires_ms, records);
         let last = *seqs.last().expect("append is never called without records");
         // The segment written in place, to sync once the lock is released.

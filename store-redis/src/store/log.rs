@@ -3,7 +3,8 @@
 use crate::{
     batch::AppendJob,
     error::{self},
-    wire::{millis, parse_entries, unexpected},
+    scripts::{self, LAST_ID},
+    wire::{millis, parse_entries, status_of, unexpected},
 };
 use async_trait::async_trait;
 use mcp_persist_core::{
@@ -100,6 +101,49 @@ impl LogStore for RedisStore {
                 "redis.read_after",
                 kind = mcp_persist_core::telemetry::kind_of_log(log),
                 after
+            ))
+            .await
+    }
+
+    /// Reads the last id Redis generated for the log's stream (`XINFO
+    /// STREAM`, in a read-only script that checks the key's type first):
+    /// the next append's `XADD ... 0-*` is numbered one above it. Redis
+    /// keeps that id when records are trimmed, so the answer goes on above
+    /// them; a log deleted or expired has no key, and its next append
+    /// starts a new stream at 1. Writes nothing. A key of another type is
+    /// the append's [`Error::Corrupt`]; a last id this store never writes,
+    /// or the last one there is, leaves no number for an append (Redis
+    /// refuses it) and is [`Error::Corrupt`] too.
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        let stream = self.inner.layout.log(log);
+        let work = async {
+            let reply = LAST_ID
+                .run(&mut self.conn(), &[&stream], &[])
+                .await
+                .map_err(|e| error::map(e, log))?;
+            let last = match status_of(log, &reply)? {
+                (scripts::OK, None) => 0,
+                (scripts::OK, Some(id)) => parse_id(log, bytes_of(id).unwrap_or_default())?,
+                (scripts::CORRUPT, _) => return Err(error::corrupt(log, error::WRONG_TYPE)),
+                _ => {
+                    return Err(unexpected(
+                        log,
+                        "the next-number script gave an unknown status",
+                    ));
+                }
+            };
+            let next = last.checked_add(1).ok_or_else(|| {
+                error::corrupt(
+                    log,
+                    format!("the log's sequence numbers are exhausted (last 0-{last})"),
+                )
+            })?;
+            Ok(Some(next))
+        };
+        self.bounded("next_seq", work)
+            .instrument(debug_span!(
+                "redis.next_seq",
+                kind = mcp_persist_core::telemetry::kind_of_log(log)
             ))
             .await
     }
