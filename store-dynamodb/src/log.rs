@@ -86,6 +86,14 @@ impl Head {
     }
 }
 
+/// The last number after `count` more records numbered above `base`;
+/// [`Error::Corrupt`] when the numbers run out, which only a head changed
+/// outside this store makes happen.
+fn grow(log: &str, base: u64, count: u64) -> Result<u64> {
+    base.checked_add(count)
+        .ok_or_else(|| Error::corrupt(log, format!("sequence number {base} cannot grow any more")))
+}
+
 /// An append waiting for its transaction.
 pub(crate) struct Pending {
     records: Vec<Vec<u8>>,
@@ -150,7 +158,10 @@ impl Inner {
             .await
             .map_err(|e| self.sdk_error("GetItem", e))?;
         let head = match out.item() {
-            Some(found) => Head::parse(found, log)?,
+            // A head that does not parse is forgotten too: the next append
+            // reads it again, and fails on it, rather than trusting what
+            // this store remembered.
+            Some(found) => Head::parse(found, log).inspect_err(|_| self.remember_head(pk, None))?,
             None => None,
         };
         self.remember_head(pk, head);
@@ -303,9 +314,7 @@ impl Inner {
                 Some(h) => (h.last, h.last, item::random_u64(), true),
                 None => (0, 0, item::random_u64(), true),
             };
-            let last = base.checked_add(records.len() as u64).ok_or_else(|| {
-                Error::corrupt(log, format!("sequence number {base} cannot grow any more"))
-            })?;
+            let last = grow(log, base, records.len() as u64)?;
             let expires = ttl.map(|ttl| millis(kit::expires_at(ttl)));
             match self
                 .transact(
@@ -487,6 +496,15 @@ impl Inner {
             }
             _ => Err(self.sdk_error("TransactWriteItems", err)),
         }
+    }
+
+    /// The number the next append to `log` gives its first record, from
+    /// the head item as [`commit`](Self::commit) finds it: one above its
+    /// last number, or 1 without a head (or a head without a last number).
+    pub(crate) async fn next_seq(&self, log: &str) -> Result<u64> {
+        let pk = log_pk(log);
+        let last = self.read_head(&pk, log).await?.map_or(0, |h| h.last);
+        grow(log, last, 1)
     }
 
     pub(crate) async fn read_after(
@@ -832,6 +850,24 @@ impl LogStore for DynamoStore {
                 after
             ))
             .await
+    }
+
+    /// One strongly consistent `GetItem` of the log's head item, and no
+    /// write: one above the head's last number, or 1 when there is no head.
+    /// An append numbers from that head whether the log is live, trimmed,
+    /// expired or deleted (an expired or deleted log starts a new life,
+    /// numbered on from its head); only a log whose head is gone (swept, or
+    /// removed by DynamoDB's TTL) starts at 1 again. A head an append could
+    /// not parse or go on from is the same [`Error::Corrupt`].
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        self.inner
+            .next_seq(log.as_str())
+            .instrument(tracing::trace_span!(
+                "dynamodb.next_seq",
+                kind = mcp_persist_core::telemetry::kind_of_log(log)
+            ))
+            .await
+            .map(Some)
     }
 
     async fn wait_after(

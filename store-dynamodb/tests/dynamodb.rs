@@ -613,3 +613,146 @@ async fn sweep_removes_expired_records_and_logs_and_keeps_live_ones() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(careful.sweep_expired().await.expect("sweep"), 0);
 }
+
+fn assert_corrupt(err: &Error, name: &str) {
+    assert!(
+        matches!(err, Error::Corrupt { key, .. } if key == name),
+        "want Corrupt naming {name:?}, got {err:?}"
+    );
+}
+
+/// Sets attribute `name` of the head item of log `log` behind the store's
+/// back.
+async fn plant_head(store: &DynamoStore, log: &str, name: &str, value: AttributeValue) {
+    store
+        .client()
+        .update_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(format!("l{log}")))
+        .key("sk", AttributeValue::N("0".into()))
+        .update_expression("SET #a = :v")
+        .expression_attribute_names("#a", name)
+        .expression_attribute_values(":v", value)
+        .send()
+        .await
+        .expect("plant");
+}
+
+/// A log head changed outside the store (a number no append can go on
+/// from, a number of the wrong type or sign, a floor above the last
+/// number) is `Corrupt` naming the log, for `next_seq` and for an append
+/// alike; asking changes nothing, and other logs go on.
+#[tokio::test]
+async fn a_damaged_log_head_is_corrupt_for_next_seq_and_append_alike() {
+    let Some(url) = moto_url() else { return };
+    let store = fresh_store(&url, "head").await;
+    let damage = [
+        ("full", "s", AttributeValue::N(u64::MAX.to_string())),
+        ("negative", "s", AttributeValue::N("-5".into())),
+        ("fraction", "s", AttributeValue::N("2.5".into())),
+        ("text", "s", AttributeValue::S("3".into())),
+        ("floor", "f", AttributeValue::N("10".into())),
+    ];
+    for (log, _, _) in &damage {
+        store
+            .append(&key(log), vec![b"a".to_vec()], None)
+            .await
+            .expect("append");
+    }
+    store
+        .append(&key("other"), vec![b"a".to_vec()], None)
+        .await
+        .expect("append");
+    for (log, name, value) in &damage {
+        plant_head(&store, log, name, value.clone()).await;
+    }
+    // A changed last number fails the append of a store that remembers the
+    // head from before: its transaction finds the head moved.
+    for (log, name, _) in &damage {
+        if *name == "s" {
+            let err = store
+                .append(&key(log), vec![b"b".to_vec()], None)
+                .await
+                .expect_err("damaged head");
+            assert_corrupt(&err, log);
+        }
+    }
+    // A store that never saw the heads, then the one that did.
+    let fresh = builder(&url, store.table()).build().await.expect("open");
+    for (log, _, _) in &damage {
+        let planted = raw_item(&store, &format!("l{log}")).await;
+        for s in [&fresh, &store] {
+            for _ in 0..2 {
+                let err = s.next_seq(&key(log)).await.expect_err("damaged head");
+                assert_corrupt(&err, log);
+            }
+            let err = s
+                .append(&key(log), vec![b"b".to_vec()], None)
+                .await
+                .expect_err("damaged head");
+            assert_corrupt(&err, log);
+        }
+        assert_eq!(
+            raw_item(&store, &format!("l{log}")).await,
+            planted,
+            "{log}: the head changed"
+        );
+    }
+    assert_eq!(
+        store.next_seq(&key("other")).await.expect("next_seq"),
+        Some(2)
+    );
+    assert_eq!(
+        fresh
+            .append(&key("other"), vec![b"b".to_vec()], None)
+            .await
+            .expect("an undamaged log appends"),
+        vec![2]
+    );
+}
+
+/// `next_seq` reads the head item itself, not what the store remembers of
+/// it: another writer's appends move it, and a head removed (as DynamoDB's
+/// TTL removes a deleted log's head a day later) makes it 1 again, as the
+/// next append then is. Asking writes no item.
+#[tokio::test]
+async fn next_seq_reads_the_head_not_what_the_store_remembers() {
+    let Some(url) = moto_url() else { return };
+    let store = fresh_store(&url, "nextseq").await;
+    let elsewhere = builder(&url, store.table()).build().await.expect("open");
+    let log = key("l");
+    assert_eq!(store.next_seq(&log).await.expect("next_seq"), Some(1));
+    assert_eq!(raw_item(&store, "ll").await, None, "asking wrote a head");
+    assert_eq!(
+        store
+            .append(&log, vec![b"a".to_vec(), b"b".to_vec()], None)
+            .await
+            .expect("append"),
+        vec![1, 2]
+    );
+    elsewhere
+        .append(&log, vec![b"c".to_vec()], None)
+        .await
+        .expect("append");
+    assert_eq!(store.next_seq(&log).await.expect("next_seq"), Some(4));
+    store.delete_log(&log).await.expect("delete");
+    assert_eq!(elsewhere.next_seq(&log).await.expect("next_seq"), Some(4));
+    // `elsewhere` remembers the deleted head; the head goes.
+    store
+        .client()
+        .delete_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S("ll".into()))
+        .key("sk", AttributeValue::N("0".into()))
+        .send()
+        .await
+        .expect("remove the head");
+    assert_eq!(store.next_seq(&log).await.expect("next_seq"), Some(1));
+    assert_eq!(
+        elsewhere
+            .append(&log, vec![b"d".to_vec()], None)
+            .await
+            .expect("append"),
+        vec![1]
+    );
+}

@@ -248,3 +248,17 @@ pub(crate) fn no_reply(operation: &str, after: Duration, target: &Target) -> Err
 pub(crate) fn bad_row(key: &str, what: impl Into<String>) -> Error {
     Error::corrupt(key, what)
 }
+
+/// A log whose header leaves no room for the next record's number: only a
+/// header changed outside this store gets there.
+pub(crate) fn no_next_seq(log: &str) -> Error {
+    Error::corrupt(
+        log,
+        format!(
+            "the log's last sequence number leaves no room for the next one: numbers end \
+             at {}, the largest a bigint holds (its header in table `logs` was changed \
+             outside mcp-persist)",
+            i64::MAX
+        ),
+    )
+}

@@ -93,6 +93,8 @@ struct Sql {
     delete_if: String,
     list: String,
     read: String,
+    /// The last number a log issued, from its header (expired or not).
+    next_seq: String,
     trim: String,
     delete_log: String,
     sweep: String,
@@ -128,6 +130,7 @@ impl Sql {
                  WHERE l.name = $1 AND (l.expires_at IS NULL OR l.expires_at > clock_timestamp()) \
                  AND r.seq > $2 ORDER BY r.seq LIMIT $3",
             ),
+            next_seq: names.sql("SELECT head FROM {s}.logs WHERE name = $1"),
             trim: names.sql(&format!(
                 "DELETE FROM {{s}}.log_records WHERE log_id = \
                  (SELECT id FROM {{s}}.logs WHERE name = $1 AND {LIVE}) AND seq < $2"

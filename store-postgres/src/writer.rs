@@ -19,6 +19,7 @@ use std::{
 use deadpool_postgres::Pool;
 use mcp_persist_core::{Error, Result};
 use tokio::sync::oneshot;
+use tokio_postgres::error::SqlState;
 
 use crate::error::{self, Target};
 
@@ -247,7 +248,7 @@ impl Writer {
             let row = client
                 .query_one(&stmt, &[&names, &counts, &datas, &ttls, &synced])
                 .await
-                .map_err(|e| error::map(e, &self.target, key))?;
+                .map_err(|e| self.append_error(e, key))?;
             row.try_get::<_, Vec<i64>>(0)
                 .map_err(|e| error::map(e, &self.target, key))
         };
@@ -255,6 +256,19 @@ impl Writer {
             Ok(result) => result,
             Err(_) => Err(error::no_reply("an append", self.timeout, &self.target)),
         }
+    }
+
+    /// Maps a failure of the append statement on a batch whose first log
+    /// is `key`. The only number in it that can leave `bigint` is a log's
+    /// head moved up by the records appended: a head that close to the
+    /// largest value, which only a change outside this store makes, is
+    /// that log's damage (a batch of several logs is then retried one
+    /// append at a time, so that the error names the damaged log).
+    fn append_error(&self, e: tokio_postgres::Error, key: &str) -> Error {
+        if e.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
+            return error::no_next_seq(key);
+        }
+        error::map(e, &self.target, key)
     }
 }
 

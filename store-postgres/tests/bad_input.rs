@@ -1,7 +1,7 @@
 //! Bad input: a wrong password, an unreachable host, a database without
-//! rights, a dropped table, a newer or foreign schema, a value over the
-//! limit. Each is a typed error that says what to do, and nothing is
-//! written anywhere. And the password never shows.
+//! rights, a dropped table, a damaged log header, a newer or foreign
+//! schema, a value over the limit. Each is a typed error that says what to
+//! do, and nothing is written anywhere. And the password never shows.
 
 mod common;
 
@@ -219,6 +219,88 @@ async fn dropped_table_is_corrupt_and_never_recreated() {
         .expect("query")
         .get(0);
     assert!(gone, "the store recreated a dropped table");
+}
+
+fn assert_corrupt(err: &Error, name: &str) {
+    assert!(
+        matches!(err, Error::Corrupt { key, .. } if key == name),
+        "want Corrupt naming {name:?}, got {err:?}"
+    );
+}
+
+/// A log header changed outside the store to a number no append can go on
+/// from is `Corrupt` naming that log, for an append and for `next_seq`
+/// alike: never a number that could repeat one. Appends to other logs, in
+/// the same group commits, go on.
+#[tokio::test]
+async fn a_damaged_log_header_is_corrupt_for_next_seq_and_append_alike() {
+    let schema = common::unique_schema("header");
+    let store = common::open(&schema).await;
+    for name in ["full", "negative", "other"] {
+        store
+            .append(&key(name), vec![b"a".to_vec()], None)
+            .await
+            .expect("append");
+    }
+    common::admin(&format!(
+        "UPDATE \"{schema}\".logs SET head = {} WHERE name = 'full'; \
+         UPDATE \"{schema}\".logs SET head = -5 WHERE name = 'negative';",
+        i64::MAX
+    ))
+    .await;
+    for _ in 0..2 {
+        let err = store
+            .next_seq(&key("full"))
+            .await
+            .expect_err("no number is left");
+        assert_corrupt(&err, "full");
+        assert!(err.to_string().contains("changed outside"), "{err}");
+        let err = store
+            .append(&key("full"), vec![b"b".to_vec()], None)
+            .await
+            .expect_err("no number is left");
+        assert_corrupt(&err, "full");
+    }
+    // Asked twice, the same: asking writes nothing.
+    for _ in 0..2 {
+        let err = store
+            .next_seq(&key("negative"))
+            .await
+            .expect_err("a negative last number");
+        assert_corrupt(&err, "negative");
+    }
+    let err = store
+        .append(&key("negative"), vec![b"b".to_vec()], None)
+        .await
+        .expect_err("a negative last number");
+    assert_corrupt(&err, "negative");
+
+    // Concurrent appends to the damaged log and another one: whether or not
+    // they share a transaction, each fails or succeeds on its own log.
+    let mut calls = Vec::new();
+    for i in 0..16u8 {
+        let store = store.clone();
+        let name = if i % 2 == 0 { "full" } else { "other" };
+        calls.push(tokio::spawn(async move {
+            (name, store.append(&key(name), vec![vec![i]], None).await)
+        }));
+    }
+    let mut other = Vec::new();
+    for call in calls {
+        match call.await.expect("task") {
+            ("full", result) => assert_corrupt(&result.expect_err("damaged"), "full"),
+            (_, result) => other.extend(result.expect("an undamaged log appends")),
+        }
+    }
+    other.sort_unstable();
+    assert_eq!(other, (2..=9).collect::<Vec<u64>>());
+    assert_eq!(
+        store.next_seq(&key("other")).await.expect("next_seq"),
+        Some(10)
+    );
+    // The damaged log's record still reads.
+    let read = store.read_after(&key("full"), 0, 10).await.expect("read");
+    assert_eq!(read.len(), 1);
 }
 
 #[tokio::test]

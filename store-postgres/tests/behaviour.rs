@@ -1,13 +1,13 @@
 //! What this backend promises beyond the conformance suite: readers woken by
 //! NOTIFY long before the poll interval, group commit, numbers never
-//! reused after a delete or an expiry, the schema option, and the server's
-//! clock deciding expiry.
+//! reused after a delete or an expiry (and `next_seq` saying so without a
+//! write), the schema option, and the server's clock deciding expiry.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use mcp_persist_core::{Key, KvStore, LogStore, PutMode, PutOptions};
+use mcp_persist_core::{Backend, Key, KvStore, LogStore, PutMode, PutOptions};
 use mcp_persist_store_postgres::PostgresStore;
 
 fn key(text: &str) -> Key {
@@ -166,6 +166,64 @@ async fn numbers_and_versions_never_repeat() {
         .await
         .expect("put");
     assert!(v4 > v3);
+}
+
+/// `next_seq` reads the log's header: numbers go on after a delete and an
+/// expiry, as long as the header is kept, and start at 1 again once the
+/// sweep removed it. Asking creates no header.
+#[tokio::test]
+async fn next_seq_follows_the_header_and_writes_nothing() {
+    let schema = common::unique_schema("next_seq");
+    let store = common::open(&schema).await;
+    let log = key("l");
+    let headers = || {
+        let schema = schema.clone();
+        async move {
+            let (client, connection) =
+                tokio_postgres::connect(&common::url(), tokio_postgres::NoTls)
+                    .await
+                    .expect("admin");
+            tokio::spawn(connection);
+            let n: i64 = client
+                .query_one(&format!("SELECT count(*) FROM \"{schema}\".logs"), &[])
+                .await
+                .expect("count")
+                .get(0);
+            n
+        }
+    };
+    let said = |want: u64| {
+        let store = store.clone();
+        let log = log.clone();
+        async move {
+            assert_eq!(
+                store.next_seq(&log).await.expect("next_seq"),
+                Some(want),
+                "next_seq"
+            );
+            let got = store
+                .append(&log, vec![b"x".to_vec()], Some(Duration::from_millis(50)))
+                .await
+                .expect("append");
+            assert_eq!(got, vec![want], "the append after next_seq");
+        }
+    };
+    assert_eq!(store.next_seq(&log).await.expect("next_seq"), Some(1));
+    assert_eq!(headers().await, 0, "asking created a header");
+    said(1).await;
+    store.delete_log(&log).await.expect("delete");
+    said(2).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    said(3).await;
+    // Expired long enough ago for the sweep: the header goes, numbers restart.
+    common::admin(&format!(
+        "UPDATE \"{schema}\".logs SET expires_at = clock_timestamp() - interval '1 day'"
+    ))
+    .await;
+    assert_eq!(store.next_seq(&log).await.expect("next_seq"), Some(4));
+    assert!(store.sweep_expired().await.expect("sweep") >= 1);
+    assert_eq!(headers().await, 0, "the sweep kept the header");
+    said(1).await;
 }
 
 #[tokio::test]

@@ -59,6 +59,33 @@ impl LogStore for PostgresStore {
             .collect()
     }
 
+    /// Reads the log's header row alone (one `SELECT`, no lock, no write):
+    /// one above its last issued number, or 1 when there is no header. An
+    /// append numbers from that header whether the log is live, trimmed,
+    /// expired or deleted (the header and its numbers stay until the sweep
+    /// removes the header); only a log with no header starts at 1. A header
+    /// whose number an append could not go on from is
+    /// [`Corrupt`](mcp_persist_core::Error::Corrupt), as that append is.
+    async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
+        let rows = self
+            .query("next_seq", log, &self.inner.sql.next_seq, &[&log.as_str()])
+            .await?;
+        let head: i64 = match rows.first() {
+            Some(row) => row.try_get(0).map_err(|e| {
+                error::bad_row(log, format!("a log header of the wrong shape ({e})"))
+            })?,
+            None => 0,
+        };
+        match u64::try_from(head) {
+            Ok(last) if head < i64::MAX => Ok(Some(last + 1)),
+            Ok(_) => Err(error::no_next_seq(log)),
+            Err(_) => Err(error::bad_row(
+                log,
+                format!("the invalid last sequence number {head} in the log's header"),
+            )),
+        }
+    }
+
     async fn wait_after(
         &self,
         log: &Key,
