@@ -613,9 +613,22 @@ mod tests {
     }
 
     /// A memory key-value store that counts its reads.
+    /// A memory store that counts its key-value reads; given a barrier, a
+    /// read and `next_seq` each wait there for the other, so that both
+    /// finish only when made at the same time.
+    #[derive(Default)]
     struct CountingKv {
         store: MemoryStore,
         gets: std::sync::atomic::AtomicUsize,
+        barrier: Option<tokio::sync::Barrier>,
+    }
+
+    impl CountingKv {
+        async fn meet(&self) {
+            if let Some(barrier) = &self.barrier {
+                barrier.wait().await;
+            }
+        }
     }
 
     impl Backend for CountingKv {
@@ -628,45 +641,7 @@ mod tests {
     impl KvStore for CountingKv {
         async fn get(&self, key: &Key) -> Result<Option<crate::KvEntry>> {
             self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.store.get(key).await
-        }
-
-        async fn put(
-            &self,
-            key: &Key,
-            value: Vec<u8>,
-            options: PutOptions,
-        ) -> Result<crate::Version> {
-            self.store.put(key, value, options).await
-        }
-
-        async fn delete(&self, key: &Key, if_version: Option<crate::Version>) -> Result<bool> {
-            self.store.delete(key, if_version).await
-        }
-
-        async fn list(&self, prefix: &str) -> Result<Vec<Key>> {
-            self.store.list(prefix).await
-        }
-    }
-
-    /// A memory store whose metadata reads and `next_seq` each wait for the
-    /// other at a barrier: they finish only when made at the same time.
-    #[derive(Clone)]
-    struct Meeting {
-        store: MemoryStore,
-        barrier: Arc<tokio::sync::Barrier>,
-    }
-
-    impl Backend for Meeting {
-        fn backend_name(&self) -> &'static str {
-            "meeting"
-        }
-    }
-
-    #[async_trait]
-    impl KvStore for Meeting {
-        async fn get(&self, key: &Key) -> Result<Option<crate::KvEntry>> {
-            self.barrier.wait().await;
+            self.meet().await;
             self.store.get(key).await
         }
 
@@ -689,7 +664,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl LogStore for Meeting {
+    impl LogStore for CountingKv {
         async fn append(
             &self,
             log: &Key,
@@ -704,7 +679,7 @@ mod tests {
         }
 
         async fn next_seq(&self, log: &Key) -> Result<Option<u64>> {
-            self.barrier.wait().await;
+            self.meet().await;
             self.store.next_seq(log).await
         }
 
@@ -722,12 +697,12 @@ mod tests {
     /// network store that is one round trip on every request's path.
     #[tokio::test]
     async fn a_new_pipelined_stream_reads_its_metadata_and_next_number_at_once() {
-        let meeting = Meeting {
-            store: MemoryStore::new(),
-            barrier: Arc::new(tokio::sync::Barrier::new(2)),
-        };
+        let meeting = Arc::new(CountingKv {
+            barrier: Some(tokio::sync::Barrier::new(2)),
+            ..CountingKv::default()
+        });
         let config = EventLogConfig::default().with_durability(EventDurability::PIPELINED);
-        let events = EventLog::new(Arc::new(meeting.clone()), Arc::new(meeting), config);
+        let events = EventLog::new(meeting.clone(), meeting, config);
         let id = tokio::time::timeout(
             Duration::from_secs(10),
             events.append("met", None, &serde_json::json!("first")),
@@ -747,7 +722,7 @@ mod tests {
         let store = MemoryStore::new();
         let kv = Arc::new(CountingKv {
             store: store.clone(),
-            gets: Default::default(),
+            ..CountingKv::default()
         });
         let events = EventLog::new(
             kv.clone(),
