@@ -29,6 +29,8 @@ mod keys;
 pub(crate) mod liveness;
 mod session;
 pub(crate) mod tasks;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub(crate) mod tool_lock;
 
 pub use bundle::Stores;
