@@ -294,6 +294,7 @@ macro_rules! kv_conformance {
                 client_state_roundtrip,
                 client_state_is_per_server_key,
                 request_ids_continue_across_reopen,
+                request_ids_reserved_after_a_read_never_overlap,
                 inflight_journal_roundtrip,
                 credentials_roundtrip_and_issuer_isolation,
                 refresh_rotation_race_newer_token_wins,

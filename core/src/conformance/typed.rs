@@ -277,6 +277,59 @@ pub async fn request_ids_continue_across_reopen(f: &dyn KvFixture) {
     );
 }
 
+/// Ids reserved in a session as read go on from the mark read; when the
+/// session changed since (another holder reserved, or it was forgotten),
+/// it is read again: no range overlaps another, and a forgotten session
+/// hands out none.
+pub async fn request_ids_reserved_after_a_read_never_overlap(f: &dyn KvFixture) {
+    let key = server("/ids-after");
+    let store = ClientStateStore::new(f.open_kv().await);
+    let other = ClientStateStore::new(f.open_kv().await);
+    store
+        .save_session(&key, &legacy_session("sess-after"), PutMode::Create)
+        .await
+        .expect("save");
+    let read = || async { store.session(&key).await.expect("read").expect("stored") };
+    let first = read().await;
+    assert_eq!(
+        store
+            .reserve_request_ids_after(&key, first.clone(), 10)
+            .await
+            .expect("reserve"),
+        0..10
+    );
+    // The same read again, stale now.
+    assert_eq!(
+        store
+            .reserve_request_ids_after(&key, first, 10)
+            .await
+            .expect("reserve"),
+        10..20
+    );
+    // Another holder reserves between this one's read and its reservation.
+    let before = read().await;
+    assert_eq!(
+        other.reserve_request_ids(&key, 10).await.expect("reserve"),
+        20..30
+    );
+    assert_eq!(
+        store
+            .reserve_request_ids_after(&key, before, 10)
+            .await
+            .expect("reserve"),
+        30..40
+    );
+    // Forgotten after the read: nothing to number, nothing written.
+    let before = read().await;
+    store.forget_session(&key).await.expect("forget");
+    let err = store
+        .reserve_request_ids_after(&key, before, 10)
+        .await
+        .expect_err("a forgotten session");
+    assert!(matches!(err, Error::NotFound { .. }), "got {err:?}");
+    assert!(store.session(&key).await.expect("read").is_none());
+}
+
 /// The in-flight journal keeps requests until completed, with cursors.
 pub async fn inflight_journal_roundtrip(f: &dyn KvFixture) {
     let store = ClientStateStore::new(f.open_kv().await);

@@ -115,13 +115,31 @@ impl ClientStateStore {
         server: &ServerKey,
         change: impl FnMut(&mut LegacySession) + Send,
     ) -> Result<Option<LegacySession>> {
+        self.update_read_session(server, None, change).await
+    }
+
+    /// [`update_session`](Self::update_session), its first attempt made on
+    /// `read` (the session as the caller just read it) instead of reading
+    /// it again; a session changed since is read again, as on any conflict.
+    async fn update_read_session(
+        &self,
+        server: &ServerKey,
+        read: Option<Stored<LegacySession>>,
+        change: impl FnMut(&mut LegacySession) + Send,
+    ) -> Result<Option<LegacySession>> {
         let key = &Self::session_key(server)?;
         let change = &std::sync::Mutex::new(change);
+        let read = &std::sync::Mutex::new(read);
         retry_cas(key, CAS_ATTEMPTS, move || async move {
+            let known = read.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let current = match known {
+                Some(known) => Some(known),
+                None => self.session(server).await?,
+            };
             let Some(Stored {
                 mut record,
                 version,
-            }) = self.session(server).await?
+            }) = current
             else {
                 return Ok(None);
             };
@@ -144,10 +162,33 @@ impl ClientStateStore {
     /// written by this crate: it is [`Error::Corrupt`] naming the session's
     /// key, and the mark is left as it is.
     pub async fn reserve_request_ids(&self, server: &ServerKey, count: u32) -> Result<Range<i64>> {
+        self.reserve_ids(server, None, count).await
+    }
+
+    /// [`reserve_request_ids`](Self::reserve_request_ids) in the session as
+    /// the caller just read it (with [`session`](Self::session)): one write
+    /// and no second read, unless the session changed since, when it is
+    /// read again. A client starting up reads its session anyway; on a
+    /// network store this saves a round trip before its first request.
+    pub async fn reserve_request_ids_after(
+        &self,
+        server: &ServerKey,
+        read: Stored<LegacySession>,
+        count: u32,
+    ) -> Result<Range<i64>> {
+        self.reserve_ids(server, Some(read), count).await
+    }
+
+    async fn reserve_ids(
+        &self,
+        server: &ServerKey,
+        read: Option<Stored<LegacySession>>,
+        count: u32,
+    ) -> Result<Range<i64>> {
         let mut reserved = None;
         let mut impossible = None;
         let updated = self
-            .update_session(server, |s| {
+            .update_read_session(server, read, |s| {
                 let start = s.request_id_high_water;
                 match start
                     .checked_add(i64::from(count))
@@ -270,5 +311,59 @@ impl ClientStateStore {
         }
         out.sort_by(|a, b| a.sent_at.cmp(&b.sent_at).then_with(|| a.id.cmp(&b.id)));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, atomic::Ordering};
+
+    use super::*;
+    use crate::{stores::testkit::CountingKv, types::SessionId};
+
+    fn session() -> LegacySession {
+        LegacySession::new(
+            SessionId::new("sess-read").expect("id"),
+            crate::ProtocolVersion::new("2025-11-25").expect("version"),
+            serde_json::json!({}),
+        )
+    }
+
+    /// Reserving ids in a session as read makes no second read: a start
+    /// reads its session anyway, so on a network store this is a round
+    /// trip fewer before the first request. A session changed since is
+    /// read again, and the ids go on above what was reserved meanwhile.
+    #[tokio::test]
+    async fn ids_reserved_in_a_session_as_read_take_no_second_read() {
+        let kv = Arc::new(CountingKv::default());
+        let store = ClientStateStore::new(kv.clone());
+        let server = ServerKey::new("https://mcp.example.com/read", "default").expect("key");
+        store
+            .save_session(&server, &session(), PutMode::Create)
+            .await
+            .expect("save");
+        let read = store.session(&server).await.expect("read").expect("stored");
+        let before = kv.gets.load(Ordering::Relaxed);
+        assert_eq!(
+            store
+                .reserve_request_ids_after(&server, read.clone(), 10)
+                .await
+                .expect("reserve"),
+            0..10
+        );
+        assert_eq!(
+            kv.gets.load(Ordering::Relaxed),
+            before,
+            "read the session again"
+        );
+        // The same read once more is stale: the session is read again.
+        assert_eq!(
+            store
+                .reserve_request_ids_after(&server, read, 10)
+                .await
+                .expect("reserve"),
+            10..20
+        );
+        assert_eq!(kv.gets.load(Ordering::Relaxed), before + 1);
     }
 }

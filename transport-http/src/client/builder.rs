@@ -452,8 +452,8 @@ async fn load(
             warn!(error = %e, "stored server profile is unusable; the era will be probed again")
         }
     }
-    let stored = match stored {
-        Ok(Some(stored)) => stored.record,
+    let read = match stored {
+        Ok(Some(read)) => read,
         Ok(None) => {
             info!("no stored session; starting fresh");
             return StartKind::Fresh;
@@ -478,6 +478,7 @@ async fn load(
             };
         }
     };
+    let stored = read.record.clone();
     let seed = match validate(&stored) {
         Ok(seed) => seed,
         Err(reason) => {
@@ -485,7 +486,9 @@ async fn load(
             return StartKind::FreshAfterBadState { reason };
         }
     };
-    let ids = match store.reserve_request_ids(key, ids.block()).await {
+    // Reserved in the session as read: no second read before the first
+    // request, unless another process changed it meanwhile.
+    let ids = match store.reserve_request_ids_after(key, read, ids.block()).await {
         Ok(ids) => ids,
         Err(e @ mcp_persist_core::Error::Corrupt { .. }) => {
             // The session has no ids left to continue with without repeating one.
