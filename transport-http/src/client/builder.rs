@@ -488,7 +488,10 @@ async fn load(
     };
     // Reserved in the session as read: no second read before the first
     // request, unless another process changed it meanwhile.
-    let ids = match store.reserve_request_ids_after(key, read, ids.block()).await {
+    let ids = match store
+        .reserve_request_ids_after(key, read, ids.block())
+        .await
+    {
         Ok(ids) => ids,
         Err(e @ mcp_persist_core::Error::Corrupt { .. }) => {
             // The session has no ids left to continue with without repeating one.
