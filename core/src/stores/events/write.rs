@@ -184,23 +184,12 @@ impl EventLog {
             if let Some(first) = next
                 && let Some(last) = first.checked_sub(1)
             {
-                let token = random_token()?;
-                let meta = self.new_meta(session, request, &token, last);
-                self.cache(
-                    stream,
-                    StreamCache {
-                        token,
-                        meta_refreshed: tokio::time::Instant::now(),
-                        trimming: Trimming::default(),
-                        last_seq: last,
-                    },
-                );
                 debug!(
                     stream,
                     first,
                     "new pipelined event stream: numbered here from the backend's next number"
                 );
-                return Ok(PipelinedStart::Numbered(token, Some(meta)));
+                return self.numbered_afresh(stream, session, request, last);
             }
             // The backend cannot tell without writing: the first event is
             // stored at once and numbered by the backend.
@@ -212,20 +201,33 @@ impl EventLog {
         }
         // The stream's metadata went (it expired, or was deleted) while this
         // instance kept writing it: a new token, written with the next commit.
+        debug!(
+            stream,
+            "stream metadata gone while this instance writes it: a new token"
+        );
+        self.numbered_afresh(stream, session, None, 0)
+    }
+
+    /// A new token for `stream`, cached, valid above `last`, numbered by
+    /// this instance; its metadata (with `request`) goes with the next
+    /// commit.
+    fn numbered_afresh(
+        &self,
+        stream: &str,
+        session: Option<&SessionId>,
+        request: Option<&serde_json::Value>,
+        last: u64,
+    ) -> Result<PipelinedStart> {
         let token = random_token()?;
-        let meta = self.new_meta(session, None, &token, 0);
+        let meta = self.new_meta(session, request, &token, last);
         self.cache(
             stream,
             StreamCache {
                 token,
                 meta_refreshed: tokio::time::Instant::now(),
                 trimming: Trimming::default(),
-                last_seq: 0,
+                last_seq: last,
             },
-        );
-        debug!(
-            stream,
-            "stream metadata gone while this instance writes it: a new token"
         );
         Ok(PipelinedStart::Numbered(token, Some(meta)))
     }
