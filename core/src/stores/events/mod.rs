@@ -1264,6 +1264,46 @@ mod tests {
         );
     }
 
+    /// With a commit window longer than 5 s, a replay on the writing
+    /// instance still waits for the commit that is due, and answers with
+    /// the stream's events rather than as if it did not exist.
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_on_the_writer_waits_out_a_long_window() {
+        let store = MemoryStore::new();
+        let config = EventLogConfig::new(Duration::from_secs(600), 100).with_durability(
+            EventDurability::Pipelined {
+                window: Duration::from_secs(8),
+            },
+        );
+        let events = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
+        let first = events
+            .append_opening(
+                "long",
+                None,
+                &serde_json::Value::Null,
+                &serde_json::json!(3),
+            )
+            .await
+            .expect("opening event");
+        let second = events
+            .append("long", None, &serde_json::json!("answer"))
+            .await
+            .expect("answer");
+        let started = tokio::time::Instant::now();
+        let replayed = events
+            .replay_after(&first.to_string(), None)
+            .await
+            .expect("replay on the writer, once its events are committed");
+        assert_eq!(
+            replayed.into_iter().map(|e| e.id).collect::<Vec<_>>(),
+            vec![second]
+        );
+        assert!(
+            started.elapsed() <= Duration::from_secs(8),
+            "the replay waited past the commit"
+        );
+    }
+
     /// What runs beside an opening event runs once, whatever becomes of the
     /// event: with its write, when it is refused (a bad stream id), and on
     /// a pipelined stream, whose first event is numbered here and committed
