@@ -69,7 +69,7 @@ async fn main() -> std::process::ExitCode {
             print!("{USAGE}");
             return std::process::ExitCode::SUCCESS;
         }
-        Ok(Command::Serve(options)) => options,
+        Ok(Command::Serve(options)) => *options,
         Err(e) => {
             eprintln!("server: {e:#}\nRun `server --help` for the flags.");
             return std::process::ExitCode::from(2);

@@ -38,9 +38,10 @@ pub struct Options {
     pub liveness_grace: Option<Duration>,
     /// Where task operations note their starts and ends.
     pub runs_file: Option<std::path::PathBuf>,
-    /// Send events at once and commit them within 10 ms
-    /// (`EventDurability::PIPELINED`) instead of committing each first.
-    pub pipelined_events: bool,
+    /// Send events at once and commit them within this window
+    /// (`EventDurability::Pipelined`; 10 ms for `--pipelined-events`)
+    /// instead of committing each first.
+    pub pipelined_events: Option<Duration>,
     /// Commit each event before sending it, without syncing it to disk
     /// (`EventDurability::Written`).
     pub written_events: bool,
@@ -70,6 +71,7 @@ Serving:
   --event-retention-ms N        how long events are kept for resumption (default 3600000)
   --event-max N                 events kept per stream (default 10000)
   --pipelined-events            send events at once, commit them within 10 ms
+  --pipelined-window-ms N       the same, committed within N ms
   --written-events              commit each event before sending it, without a disk sync
   --liveness-grace-ms N         how long an instance may miss its lease before its tasks
                                 and streams are ended or taken over (default 1500)
@@ -86,7 +88,7 @@ It prints `LISTENING <address>` once it accepts connections. RUST_LOG sets the l
 #[derive(Debug, Clone)]
 pub enum Command {
     /// Serve with these options.
-    Serve(Options),
+    Serve(Box<Options>),
     /// Print [`USAGE`] and exit.
     Help,
 }
@@ -99,7 +101,7 @@ impl Command {
         if args.iter().any(|a| a == "--help" || a == "-h") {
             return Ok(Command::Help);
         }
-        Options::parse_flags(args).map(Command::Serve)
+        Options::parse_flags(args).map(|o| Command::Serve(Box::new(o)))
     }
 }
 
@@ -107,7 +109,7 @@ impl Options {
     /// Parses `args` (without the program name) into options to serve with.
     pub fn parse(args: impl IntoIterator<Item = String>) -> anyhow::Result<Options> {
         match Command::parse(args)? {
-            Command::Serve(options) => Ok(options),
+            Command::Serve(options) => Ok(*options),
             Command::Help => anyhow::bail!("--help asks for the usage, not for a server"),
         }
     }
@@ -127,7 +129,7 @@ impl Options {
             strict_sessions: None,
             liveness_grace: None,
             runs_file: None,
-            pipelined_events: false,
+            pipelined_events: None,
             written_events: false,
         };
         let mut args = args.into_iter();
@@ -136,7 +138,7 @@ impl Options {
                 "--rmcp-defaults" => o.rmcp_defaults = true,
                 "--strict-sessions" => o.strict_sessions = Some(true),
                 "--coalesced-sessions" => o.strict_sessions = Some(false),
-                "--pipelined-events" => o.pipelined_events = true,
+                "--pipelined-events" => o.pipelined_events = Some(Duration::from_millis(10)),
                 "--written-events" => o.written_events = true,
                 "--port"
                 | "--backend"
@@ -148,6 +150,7 @@ impl Options {
                 | "--event-retention-ms"
                 | "--event-max"
                 | "--liveness-grace-ms"
+                | "--pipelined-window-ms"
                 | "--runs-file" => {
                     let value = args
                         .next()
@@ -171,6 +174,7 @@ impl Options {
                         "--event-retention-ms" => o.event_retention = ms(&value)?,
                         "--event-max" => o.event_max = number(&value)?,
                         "--liveness-grace-ms" => o.liveness_grace = Some(ms(&value)?),
+                        "--pipelined-window-ms" => o.pipelined_events = Some(ms(&value)?),
                         _ => o.runs_file = Some(value.into()),
                     }
                 }

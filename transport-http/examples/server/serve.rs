@@ -62,8 +62,8 @@ pub fn durable_server(stores: Stores, options: &Options) -> anyhow::Result<Durab
             options.event_retention,
             options.event_max,
         ))
-        .event_durability(if options.pipelined_events {
-            mcp_persist_core::EventDurability::PIPELINED
+        .event_durability(if let Some(window) = options.pipelined_events {
+            mcp_persist_core::EventDurability::Pipelined { window }
         } else if options.written_events {
             mcp_persist_core::EventDurability::Written
         } else {

@@ -283,6 +283,145 @@ async fn pipelined_crash_loses_at_most_the_window() -> anyhow::Result<()> {
     crash_mid_stream("--pipelined-events").await
 }
 
+/// A pipelined writer SIGKILLed after a new stream's first events went out
+/// but before the stream's first commit (a window of 6 s makes "before"
+/// all but certain; a kill after it fails the test) leaves nothing of the stream: no metadata, no events. Another
+/// instance answers a resume from the last event the client received with
+/// 410 and the same bytes as an id of a stream that never existed, and the
+/// session goes on serving there. The second run: the writer started again
+/// on the same store and killed the same way in a new stream of the same
+/// session leaves nothing either; a call it completes after that is
+/// resumable from another instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writer_killed_before_a_streams_first_commit_leaves_nothing() -> anyhow::Result<()>
+{
+    use mcp_persist_core::{EventId, declare};
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db").display().to_string();
+    let writer_args = [
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--liveness-grace-ms",
+        "1000",
+        "--pipelined-window-ms",
+        "6000",
+    ];
+    let other = Instance::process(&[
+        "--backend",
+        "sqlite",
+        "--store",
+        db.as_str(),
+        "--liveness-grace-ms",
+        "1000",
+        "--pipelined-events",
+    ])
+    .await?;
+    let http = reqwest::Client::new();
+    let session = raw_initialize(&http, &other.url(), "alice").await?;
+    let store = mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("state.db")).await?;
+    for (run, id) in [(1, 11), (2, 12)] {
+        let mut writer = Instance::process(&writer_args).await?;
+        let call = serde_json::json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {
+                "name": "slow_progress",
+                "arguments": { "count": 1000, "delay_ms": 20, "tag": "uncommitted" },
+                "_meta": { "progressToken": format!("p-uncommitted-{run}") }
+            }
+        });
+        let mut response = post_call(&http, &writer.url(), &session, &call).await?;
+        let mut body = String::new();
+        while support::event_ids(&body).len() < 3 {
+            let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
+                .await??
+                .ok_or_else(|| anyhow::anyhow!("the call's stream ended early: {body}"))?;
+            body.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        writer.kill().await?;
+        let ids = support::event_ids(&body);
+        let last: EventId = ids.last().map(String::as_str).unwrap_or_default().parse()?;
+        // Its priming event was number 1, then one number per event.
+        let seqs = ids
+            .iter()
+            .map(|i| i.parse::<EventId>().map(|e| e.seq()))
+            .collect::<Result<Vec<_>, _>>()?;
+        assert_eq!(
+            seqs,
+            (2..2 + ids.len() as u64).collect::<Vec<_>>(),
+            "run {run}: a new stream is numbered from 1"
+        );
+
+        // Nothing of the stream reached the store.
+        let stream = last.stream();
+        assert!(
+            mcp_persist_core::KvStore::get(&store, &declare::EVENT_STREAM.try_key(&[stream])?)
+                .await?
+                .is_none(),
+            "run {run}: the stream's metadata was written before its first commit"
+        );
+        assert!(
+            mcp_persist_core::LogStore::read_after(
+                &store,
+                &declare::EVENT.try_key(&[stream])?,
+                0,
+                16
+            )
+            .await?
+            .is_empty(),
+            "run {run}: events were written before the stream's first commit"
+        );
+
+        // The resume is refused exactly as one of a stream that never
+        // existed is: the same status, the same bytes.
+        let (status, lost) =
+            support::raw_resume(&http, &other.url(), "alice", &session, &last.to_string()).await?;
+        let never = format!("{}-{}-{stream}-never", "0".repeat(32), last.seq());
+        let (never_status, never_body) =
+            support::raw_resume(&http, &other.url(), "alice", &session, &never).await?;
+        assert_eq!((status, never_status), (410, 410), "run {run}: {lost}");
+        assert_eq!(
+            lost, never_body,
+            "run {run}: an uncommitted stream can be told apart"
+        );
+    }
+
+    // The session is served on; a call that completes on a writer started
+    // a third time is stored and resumable elsewhere from its first event.
+    let mut writer = Instance::process(&writer_args).await?;
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 13, "method": "tools/call",
+        "params": {
+            "name": "slow_progress",
+            "arguments": { "count": 3, "delay_ms": 1, "tag": "kept" },
+            "_meta": { "progressToken": "p-kept" }
+        }
+    });
+    let body = post_call(&http, &writer.url(), &session, &call)
+        .await?
+        .text()
+        .await?;
+    let ids = support::event_ids(&body);
+    assert!(body.contains("\"id\":13"), "the call was answered: {body}");
+    // A resume on the writer waits for the stream's pending commit (a
+    // window longer than the 5 s it used to wait at most), so the stream is
+    // stored when it answers.
+    let (status, replay) =
+        support::raw_resume(&http, &writer.url(), "alice", &session, &ids[0]).await?;
+    assert_eq!(status, 200, "{replay}");
+    writer.kill().await?;
+    let (status, replay) =
+        support::raw_resume(&http, &other.url(), "alice", &session, &ids[0]).await?;
+    assert_eq!(status, 200, "{replay}");
+    assert_eq!(
+        support::event_ids(&replay),
+        ids[1..],
+        "every later event of the completed call, from another instance"
+    );
+    Ok(())
+}
+
 /// Under `Written` (committed, not synced) a SIGKILLed writer loses
 /// nothing it sent: another instance replays every event the client had,
 /// and everything after the last one, contiguously; never a 410.
