@@ -386,7 +386,16 @@ fn test(_args: &[String]) -> Result<()> {
 /// all-features clippy run and the default build already compile.
 const FEATURE_SETS: &[(&str, &str)] = &[
     ("mcp-persist", ""),
+    // Core and each backend crate alone, as a user depending on one of
+    // them builds it: a dependency feature that only another crate of the
+    // workspace enables (core's tokio `macros` once) fails here.
+    ("mcp-persist-core", ""),
     ("mcp-persist-core", "conformance"),
+    ("mcp-persist-store-file", ""),
+    ("mcp-persist-store-sqlite", ""),
+    ("mcp-persist-store-redis", ""),
+    ("mcp-persist-store-vault", ""),
+    ("mcp-persist-store-dynamodb", ""),
     ("mcp-persist", "sqlite"),
     ("mcp-persist", "file"),
     ("mcp-persist", "redis"),
