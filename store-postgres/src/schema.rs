@@ -9,7 +9,7 @@ use crate::error::{self, Target};
 
 /// The schema version this build writes and understands, kept in the
 /// store's `meta` table (row `schema_version`).
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The tables a store of [`SCHEMA_VERSION`] has; opening checks they are all
 /// there.
@@ -83,7 +83,7 @@ impl Names {
 
 /// `MIGRATIONS[n]` takes a schema from version `n` to `n + 1`, inside the
 /// migration's transaction. Entries are only ever appended.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 const _: () = assert!(MIGRATIONS.len() == SCHEMA_VERSION as usize);
 
@@ -243,6 +243,70 @@ BEGIN
         v_removed := v_removed + 1;
     END LOOP;
     RETURN v_removed;
+END
+$f$;
+"#;
+
+/// Version 2: an append to a log whose header holds a negative number
+/// (damage: no store writes one) fails with `data_corrupted` before it
+/// writes anything, instead of appending below zero.
+const V2: &str = r#"
+CREATE OR REPLACE FUNCTION {s}.append(names text[], counts int[], datas bytea[], ttls bigint[], synced boolean)
+RETURNS bigint[] LANGUAGE plpgsql AS $f$
+DECLARE
+    v_name text;
+    v_id bigint;
+    v_exp timestamptz;
+    v_head bigint;
+    v_seqs bigint[] := '{}';
+    i int;
+    k int;
+    j int := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared({lock}, 1);
+    IF NOT synced THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    -- Lock every log of the batch first, in one order, so that batches
+    -- never deadlock; appends to one log are serialized up to commit, and
+    -- numbers taken from the log's head under the lock grow in commit order.
+    FOR v_name IN SELECT DISTINCT x FROM unnest(names) AS x ORDER BY 1 LOOP
+        LOOP
+            PERFORM 1 FROM {s}.logs WHERE name = v_name FOR UPDATE;
+            EXIT WHEN FOUND;
+            INSERT INTO {s}.logs (id, name) VALUES (nextval('{s}.log_id'), v_name)
+            ON CONFLICT (name) DO NOTHING;
+        END LOOP;
+    END LOOP;
+    FOR i IN 1 .. coalesce(array_length(names, 1), 0) LOOP
+        SELECT id, expires_at, head INTO v_id, v_exp, v_head FROM {s}.logs WHERE name = names[i];
+        IF v_head < 0 THEN
+            -- No store writes a negative head: the header was changed
+            -- outside mcp-persist. Refused before anything is written
+            -- (version 1 appended below zero, and then refused the numbers).
+            RAISE EXCEPTION 'log % has a negative last sequence number in its header', names[i]
+                USING ERRCODE = 'data_corrupted', DETAIL = v_head::text;
+        END IF;
+        IF v_exp IS NOT NULL AND v_exp <= clock_timestamp() THEN
+            -- An expired log starts again empty (its numbers go on).
+            DELETE FROM {s}.log_records WHERE log_id = v_id;
+            UPDATE {s}.logs SET expires_at = NULL WHERE id = v_id;
+        END IF;
+        FOR k IN 1 .. counts[i] LOOP
+            j := j + 1;
+            v_head := v_head + 1;
+            INSERT INTO {s}.log_records (log_id, seq, data) VALUES (v_id, v_head, datas[j]);
+            v_seqs := v_seqs || v_head;
+        END LOOP;
+        -- The same log may come again later in the batch: it reads this head.
+        UPDATE {s}.logs SET head = v_head WHERE id = v_id;
+        IF ttls[i] IS NOT NULL THEN
+            UPDATE {s}.logs SET expires_at = clock_timestamp() + ttls[i] * interval '1 millisecond'
+             WHERE id = v_id;
+        END IF;
+        PERFORM pg_notify({channel}, names[i]);
+    END LOOP;
+    RETURN v_seqs;
 END
 $f$;
 "#;

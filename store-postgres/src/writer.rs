@@ -264,9 +264,22 @@ impl Writer {
     /// largest value, which only a change outside this store makes, is
     /// that log's damage (a batch of several logs is then retried one
     /// append at a time, so that the error names the damaged log).
+    /// A head below zero (the same kind of damage) is refused by the append
+    /// function before it writes anything, as `data_corrupted` with the
+    /// head in its detail.
     fn append_error(&self, e: tokio_postgres::Error, key: &str) -> Error {
         if e.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
             return error::no_next_seq(key);
+        }
+        if e.code() == Some(&SqlState::DATA_CORRUPTED) {
+            let head = e
+                .as_db_error()
+                .and_then(|d| d.detail())
+                .unwrap_or("below zero");
+            return error::bad_row(
+                key,
+                format!("the invalid last sequence number {head} in the log's header"),
+            );
         }
         error::map(e, &self.target, key)
     }

@@ -269,11 +269,21 @@ async fn a_damaged_log_header_is_corrupt_for_next_seq_and_append_alike() {
             .expect_err("a negative last number");
         assert_corrupt(&err, "negative");
     }
+    // Refused before anything is written, the second time as the first:
+    // the header still reads -5 (an append below zero would have moved it).
+    for _ in 0..2 {
+        let err = store
+            .append(&key("negative"), vec![b"b".to_vec()], None)
+            .await
+            .expect_err("a negative last number");
+        assert_corrupt(&err, "negative");
+        assert!(err.to_string().contains("-5"), "{err}");
+    }
     let err = store
-        .append(&key("negative"), vec![b"b".to_vec()], None)
+        .next_seq(&key("negative"))
         .await
-        .expect_err("a negative last number");
-    assert_corrupt(&err, "negative");
+        .expect_err("still damaged");
+    assert!(err.to_string().contains("-5"), "the header moved: {err}");
 
     // Concurrent appends to the damaged log and another one: whether or not
     // they share a transaction, each fails or succeeds on its own log.
@@ -321,7 +331,7 @@ async fn newer_schema_is_refused_untouched() {
             err,
             Error::NewerSchema {
                 found: 99,
-                supported: 1,
+                supported: mcp_persist_store_postgres::SCHEMA_VERSION,
                 ..
             }
         ),
@@ -483,4 +493,44 @@ async fn the_password_never_prints() {
         let text = all_text(&err);
         assert!(!text.contains(&secret), "the password leaked: {text}");
     }
+}
+
+/// A store made by the previous schema version is migrated on open (its
+/// append function replaced, its version raised), with its records kept;
+/// a damaged header is then refused with nothing written.
+#[tokio::test]
+async fn a_version_1_store_is_migrated_on_open() {
+    let schema = common::unique_schema("v1");
+    let store = common::open(&schema).await;
+    store
+        .append(&key("kept"), vec![b"a".to_vec()], None)
+        .await
+        .expect("append");
+    drop(store);
+    // What version 1 left: no guard in the append function (dropped here,
+    // so only the migration can bring it back) and version 1 in `meta`.
+    common::admin(&format!(
+        "DROP FUNCTION \"{schema}\".append(text[], int[], bytea[], bigint[], boolean); \
+         UPDATE \"{schema}\".meta SET value = 1 WHERE name = 'schema_version'; \
+         UPDATE \"{schema}\".logs SET head = -1 WHERE name = 'kept';"
+    ))
+    .await;
+    for _ in 0..2 {
+        let store = common::open(&schema).await;
+        let err = store
+            .append(&key("kept"), vec![b"b".to_vec()], None)
+            .await
+            .expect_err("a negative last number");
+        assert_corrupt(&err, "kept");
+        store
+            .append(&key("fresh"), vec![b"c".to_vec()], None)
+            .await
+            .expect("the migrated function appends");
+    }
+    common::admin(&format!(
+        "DO $$ BEGIN IF (SELECT value FROM \"{schema}\".meta WHERE name = 'schema_version') \
+         <> {} THEN RAISE EXCEPTION 'not migrated'; END IF; END $$;",
+        mcp_persist_store_postgres::SCHEMA_VERSION
+    ))
+    .await;
 }
