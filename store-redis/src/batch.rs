@@ -293,12 +293,15 @@ fn parse_ids(job: &AppendJob, results: &mut impl Iterator<Item = Value>) -> Resu
         let bytes = bytes_of(&item).unwrap_or_default();
         if let Some(message) = bytes.strip_prefix(b"!") {
             let message = String::from_utf8_lossy(message).into_owned();
+            let corrupt = |reason: &str| Error::Corrupt {
+                key: log.to_owned(),
+                reason: reason.to_owned(),
+                source: Some(message.clone().into()),
+            };
             return Err(if message.starts_with("WRONGTYPE") {
-                Error::Corrupt {
-                    key: log.to_owned(),
-                    reason: crate::error::WRONG_TYPE.to_owned(),
-                    source: Some(message.into()),
-                }
+                corrupt(crate::error::WRONG_TYPE)
+            } else if crate::error::is_below_foreign_top(&message) {
+                corrupt(crate::error::FOREIGN_TOP)
             } else {
                 Error::backend(BACKEND, message)
             });

@@ -33,7 +33,26 @@ pub(crate) fn map(err: RedisError, key: &str) -> Error {
             source: Some(Box::new(err)),
         };
     }
+    if err.detail().is_some_and(is_below_foreign_top) {
+        return Error::Corrupt {
+            key: key.to_owned(),
+            reason: FOREIGN_TOP.to_owned(),
+            source: Some(Box::new(err)),
+        };
+    }
     Error::backend(BACKEND, err)
+}
+
+/// The reason of the [`Error::Corrupt`] for an append to a stream whose
+/// last id is not one this store writes (`0-<n>`): Redis refuses every
+/// `0-*` id at or below it, so nothing is appended.
+pub(crate) const FOREIGN_TOP: &str = "the stream's last entry id was not written by this store \
+     (Redis refuses the next `0-<n>` id at or below it; nothing was appended)";
+
+/// Whether a Redis error text is `XADD`'s refusal of an id at or below the
+/// stream's last one: for the store's `0-*`, a last id it never writes.
+pub(crate) fn is_below_foreign_top(text: &str) -> bool {
+    text.contains("equal or smaller than the target stream top item")
 }
 
 fn unreachable(err: &RedisError) -> bool {

@@ -209,9 +209,26 @@ async fn next_seq_is_the_number_redis_gives_the_next_append() {
     let key = stream("foreign");
     raw_cmd(&mut raw, &[b"XADD", key.as_bytes(), b"*", b"d", b"x"]).await;
     corrupt_naming(said(&store, "foreign").await, "foreign");
-    append_one(&store, "foreign")
-        .await
-        .expect_err("an id below the foreign one");
+    // The append is refused as the same damage, twice, and adds nothing:
+    // alone (one `XADD`) and with a TTL (the append script).
+    for _ in 0..2 {
+        let reason = corrupt_naming(append_one(&store, "foreign").await, "foreign");
+        assert!(reason.contains("not written by this store"), "{reason}");
+        let with_ttl = store
+            .append(
+                &mcp_persist_core::conformance::key("foreign"),
+                vec![b"x".to_vec(), b"y".to_vec()],
+                Some(std::time::Duration::from_secs(60)),
+            )
+            .await;
+        let reason = corrupt_naming(with_ttl, "foreign");
+        assert!(reason.contains("not written by this store"), "{reason}");
+    }
+    assert_eq!(
+        raw_cmd(&mut raw, &[b"XLEN", key.as_bytes()]).await,
+        redis::Value::Int(1),
+        "something was appended after the foreign entry"
+    );
 
     // A key of another type: the append's `Corrupt`, and the key is kept.
     let key = stream("wrong");
