@@ -404,9 +404,9 @@ async fn pipelined_writer_killed_before_a_streams_first_commit_leaves_nothing() 
         .await?;
     let ids = support::event_ids(&body);
     assert!(body.contains("\"id\":13"), "the call was answered: {body}");
-    // A resume on the writer waits for the stream's pending commit (a
-    // window longer than the 5 s it used to wait at most), so the stream is
-    // stored when it answers.
+    // A resume on the writer has the stream's pending events committed at
+    // once (not after the 6 s window), so the stream is stored when it
+    // answers.
     let (status, replay) =
         support::raw_resume(&http, &writer.url(), "alice", &session, &ids[0]).await?;
     assert_eq!(status, 200, "{replay}");

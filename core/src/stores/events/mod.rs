@@ -58,8 +58,9 @@ pub enum EventDurability {
     /// The id is assigned at once by the instance writing the stream (it
     /// owns the stream's sequence) and the event is sent at once; appends
     /// are committed in the background, many events per commit, at most
-    /// `window` later. Replays and tails on the writing instance first wait
-    /// for that stream's pending appends, so a resuming client never sees a
+    /// `window` later. Replays and tails on the writing instance first have
+    /// that stream's pending appends committed (at once, not at the end of
+    /// the window) and wait for them, so a resuming client never sees a
     /// gap. A crash loses at most the last window of events; a
     /// `Last-Event-ID` inside a lost window is refused as lost (HTTP 410),
     /// never answered with a gap or a duplicate.
@@ -152,6 +153,9 @@ struct Pipe {
     flushing: bool,
     /// Woken after every commit.
     committed: Arc<tokio::sync::Notify>,
+    /// Cuts the scheduled commit's window short: someone on this instance
+    /// waits to read what was sent (a resume, a replay).
+    hurry: Arc<tokio::sync::Notify>,
     /// The metadata of a stream this instance started, written with its
     /// first commit.
     meta: Option<StreamMeta>,
@@ -1264,17 +1268,17 @@ mod tests {
         );
     }
 
-    /// With a commit window longer than 5 s, a replay on the writing
-    /// instance still waits for the commit that is due, and answers with
-    /// the stream's events rather than as if it did not exist.
+    /// A replay on the writing instance does not wait out the commit
+    /// window: it has the stream's pending events committed at once and
+    /// answers with them (it used to wait at most 5 s, whatever the window,
+    /// and then answered as if the stream did not exist). Another instance
+    /// sees them from then on; later events wait for the window again.
     #[tokio::test(start_paused = true)]
-    async fn a_replay_on_the_writer_waits_out_a_long_window() {
+    async fn a_replay_on_the_writer_commits_at_once() {
         let store = MemoryStore::new();
-        let config = EventLogConfig::new(Duration::from_secs(600), 100).with_durability(
-            EventDurability::Pipelined {
-                window: Duration::from_secs(8),
-            },
-        );
+        let window = Duration::from_secs(8);
+        let config = EventLogConfig::new(Duration::from_secs(600), 100)
+            .with_durability(EventDurability::Pipelined { window });
         let events = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
         let first = events
             .append_opening(
@@ -1293,14 +1297,50 @@ mod tests {
         let replayed = events
             .replay_after(&first.to_string(), None)
             .await
-            .expect("replay on the writer, once its events are committed");
+            .expect("replay on the writer");
         assert_eq!(
             replayed.into_iter().map(|e| e.id).collect::<Vec<_>>(),
-            vec![second]
+            vec![second.clone()]
         );
+        // Paused time moves only when every task waits on a timer: a
+        // replay that waited for the window would have moved it 8 s.
         assert!(
-            started.elapsed() <= Duration::from_secs(8),
-            "the replay waited past the commit"
+            started.elapsed() < window,
+            "the replay waited for the window"
+        );
+        let other = EventLog::new(Arc::new(store.clone()), Arc::new(store.clone()), config);
+        assert_eq!(
+            other
+                .replay_after(&first.to_string(), None)
+                .await
+                .expect("committed for everyone")
+                .len(),
+            1
+        );
+        // The next event is committed a window later, as before.
+        let third = events
+            .append("long", None, &serde_json::json!("more"))
+            .await
+            .expect("more");
+        tokio::time::sleep(window / 2).await;
+        assert!(
+            other
+                .replay_after(&second.to_string(), None)
+                .await
+                .expect("replay")
+                .is_empty(),
+            "a later event was committed before its window"
+        );
+        tokio::time::sleep(window).await;
+        assert_eq!(
+            other
+                .replay_after(&second.to_string(), None)
+                .await
+                .expect("replay")
+                .into_iter()
+                .map(|e| e.id)
+                .collect::<Vec<_>>(),
+            vec![third]
         );
     }
 

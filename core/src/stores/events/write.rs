@@ -277,6 +277,7 @@ impl EventLog {
                     committed_through: last,
                     flushing: false,
                     committed: Arc::default(),
+                    hurry: Arc::default(),
                     meta: new_meta.take(),
                     session: session.cloned(),
                 });
@@ -297,15 +298,18 @@ impl EventLog {
                 .checked_add(1)
                 .ok_or_else(|| Error::corrupt(stream, "the stream's sequence number overflowed"))?;
             pipe.pending.push((seq, data));
-            let schedule = !pipe.flushing;
+            let schedule = (!pipe.flushing).then(|| pipe.hurry.clone());
             pipe.flushing = true;
             (seq, schedule)
         };
-        if schedule {
+        if let Some(hurry) = schedule {
             let log = self.clone();
             let stream = stream.to_owned();
             tokio::spawn(async move {
-                tokio::time::sleep(window).await;
+                tokio::select! {
+                    () = tokio::time::sleep(window) => {}
+                    () = hurry.notified() => {}
+                }
                 log.commit_pending(&stream).await;
             });
         }
@@ -457,8 +461,9 @@ impl EventLog {
     }
 
     /// Waits until every event this instance sent for `stream` up to now is
-    /// committed (no-op unless pipelined): at most the commit window and
-    /// 5 s more for the commit itself.
+    /// committed (no-op unless pipelined), cutting the scheduled commit's
+    /// window short; should the commit not come, at most the window and 5 s
+    /// more.
     pub(super) async fn flushed(&self, stream: &str) {
         let EventDurability::Pipelined { window } = self.config.durability else {
             return;
@@ -477,6 +482,11 @@ impl EventLog {
                 if pipe.committed_through >= pipe.next_seq.saturating_sub(1) {
                     return;
                 }
+                // The commit is scheduled (or running): it need not wait
+                // out its window for a reader waiting here. A permit left
+                // for a commit that had already started only cuts the next
+                // one's window short.
+                pipe.hurry.notify_one();
                 pipe.committed.clone()
             };
             let waiting = notify.notified();
