@@ -423,10 +423,23 @@ impl Inner {
         let condition = match head {
             None => format!("attribute_not_exists({LAST})"),
             Some(_) if fresh => format!("{LAST} = {}", expr.value(":base", n(base))),
-            Some(_) => format!(
-                "{LAST} = {} AND (attribute_not_exists({EXPIRES}) OR {EXPIRES} > {})",
+            // The floor too: a head remembered from an earlier append would
+            // otherwise go on over a floor changed outside the store (a floor
+            // above the last number is damage), which only the next read
+            // noticed. Another process's trim fails the condition as well,
+            // and the append goes on from the head it gives back.
+            Some(h) => format!(
+                "{LAST} = {} AND (attribute_not_exists({EXPIRES}) OR {EXPIRES} > {}) AND {}",
                 expr.value(":base", n(base)),
                 expr.value(":now", n(now)),
+                if h.floor == 0 {
+                    format!(
+                        "(attribute_not_exists({FLOOR}) OR {FLOOR} = {})",
+                        expr.value(":floor", n(0))
+                    )
+                } else {
+                    format!("{FLOOR} = {}", expr.value(":floor", n(h.floor)))
+                },
             ),
         };
         let mut update = format!("SET {}", set.join(", "));

@@ -666,16 +666,21 @@ async fn a_damaged_log_head_is_corrupt_for_next_seq_and_append_alike() {
     for (log, name, value) in &damage {
         plant_head(&store, log, name, value.clone()).await;
     }
-    // A changed last number fails the append of a store that remembers the
-    // head from before: its transaction finds the head moved.
-    for (log, name, _) in &damage {
-        if *name == "s" {
-            let err = store
-                .append(&key(log), vec![b"b".to_vec()], None)
-                .await
-                .expect_err("damaged head");
-            assert_corrupt(&err, log);
-        }
+    // A changed last number or floor fails the append of a store that
+    // remembers the head from before: its transaction finds the head moved,
+    // and reads the damage in the head it gives back.
+    for (log, _, _) in &damage {
+        let planted = raw_item(&store, &format!("l{log}")).await;
+        let err = store
+            .append(&key(log), vec![b"b".to_vec()], None)
+            .await
+            .expect_err("damaged head");
+        assert_corrupt(&err, log);
+        assert_eq!(
+            raw_item(&store, &format!("l{log}")).await,
+            planted,
+            "{log}: the head changed"
+        );
     }
     // A store that never saw the heads, then the one that did.
     let fresh = builder(&url, store.table()).build().await.expect("open");
@@ -708,6 +713,39 @@ async fn a_damaged_log_head_is_corrupt_for_next_seq_and_append_alike() {
             .await
             .expect("an undamaged log appends"),
         vec![2]
+    );
+}
+
+/// A floor moved by another process's trim (a legitimate change the
+/// store's remembered head does not know) fails the next append's
+/// transaction once; the append goes on from the head DynamoDB gives back,
+/// with the next number, and keeps the trim's floor.
+#[tokio::test]
+async fn an_append_over_a_remembered_head_goes_on_after_a_foreign_trim() {
+    let Some(url) = moto_url() else { return };
+    let store = fresh_store(&url, "trimmed").await;
+    let other = builder(&url, store.table()).build().await.expect("open");
+    for record in [b"a", b"b", b"c"] {
+        store
+            .append(&key("log"), vec![record.to_vec()], None)
+            .await
+            .expect("append");
+    }
+    // Another process trims below 3: the floor moves to 2.
+    assert_eq!(other.trim(&key("log"), 3).await.expect("trim"), 2);
+    for expected in [4, 5] {
+        assert_eq!(
+            store
+                .append(&key("log"), vec![b"d".to_vec()], None)
+                .await
+                .expect("append after the trim"),
+            vec![expected]
+        );
+    }
+    let read = other.read_after(&key("log"), 0, 10).await.expect("read");
+    assert_eq!(
+        read.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        vec![3, 4, 5]
     );
 }
 
