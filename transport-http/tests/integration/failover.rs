@@ -62,6 +62,33 @@ async fn post_call(
         .await?)
 }
 
+/// A `tools/call` of the demo's `slow_progress` tool with JSON-RPC id `id`:
+/// `count` progress events `delay_ms` apart, tagged `tag` (progress token
+/// `p-<tag>`).
+fn slow_progress(id: u64, count: u64, delay_ms: u64, tag: &str) -> serde_json::Value {
+    serde_json::json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {
+            "name": "slow_progress",
+            "arguments": { "count": count, "delay_ms": delay_ms, "tag": tag },
+            "_meta": { "progressToken": format!("p-{tag}") }
+        }
+    })
+}
+
+/// Reads `response`'s SSE body until it holds `n` events with data (10 s
+/// at most per chunk); the body read so far.
+async fn read_events(response: &mut reqwest::Response, n: usize) -> anyhow::Result<String> {
+    let mut body = String::new();
+    while support::event_ids(&body).len() < n {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("the call's stream ended early: {body}"))?;
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    Ok(body)
+}
+
 /// The configured interval, not rmcp's 3 s default, on POST and GET streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_retry_on_every_stream() -> anyhow::Result<()> {
@@ -174,23 +201,10 @@ async fn orphaned_call_is_answered_on_the_other_instance() -> anyhow::Result<()>
     let b = Instance::process(&args).await?;
     let http = reqwest::Client::new();
     let session = raw_initialize(&http, &a.url(), "alice").await?;
-    let call = serde_json::json!({
-        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {
-            "name": "slow_progress",
-            "arguments": { "count": 1000, "delay_ms": 50, "tag": "orphan" },
-            "_meta": { "progressToken": "p-orphan" }
-        }
-    });
+    let call = slow_progress(2, 1000, 50, "orphan");
     let mut response = post_call(&http, &a.url(), &session, &call).await?;
     // Read until three progress events have arrived, keeping the last id.
-    let mut body = String::new();
-    while support::event_ids(&body).len() < 4 {
-        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
-            .await??
-            .ok_or_else(|| anyhow::anyhow!("the call's stream ended early: {body}"))?;
-        body.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let body = read_events(&mut response, 4).await?;
     let last = support::event_ids(&body)
         .last()
         .cloned()
@@ -323,22 +337,9 @@ async fn pipelined_writer_killed_before_a_streams_first_commit_leaves_nothing() 
     let store = mcp_persist_store_sqlite::SqliteStore::open(dir.path().join("state.db")).await?;
     for (run, id) in [(1, 11), (2, 12)] {
         let mut writer = Instance::process(&writer_args).await?;
-        let call = serde_json::json!({
-            "jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {
-                "name": "slow_progress",
-                "arguments": { "count": 1000, "delay_ms": 20, "tag": "uncommitted" },
-                "_meta": { "progressToken": format!("p-uncommitted-{run}") }
-            }
-        });
+        let call = slow_progress(id, 1000, 20, &format!("uncommitted-{run}"));
         let mut response = post_call(&http, &writer.url(), &session, &call).await?;
-        let mut body = String::new();
-        while support::event_ids(&body).len() < 3 {
-            let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
-                .await??
-                .ok_or_else(|| anyhow::anyhow!("the call's stream ended early: {body}"))?;
-            body.push_str(&String::from_utf8_lossy(&chunk));
-        }
+        let body = read_events(&mut response, 3).await?;
         writer.kill().await?;
         let ids = support::event_ids(&body);
         let last: EventId = ids.last().map(String::as_str).unwrap_or_default().parse()?;
@@ -390,14 +391,7 @@ async fn pipelined_writer_killed_before_a_streams_first_commit_leaves_nothing() 
     // The session is served on; a call that completes on a writer started
     // a third time is stored and resumable elsewhere from its first event.
     let mut writer = Instance::process(&writer_args).await?;
-    let call = serde_json::json!({
-        "jsonrpc": "2.0", "id": 13, "method": "tools/call",
-        "params": {
-            "name": "slow_progress",
-            "arguments": { "count": 3, "delay_ms": 1, "tag": "kept" },
-            "_meta": { "progressToken": "p-kept" }
-        }
-    });
+    let call = slow_progress(13, 3, 1, "kept");
     let body = post_call(&http, &writer.url(), &session, &call)
         .await?
         .text()
@@ -449,22 +443,9 @@ async fn crash_mid_stream(level: &str) -> anyhow::Result<()> {
     let b = Instance::process(&args).await?;
     let http = reqwest::Client::new();
     let session = raw_initialize(&http, &a.url(), "alice").await?;
-    let call = serde_json::json!({
-        "jsonrpc": "2.0", "id": 3, "method": "tools/call",
-        "params": {
-            "name": "slow_progress",
-            "arguments": { "count": 100000, "delay_ms": 1, "tag": "piped" },
-            "_meta": { "progressToken": "p-piped" }
-        }
-    });
+    let call = slow_progress(3, 100_000, 1, "piped");
     let mut response = post_call(&http, &a.url(), &session, &call).await?;
-    let mut body = String::new();
-    while support::event_ids(&body).len() < 200 {
-        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk())
-            .await??
-            .ok_or_else(|| anyhow::anyhow!("the call's stream ended early"))?;
-        body.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let body = read_events(&mut response, 200).await?;
     a.kill().await?;
     // The last complete event the client received.
     let complete = &body[..body.rfind("\n\n").unwrap_or(0)];
