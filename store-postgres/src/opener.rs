@@ -12,12 +12,16 @@ use crate::PostgresStore;
 /// Opens `postgres://USER:PASSWORD@HOST:PORT/DATABASE[?schema=NAME]`
 /// (`postgresql://` too; `sslmode=require` for TLS).
 ///
-/// Under [`OpenMode::Existing`] the schema must already hold a store: a
-/// missing schema, or one without the store's tables, is
-/// [`Error::NotFound`](mcp_persist_core::Error::NotFound) and nothing is
-/// created.
+/// Under [`OpenMode::Existing`] and [`OpenMode::ReadOnly`] the schema must
+/// already hold a store: a missing schema, or one without the store's
+/// tables, is [`Error::NotFound`](mcp_persist_core::Error::NotFound) and
+/// nothing is created. [`OpenMode::ReadOnly`] also refuses a store of an
+/// older schema version, which opening would migrate, with
+/// [`Error::Unsupported`](mcp_persist_core::Error::Unsupported), and runs no
+/// sweeper.
 ///
 /// [`OpenMode::Existing`]: mcp_persist_core::registry::OpenMode::Existing
+/// [`OpenMode::ReadOnly`]: mcp_persist_core::registry::OpenMode::ReadOnly
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PostgresOpener;
 

@@ -391,9 +391,10 @@ fn foreign(names: &Names, tables: i64) -> Error {
     )
 }
 
-/// Checks the store's schema, creating or migrating it (unless `mode` is
-/// [`OpenMode::Existing`]). An up-to-date store takes no lock and writes
-/// nothing; a newer or foreign one is refused untouched.
+/// Checks the store's schema, creating it (only under [`OpenMode::Create`])
+/// or migrating it (not under [`OpenMode::ReadOnly`], which refuses an older
+/// store instead). An up-to-date store takes no lock and writes nothing; a
+/// newer or foreign one is refused untouched.
 pub(crate) async fn prepare(
     client: &mut tokio_postgres::Client,
     names: &Names,
@@ -407,10 +408,29 @@ pub(crate) async fn prepare(
         }
         Found::Store(v) if v > i64::from(SCHEMA_VERSION) => return Err(newer(names, v)),
         Found::Foreign(tables) => return Err(foreign(names, tables)),
-        Found::Nothing | Found::EmptySchema if mode == OpenMode::Existing => {
+        // Only `Create` makes a store; a read-only open creates nothing
+        // either (it used to create the schema of a mistyped name).
+        Found::Nothing | Found::EmptySchema if mode != OpenMode::Create => {
             return Err(Error::NotFound {
                 what: "store",
-                detail: Some(format!("not a store: {target} holds no mcp-persist store")),
+                detail: Some(format!(
+                    "not a store: {target} holds no mcp-persist store in schema `{}` \
+                     (nothing was created)",
+                    names.plain
+                )),
+            });
+        }
+        Found::Store(v) if mode == OpenMode::ReadOnly => {
+            tracing::warn!(
+                schema = %names.plain,
+                found = v,
+                supported = SCHEMA_VERSION,
+                "a read-only open of an older Postgres store refused; opening it writable migrates it"
+            );
+            return Err(Error::Unsupported {
+                operation: "a read-only open of a store written by an older version \
+                            (opening would migrate its schema; nothing was changed)",
+                backend: error::NAME,
             });
         }
         _ => {}

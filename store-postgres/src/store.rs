@@ -565,7 +565,10 @@ impl PostgresStoreBuilder {
                 listener,
             }),
         };
-        if let Some(every) = self.sweep_interval {
+        // A reader deletes nothing, expired or not.
+        if let Some(every) = self.sweep_interval
+            && self.mode != OpenMode::ReadOnly
+        {
             spawn_sweeper(Arc::downgrade(&store.inner), every);
         }
         Ok(store)

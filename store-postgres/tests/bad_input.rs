@@ -534,3 +534,47 @@ async fn a_version_1_store_is_migrated_on_open() {
     ))
     .await;
 }
+
+/// `OpenMode::ReadOnly` (what the command line's `ls`, `show`, `stats` and
+/// `check` use) creates nothing where there is no store, and migrates
+/// nothing where there is an older one: a missing schema is `NotFound`, a
+/// version 1 store `Unsupported`, both left exactly as they were, twice.
+#[tokio::test]
+async fn read_only_mode_creates_and_migrates_nothing() {
+    let absent = common::unique_schema("ro_absent");
+    let older = common::unique_schema("ro_older");
+    drop(common::open(&older).await);
+    common::admin(&format!(
+        "DROP FUNCTION \"{older}\".append(text[], int[], bytea[], bigint[], boolean); \
+         UPDATE \"{older}\".meta SET value = 1 WHERE name = 'schema_version';"
+    ))
+    .await;
+    let read_only = |schema: &str| {
+        PostgresStore::builder(&common::url())
+            .schema(schema)
+            .open_mode(OpenMode::ReadOnly)
+            .connect()
+    };
+    for _ in 0..2 {
+        let err = read_only(&absent).await.expect_err("no store there");
+        assert!(
+            matches!(err, Error::NotFound { what: "store", .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("nothing was created"), "{err}");
+        assert!(!schema_exists(&absent).await);
+
+        let err = read_only(&older).await.expect_err("an older store");
+        assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+        common::admin(&format!(
+            "DO $$ BEGIN \
+               IF (SELECT value FROM \"{older}\".meta WHERE name = 'schema_version') <> 1 \
+               THEN RAISE EXCEPTION 'migrated by a read-only open'; END IF; \
+               IF to_regprocedure('\"{older}\".append(text[], int[], bytea[], bigint[], boolean)') \
+                  IS NOT NULL \
+               THEN RAISE EXCEPTION 'the append function came back'; END IF; \
+             END $$;"
+        ))
+        .await;
+    }
+}

@@ -384,3 +384,58 @@ async fn read_only_commands_write_no_secret() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A Postgres URL whose schema holds no store: every read-only command is
+/// refused as not a store (exit 3), twice over, and creates nothing (the
+/// schema of a mistyped name used to be created, tables and all, and
+/// listed as an empty store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_create_no_postgres_schema() -> anyhow::Result<()> {
+    use mcp_persist_core::registry::OpenMode;
+    use mcp_persist_store_postgres::PostgresStore;
+    let Some(base) = service_var("MCP_PERSIST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    let schema = format!(
+        "readonly_{}",
+        unique("pg")
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .map(char::from)
+            .collect::<String>()
+    );
+    let mut url = url::Url::parse(&base)?;
+    url.query_pairs_mut().append_pair("schema", &schema);
+    let store = url.to_string();
+    for _ in 0..2 {
+        for args in read_only_commands(&store, &session_key("x"), &events_log("x")) {
+            let out = run(&args);
+            // The command without the URL, which holds the password.
+            let command: Vec<&String> = args.iter().filter(|a| **a != store).collect();
+            assert_eq!(
+                out.status.code(),
+                Some(3),
+                "{command:?}\n{}{}",
+                stdout(&out),
+                stderr(&out)
+            );
+            assert!(
+                stderr(&out).contains("not a store"),
+                "{command:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
+    // No store was made: one that exists would open here.
+    let err = PostgresStore::builder(&base)
+        .schema(&schema)
+        .open_mode(OpenMode::Existing)
+        .connect()
+        .await
+        .expect_err("a read-only command created the store");
+    assert!(
+        matches!(err, mcp_persist_core::Error::NotFound { .. }),
+        "{err:?}"
+    );
+    Ok(())
+}
