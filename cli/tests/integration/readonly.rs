@@ -385,6 +385,87 @@ async fn read_only_commands_write_no_secret() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every row of the store in Postgres schema `schema` (each table's rows as
+/// text, sorted) and its sequences' positions.
+async fn postgres_rows(url: &str, schema: &str) -> anyhow::Result<Vec<String>> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let task = tokio::spawn(connection);
+    let mut out = Vec::new();
+    for table in ["meta", "kv", "logs", "log_records"] {
+        for row in client
+            .query(
+                &format!("SELECT t::text FROM \"{schema}\".{table} t ORDER BY 1"),
+                &[],
+            )
+            .await?
+        {
+            out.push(format!("{table}: {}", row.get::<_, String>(0)));
+        }
+    }
+    for sequence in ["kv_version", "log_id"] {
+        let row = client
+            .query_one(
+                &format!("SELECT last_value::text FROM \"{schema}\".{sequence}"),
+                &[],
+            )
+            .await?;
+        out.push(format!("{sequence}: {}", row.get::<_, String>(0)));
+    }
+    drop(client);
+    task.abort();
+    Ok(out)
+}
+
+/// A filled Postgres store: every read-only command (those that find
+/// nothing to show included) leaves every row and sequence as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_write_no_postgres_row() -> anyhow::Result<()> {
+    let Some(base) = service_var("MCP_PERSIST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let schema = format!(
+        "readonly_rows_{}",
+        unique("pg")
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .map(char::from)
+            .collect::<String>()
+    );
+    let mut url = url::Url::parse(&base)?;
+    url.query_pairs_mut().append_pair("schema", &schema);
+    let store = url.to_string();
+    cli_expect(&["copy", &filled.server_store, &store], 0);
+    let stream = filled
+        .raw_events
+        .last()
+        .and_then(|id| id.splitn(3, '-').nth(2))
+        .expect("an event id is token-seq-stream");
+    let log = events_log(stream);
+    let key = session_key(&filled.raw_session);
+    let before = postgres_rows(&base, &schema).await?;
+    assert!(
+        before.iter().any(|r| r.starts_with("log_records: ")),
+        "the copy put events in the store"
+    );
+    for args in read_only_commands(&store, &key, &log) {
+        let out = run(&args);
+        let command: Vec<&String> = args.iter().filter(|a| **a != store).collect();
+        assert!(
+            matches!(out.status.code(), Some(0 | 6)),
+            "{command:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            before,
+            postgres_rows(&base, &schema).await?,
+            "{command:?} changed the store"
+        );
+    }
+    Ok(())
+}
+
 /// A Postgres URL whose schema holds no store: every read-only command is
 /// refused as not a store (exit 3), twice over, and creates nothing (the
 /// schema of a mistyped name used to be created, tables and all, and
