@@ -385,6 +385,20 @@ async fn read_only_commands_write_no_secret() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A schema name no other run uses, starting with `what` (a valid Postgres
+/// schema name), and the store URL `base` with it.
+fn postgres_schema_url(base: &str, what: &str) -> anyhow::Result<(String, String)> {
+    let digits: String = unique("pg")
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .map(char::from)
+        .collect();
+    let schema = format!("{what}_{digits}");
+    let mut url = url::Url::parse(base)?;
+    url.query_pairs_mut().append_pair("schema", &schema);
+    Ok((schema, url.to_string()))
+}
+
 /// Every row of the store in Postgres schema `schema` (each table's rows as
 /// text, sorted) and its sequences' positions.
 async fn postgres_rows(url: &str, schema: &str) -> anyhow::Result<Vec<String>> {
@@ -425,17 +439,7 @@ async fn read_only_commands_write_no_postgres_row() -> anyhow::Result<()> {
     };
     let dir = tempfile::tempdir()?;
     let filled = fill(dir.path(), "sqlite").await?;
-    let schema = format!(
-        "readonly_rows_{}",
-        unique("pg")
-            .bytes()
-            .filter(u8::is_ascii_digit)
-            .map(char::from)
-            .collect::<String>()
-    );
-    let mut url = url::Url::parse(&base)?;
-    url.query_pairs_mut().append_pair("schema", &schema);
-    let store = url.to_string();
+    let (schema, store) = postgres_schema_url(&base, "readonly_rows")?;
     cli_expect(&["copy", &filled.server_store, &store], 0);
     let stream = filled
         .raw_events
@@ -477,17 +481,7 @@ async fn read_only_commands_create_no_postgres_schema() -> anyhow::Result<()> {
     let Some(base) = service_var("MCP_PERSIST_POSTGRES_URL") else {
         return Ok(());
     };
-    let schema = format!(
-        "readonly_{}",
-        unique("pg")
-            .bytes()
-            .filter(u8::is_ascii_digit)
-            .map(char::from)
-            .collect::<String>()
-    );
-    let mut url = url::Url::parse(&base)?;
-    url.query_pairs_mut().append_pair("schema", &schema);
-    let store = url.to_string();
+    let (schema, store) = postgres_schema_url(&base, "readonly")?;
     for _ in 0..2 {
         for args in read_only_commands(&store, &session_key("x"), &events_log("x")) {
             let out = run(&args);
