@@ -21,7 +21,9 @@ use crate::DynamoStore;
 /// first ([`DynamoStore::create_table`], idempotent), the one way a store
 /// URL creates anything; without it a missing table is
 /// [`Error::NotFound`] saying how to create it. Opened with
-/// [`OpenMode::Existing`], it writes nothing, `create=1` or not.
+/// [`OpenMode::Existing`] or [`OpenMode::ReadOnly`], it writes nothing,
+/// `create=1` or not, and a missing table is not a store
+/// ([`not_a_store`](mcp_persist_core::registry::not_a_store)).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DynamoOpener;
 
@@ -61,6 +63,9 @@ fn parse(url: &StoreUrl) -> Result<Parsed> {
         match pair.split_once('=') {
             Some(("region", r)) if !r.is_empty() => parsed.region = Some(r.to_owned()),
             Some(("endpoint", e)) if !e.is_empty() => parsed.endpoint = Some(e.to_owned()),
+            Some((name @ ("region" | "endpoint"), _)) => {
+                return Err(usage(url, format!("`{name}=` has no value")));
+            }
             Some(("create", c)) => {
                 parsed.create = match c {
                     "1" | "true" | "yes" => true,
@@ -123,11 +128,14 @@ impl Opener for DynamoOpener {
         }
         match builder.build().await {
             Ok(store) => Ok(OpenedStore::both(store, url)),
-            Err(Error::NotFound { detail, .. }) if options.mode == OpenMode::Existing => {
-                Err(Error::NotFound {
-                    what: "store",
-                    detail,
-                })
+            // A tool that only reads says "not a store", as for every other
+            // backend (it said "DynamoDB table not found" under `ReadOnly`,
+            // which the CLI took for a failing backend).
+            Err(Error::NotFound { detail, .. }) if options.needs_existing() => {
+                Err(mcp_persist_core::registry::not_a_store(format!(
+                    "not a store: {}",
+                    detail.unwrap_or_else(|| format!("no table `{}`", parsed.table))
+                )))
             }
             Err(e) => Err(e),
         }
@@ -166,6 +174,8 @@ mod tests {
             ("dynamodb://t1t?prefix=x", "known: region"),
             ("dynamodb://t1t?create=maybe", "create=1"),
             ("dynamodb://t1t?poll_ms=fast", "whole number"),
+            ("dynamodb://t1t?endpoint=", "`endpoint=` has no value"),
+            ("dynamodb://t1t?region=&create=1", "`region=` has no value"),
         ] {
             let err = parsed(text).expect_err(text);
             assert!(matches!(err, Error::InvalidInput { .. }), "{text}: {err:?}");

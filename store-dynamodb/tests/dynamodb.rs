@@ -422,15 +422,28 @@ fn store_urls_open_through_the_registry() {
 async fn opener_child(moto: &str, table: &str) {
     let registry = Registry::new().with(DynamoOpener);
     let base = format!("dynamodb://{table}?region=us-east-1&endpoint={moto}");
-    // Only reading: missing is NotFound("store"), and `create=1` creates nothing.
-    let err = registry
-        .open(&format!("{base}&create=1"), OpenOptions::existing())
-        .await
-        .expect_err("missing");
-    assert!(
-        matches!(err, Error::NotFound { what: "store", .. }),
-        "{err:?}"
-    );
+    // Only reading: missing is NotFound("store"), and `create=1` creates
+    // nothing, asked twice in both modes that need a store.
+    for options in [
+        OpenOptions::existing(),
+        OpenOptions::read_only(),
+        OpenOptions::existing(),
+        OpenOptions::read_only(),
+    ] {
+        let err = registry
+            .open(&format!("{base}&create=1"), options)
+            .await
+            .expect_err("missing");
+        assert!(
+            matches!(err, Error::NotFound { what: "store", .. }),
+            "{options:?}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("not a store") && text.contains(table),
+            "{options:?}: {text}"
+        );
+    }
     let err = registry
         .open(&base, OpenOptions::default())
         .await

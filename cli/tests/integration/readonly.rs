@@ -514,3 +514,102 @@ async fn read_only_commands_create_no_postgres_schema() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Every item of `table`, each attribute with its value, sorted.
+async fn dynamodb_items(
+    client: &mcp_persist::dynamodb::aws_sdk_dynamodb::Client,
+    table: &str,
+) -> anyhow::Result<Vec<BTreeMap<String, String>>> {
+    let mut items = Vec::new();
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await?;
+        for item in page.items() {
+            items.push(
+                item.iter()
+                    .map(|(name, value)| (name.clone(), format!("{value:?}")))
+                    .collect(),
+            );
+        }
+        start = page.last_evaluated_key().cloned();
+        if start.is_none() {
+            break;
+        }
+    }
+    items.sort();
+    Ok(items)
+}
+
+/// A filled DynamoDB table: every read-only command leaves every item as
+/// it was; a table that does not exist is refused as not a store (exit 3)
+/// and is not created, twice over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_write_no_dynamodb_item() -> anyhow::Result<()> {
+    use mcp_persist::dynamodb::DynamoStore;
+    let Some(moto) = service_var(MOTO_VAR) else {
+        return Ok(());
+    };
+    let client = dynamodb_client(&moto);
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let table = unique("readonly").replace([':', '_'], "-");
+    DynamoStore::create_table(&client, &table).await?;
+    let store = format!("dynamodb://{table}?region=us-east-1&endpoint={moto}");
+    cli_expect(&["copy", &filled.server_store, &store], 0);
+    let stream = filled
+        .raw_events
+        .last()
+        .and_then(|id| id.splitn(3, '-').nth(2))
+        .expect("an event id is token-seq-stream");
+    let log = events_log(stream);
+    let key = session_key(&filled.raw_session);
+    let before = dynamodb_items(&client, &table).await?;
+    assert!(before.len() > 2, "the copy put records in the table");
+    for args in read_only_commands(&store, &key, &log) {
+        let out = run(&args);
+        assert!(
+            matches!(out.status.code(), Some(0 | 6)),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            before,
+            dynamodb_items(&client, &table).await?,
+            "{args:?} changed the table"
+        );
+    }
+
+    let missing = unique("readonly-missing").replace([':', '_'], "-");
+    let tables = || async {
+        let listed = client.list_tables().send().await?;
+        anyhow::Ok(listed.table_names().to_vec())
+    };
+    let tables_before = tables().await?;
+    let store = format!("dynamodb://{missing}?region=us-east-1&endpoint={moto}");
+    for _ in 0..2 {
+        for args in read_only_commands(&store, &session_key("x"), &events_log("x")) {
+            let out = run(&args);
+            assert_eq!(
+                out.status.code(),
+                Some(3),
+                "{args:?}\n{}{}",
+                stdout(&out),
+                stderr(&out)
+            );
+            assert!(
+                stderr(&out).contains("not a store"),
+                "{args:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
+    assert_eq!(tables_before, tables().await?, "a table was created");
+    assert!(!tables().await?.contains(&missing));
+    Ok(())
+}

@@ -92,26 +92,11 @@ async fn dynamodb_store_read_through_the_registry() -> anyhow::Result<()> {
     let Some(moto) = service_var(MOTO_VAR) else {
         return Ok(());
     };
-    use mcp_persist::dynamodb::{
-        DynamoStore,
-        aws_sdk_dynamodb::{
-            Client, Config,
-            config::{BehaviorVersion, Credentials, Region},
-        },
-    };
+    use mcp_persist::dynamodb::DynamoStore;
     // The server in this process writes the table with a client of its own;
     // the binary finds it by URL, with the credentials `cli` gives it.
     let table = unique("cli-registry").replace('_', "-");
-    let client = Client::from_conf(
-        Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .endpoint_url(&moto)
-            .credentials_provider(Credentials::new(
-                "testing", "testing", None, None, "cli-test",
-            ))
-            .build(),
-    );
+    let client = dynamodb_client(&moto);
     DynamoStore::create_table(&client, &table).await?;
     let store = DynamoStore::builder(&table).client(client).build().await?;
     scenario(
