@@ -111,6 +111,38 @@ pub fn not_a_store(detail: impl Into<String>) -> Error {
     }
 }
 
+/// The value of a store URL's `endpoint=` option (a service address, such
+/// as a local emulator's): an `http` or `https` URL with a host, else
+/// [`Error::InvalidInput`] saying what to write. The AWS SDK took an empty
+/// one for a bug of the caller's and panicked, and one without a scheme
+/// failed at the first request, as if the service were unreachable.
+///
+/// ```
+/// use mcp_persist_core::registry::endpoint_option;
+/// assert!(endpoint_option("http://127.0.0.1:5000").is_ok());
+/// assert!(endpoint_option("").is_err());
+/// assert!(endpoint_option("127.0.0.1:5000").is_err());
+/// ```
+pub fn endpoint_option(value: &str) -> Result<String> {
+    let bad = |why: &str| {
+        Error::invalid(
+            "store URL",
+            format!("`endpoint={value}` {why}: write endpoint=http://HOST:PORT (or https://)"),
+        )
+    };
+    if value.is_empty() {
+        return Err(bad("has no value"));
+    }
+    let parsed = url::Url::parse(value).map_err(|e| bad(&format!("is not a URL ({e})")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(bad("is not an http or https URL"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad("names no host"));
+    }
+    Ok(value.to_owned())
+}
+
 /// A store URL: its scheme and the rest, with a form for people that never
 /// shows a password.
 #[derive(Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::{Client, config::Region};
 use mcp_persist_core::{
     Error, Result,
-    registry::{OpenMode, OpenOptions, OpenedStore, Opener, StoreUrl},
+    registry::{OpenMode, OpenOptions, OpenedStore, Opener, StoreUrl, endpoint_option},
 };
 
 use crate::DynamoStore;
@@ -62,10 +62,8 @@ fn parse(url: &StoreUrl) -> Result<Parsed> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("region", r)) if !r.is_empty() => parsed.region = Some(r.to_owned()),
-            Some(("endpoint", e)) if !e.is_empty() => parsed.endpoint = Some(e.to_owned()),
-            Some((name @ ("region" | "endpoint"), _)) => {
-                return Err(usage(url, format!("`{name}=` has no value")));
-            }
+            Some(("endpoint", e)) => parsed.endpoint = Some(endpoint_option(e)?),
+            Some(("region", _)) => return Err(usage(url, "`region=` has no value")),
             Some(("create", c)) => {
                 parsed.create = match c {
                     "1" | "true" | "yes" => true,
@@ -175,6 +173,7 @@ mod tests {
             ("dynamodb://t1t?create=maybe", "create=1"),
             ("dynamodb://t1t?poll_ms=fast", "whole number"),
             ("dynamodb://t1t?endpoint=", "`endpoint=` has no value"),
+            ("dynamodb://t1t?endpoint=localhost:8000", "http://HOST:PORT"),
             ("dynamodb://t1t?region=&create=1", "`region=` has no value"),
         ] {
             let err = parsed(text).expect_err(text);

@@ -7,7 +7,7 @@ use aws_sdk_secretsmanager::{
 };
 use mcp_persist_core::{
     Error, Result,
-    registry::{OpenOptions, OpenedStore, Opener, StoreUrl},
+    registry::{OpenOptions, OpenedStore, Opener, StoreUrl, endpoint_option},
 };
 
 use crate::SecretsManagerStore;
@@ -56,7 +56,7 @@ impl Opener for SecretsManagerOpener {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("prefix", p)) => prefix = Some(p.to_owned()),
-                Some(("endpoint", e)) => endpoint = Some(e.to_owned()),
+                Some(("endpoint", e)) => endpoint = Some(endpoint_option(e)?),
                 _ => {
                     return Err(usage(
                         url,
@@ -102,5 +102,44 @@ impl Opener for SecretsManagerOpener {
             .build()
             .await?;
         Ok(OpenedStore::kv_only(store, url))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bad_urls_say_what_to_write_and_never_panic() {
+        for (text, says) in [
+            (
+                "secretsmanager:us-east-1?prefix=p",
+                "secretsmanager://REGION",
+            ),
+            ("secretsmanager://?prefix=p", "names no region"),
+            ("secretsmanager://us-east-1", "names no prefix"),
+            (
+                "secretsmanager://us-east-1?prefix=p&region=x",
+                "known: prefix, endpoint",
+            ),
+            (
+                "secretsmanager://us-east-1?prefix=p&endpoint=",
+                "`endpoint=` has no value",
+            ),
+            (
+                "secretsmanager://us-east-1?endpoint=&prefix=p",
+                "`endpoint=` has no value",
+            ),
+        ] {
+            for options in [OpenOptions::default(), OpenOptions::read_only()] {
+                let url = StoreUrl::parse(text).expect(text);
+                let err = match SecretsManagerOpener.open(&url, options).await {
+                    Ok(_) => panic!("{text} opened"),
+                    Err(e) => e,
+                };
+                assert!(matches!(err, Error::InvalidInput { .. }), "{text}: {err:?}");
+                assert!(err.to_string().contains(says), "{text}: {err}");
+            }
+        }
     }
 }
