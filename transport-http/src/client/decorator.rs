@@ -120,17 +120,14 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
     async fn post(&self, mut message: ClientJsonRpcMessage, post: Post) -> PostResult<C::Error> {
         let routes = &*self.routes;
         let modern = routes.era.is_modern();
-        let version = (!modern)
-            .then(|| routes.session.state().current())
-            .flatten()
-            .map(|(_, result)| result.protocol_version.to_string());
+        let version = || {
+            (!modern)
+                .then(|| routes.session.state().protocol_version())
+                .flatten()
+        };
         let session = post.session_id.clone().filter(|_| !modern);
-        let traced = RequestSpan::begin(
-            &mut message,
-            &routes.telemetry,
-            session.as_deref(),
-            version.as_deref(),
-        );
+        let traced =
+            RequestSpan::begin(&mut message, &routes.telemetry, session.as_deref(), version);
         let response = match &traced {
             Some(traced) => {
                 let span = traced.span().clone();
@@ -287,6 +284,9 @@ impl<C: StreamableHttpClient + Sync> DurableHttpClient<C> {
 /// `stream`, polled inside `span`: what following it logs carries the
 /// client's server and profile.
 fn in_span(mut stream: SseStream, span: &Span) -> SseStream {
+    if span.is_disabled() {
+        return stream;
+    }
     let span = span.clone();
     futures::stream::poll_fn(move |cx| {
         let _entered = span.enter();

@@ -50,24 +50,45 @@ impl RequestSpan {
     /// The span of `message` if it is a request, a child of the
     /// `traceparent` the application put in it (else the root of a trace of
     /// its own), with its own `traceparent` put in the request's `_meta`.
-    /// `session` is the session it goes in, `version` the protocol version
-    /// it speaks, when known.
+    /// `session` is the session it goes in, `version` gives the protocol
+    /// version it speaks, when known (asked only when the span is recorded
+    /// or metrics are on). `None` for a message that is not a request, and
+    /// when nothing would see the span: no subscriber wants it and no
+    /// metrics are recorded.
     pub(crate) fn begin(
         message: &mut ClientJsonRpcMessage,
         telemetry: &Telemetry,
         session: Option<&str>,
-        version: Option<&str>,
+        version: impl FnOnce() -> Option<String>,
     ) -> Option<RequestSpan> {
         let ClientJsonRpcMessage::Request(request) = message else {
             return None;
         };
+        // Its fields are recorded once it is known to be wanted: with the
+        // span off and no metrics, nothing would see them, and naming them
+        // cost every call a few allocations (and a copy of the session's
+        // whole `initialize` result, for its protocol version).
+        let span = tracing::info_span!(
+            "mcp.client",
+            otel.name = Empty,
+            otel.kind = "client",
+            mcp.method.name = Empty,
+            jsonrpc.request.id = %request.id,
+            gen_ai.tool.name = Empty,
+            mcp.protocol.version = Empty,
+            mcp.session.id = Empty,
+            error.type = Empty,
+        );
+        if span.is_disabled() && !telemetry.records_metrics() {
+            return None;
+        }
         let method = request.request.method().to_owned();
         let tool = match &request.request {
             ClientRequest::CallToolRequest(call) => Some(call.params.name.to_string()),
             _ => None,
         };
         // A 2026-07-28 request says its version in `_meta`.
-        let version = version.map(str::to_owned).or_else(|| {
+        let version = version().or_else(|| {
             request
                 .request
                 .get_meta()
@@ -75,21 +96,23 @@ impl RequestSpan {
                 .and_then(Value::as_str)
                 .map(str::to_owned)
         });
-        let name = match &tool {
-            Some(tool) => format!("{method} {tool}"),
-            None => method.clone(),
-        };
-        let span = tracing::info_span!(
-            "mcp.client",
-            otel.name = %name,
-            otel.kind = "client",
-            mcp.method.name = %method,
-            jsonrpc.request.id = %request.id,
-            gen_ai.tool.name = tool.as_deref(),
-            mcp.protocol.version = version.as_deref(),
-            mcp.session.id = session.and_then(|s| telemetry.session_attribute(s)),
-            error.type = Empty,
-        );
+        if !span.is_disabled() {
+            let name = match &tool {
+                Some(tool) => format!("{method} {tool}"),
+                None => method.clone(),
+            };
+            span.record("otel.name", name.as_str());
+            span.record("mcp.method.name", method.as_str());
+            if let Some(tool) = &tool {
+                span.record("gen_ai.tool.name", tool.as_str());
+            }
+            if let Some(version) = &version {
+                span.record("mcp.protocol.version", version.as_str());
+            }
+            if let Some(session) = session.and_then(|s| telemetry.session_attribute(s)) {
+                span.record("mcp.session.id", session.as_str());
+            }
+        }
         continue_trace(&span, carried_traceparent(&request.request).as_deref());
         if let Some(traceparent) = traceparent_of(&span) {
             request.request.get_meta_mut().set_traceparent(traceparent);

@@ -84,6 +84,14 @@ impl SessionState {
         lock(&self.slot).current.clone()
     }
 
+    /// The protocol version the session in use speaks.
+    pub(crate) fn protocol_version(&self) -> Option<String> {
+        lock(&self.slot)
+            .current
+            .as_ref()
+            .map(|(_, result)| result.protocol_version.to_string())
+    }
+
     /// Lets (or stops letting) the next DELETE through.
     pub(crate) fn set_ending(&self, ending: bool) {
         lock(&self.slot).ending = ending;
