@@ -474,6 +474,16 @@ async fn opener_child(moto: &str, table: &str) {
     log.append(&key("l"), vec![b"x".to_vec()], None)
         .await
         .expect("append");
+    // The modes every backend's opener keeps, on a table of their own:
+    // only `create=1` under `Create` makes one.
+    let other = format!("dynamodb://{table}-modes?region=us-east-1&endpoint={moto}");
+    mcp_persist_core::conformance::opener::open_modes(
+        DynamoOpener,
+        &other,
+        &format!("{other}&create=1"),
+        mcp_persist_core::conformance::opener::Absent::NotAStore,
+    )
+    .await;
 }
 
 /// A conditional write whose answer is lost, retried by the SDK, finds its

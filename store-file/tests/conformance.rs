@@ -9,3 +9,30 @@ mcp_persist_core::backend_conformance!(open: |place| async move {
     FileStore::open_with(place.dir.join("store"), FileStoreOptions::default().segment_bytes(2048))
         .await
 });
+
+/// Opened by URL: a missing folder is not a store to `ReadOnly` and
+/// `Existing`, twice over, and only `Create` makes one.
+#[tokio::test]
+async fn open_modes() {
+    use mcp_persist_core::conformance::opener::{Absent, open_modes};
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let url = format!("file:{}", dir.path().join("store").display());
+    open_modes(
+        mcp_persist_store_file::FileOpener,
+        &url,
+        &url,
+        Absent::NotAStore,
+    )
+    .await;
+    // An empty folder is not a store either.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("an empty folder");
+    let url = format!("file:{}", empty.display());
+    open_modes(
+        mcp_persist_store_file::FileOpener,
+        &url,
+        &url,
+        Absent::NotAStore,
+    )
+    .await;
+}

@@ -13,3 +13,21 @@ mcp_persist_core::backend_conformance!(open: |place| async move {
         .connect()
         .await
 });
+
+/// Opened by URL: a schema that does not exist is not a store to
+/// `ReadOnly` and `Existing`, twice over, and only `Create` makes one.
+#[tokio::test]
+async fn open_modes() {
+    use mcp_persist_core::conformance::opener::{Absent, open_modes};
+    let mut url = url::Url::parse(&common::url()).expect("the test Postgres URL");
+    url.query_pairs_mut()
+        .append_pair("schema", &common::unique_schema("open_modes"));
+    let url = url.to_string();
+    open_modes(
+        mcp_persist_store_postgres::PostgresOpener,
+        &url,
+        &url,
+        Absent::NotAStore,
+    )
+    .await;
+}

@@ -47,3 +47,19 @@ mod in_memory {
     mcp_persist_core::kv_conformance!(memory());
     mcp_persist_core::log_conformance!(memory());
 }
+
+/// Opened by URL: a missing database file is not a store to `ReadOnly`
+/// and `Existing`, twice over, and only `Create` makes one.
+#[tokio::test]
+async fn open_modes() {
+    use mcp_persist_core::conformance::opener::{Absent, open_modes};
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let url = format!("sqlite:{}", dir.path().join("store.db").display());
+    open_modes(
+        mcp_persist_store_sqlite::SqliteOpener,
+        &url,
+        &url,
+        Absent::NotAStore,
+    )
+    .await;
+}

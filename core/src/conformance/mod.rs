@@ -43,6 +43,7 @@ pub fn key(text: impl AsRef<str>) -> Key {
 pub mod crash;
 pub mod kv;
 pub mod log;
+pub mod opener;
 pub mod samples;
 pub mod tasks;
 pub mod typed;
