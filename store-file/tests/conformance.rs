@@ -16,23 +16,12 @@ mcp_persist_core::backend_conformance!(open: |place| async move {
 async fn open_modes() {
     use mcp_persist_core::conformance::opener::{Absent, open_modes};
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let url = format!("file:{}", dir.path().join("store").display());
-    open_modes(
-        mcp_persist_store_file::FileOpener,
-        &url,
-        &url,
-        Absent::NotAStore,
-    )
-    .await;
-    // An empty folder is not a store either.
+    // A missing folder, and an empty one: neither is a store.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).expect("an empty folder");
-    let url = format!("file:{}", empty.display());
-    open_modes(
-        mcp_persist_store_file::FileOpener,
-        &url,
-        &url,
-        Absent::NotAStore,
-    )
-    .await;
+    for folder in [dir.path().join("store"), empty] {
+        let url = format!("file:{}", folder.display());
+        let file = mcp_persist_store_file::FileOpener;
+        open_modes(file, &url, &url, Absent::NotAStore).await;
+    }
 }

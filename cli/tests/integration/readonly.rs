@@ -470,23 +470,14 @@ async fn read_only_commands_write_no_postgres_row() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Postgres URL whose schema holds no store: every read-only command is
-/// refused as not a store (exit 3), twice over, and creates nothing (the
-/// schema of a mistyped name used to be created, tables and all, and
-/// listed as an empty store).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_only_commands_create_no_postgres_schema() -> anyhow::Result<()> {
-    use mcp_persist_core::registry::OpenMode;
-    use mcp_persist_store_postgres::PostgresStore;
-    let Some(base) = service_var("MCP_PERSIST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    let (schema, store) = postgres_schema_url(&base, "readonly")?;
+/// Every read-only command on `store`, a URL where no store is, twice
+/// over: refused as not a store (exit 3). A failing command is printed
+/// without the URL, which may hold a password.
+fn each_refused_as_not_a_store(store: &str) {
     for _ in 0..2 {
-        for args in read_only_commands(&store, &session_key("x"), &events_log("x")) {
+        for args in read_only_commands(store, &session_key("x"), &events_log("x")) {
             let out = run(&args);
-            // The command without the URL, which holds the password.
-            let command: Vec<&String> = args.iter().filter(|a| **a != store).collect();
+            let command: Vec<&String> = args.iter().filter(|a| *a != store).collect();
             assert_eq!(
                 out.status.code(),
                 Some(3),
@@ -501,6 +492,21 @@ async fn read_only_commands_create_no_postgres_schema() -> anyhow::Result<()> {
             );
         }
     }
+}
+
+/// A Postgres URL whose schema holds no store: every read-only command is
+/// refused as not a store (exit 3), twice over, and creates nothing (the
+/// schema of a mistyped name used to be created, tables and all, and
+/// listed as an empty store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_create_no_postgres_schema() -> anyhow::Result<()> {
+    use mcp_persist_core::registry::OpenMode;
+    use mcp_persist_store_postgres::PostgresStore;
+    let Some(base) = service_var("MCP_PERSIST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    let (schema, store) = postgres_schema_url(&base, "readonly")?;
+    each_refused_as_not_a_store(&store);
     // No store was made: one that exists would open here.
     let err = PostgresStore::builder(&base)
         .schema(&schema)
@@ -591,24 +597,9 @@ async fn read_only_commands_write_no_dynamodb_item() -> anyhow::Result<()> {
         anyhow::Ok(listed.table_names().to_vec())
     };
     let tables_before = tables().await?;
-    let store = format!("dynamodb://{missing}?region=us-east-1&endpoint={moto}");
-    for _ in 0..2 {
-        for args in read_only_commands(&store, &session_key("x"), &events_log("x")) {
-            let out = run(&args);
-            assert_eq!(
-                out.status.code(),
-                Some(3),
-                "{args:?}\n{}{}",
-                stdout(&out),
-                stderr(&out)
-            );
-            assert!(
-                stderr(&out).contains("not a store"),
-                "{args:?}: {}",
-                stderr(&out)
-            );
-        }
-    }
+    each_refused_as_not_a_store(&format!(
+        "dynamodb://{missing}?region=us-east-1&endpoint={moto}"
+    ));
     assert_eq!(tables_before, tables().await?, "a table was created");
     assert!(!tables().await?.contains(&missing));
     Ok(())
