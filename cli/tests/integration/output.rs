@@ -227,13 +227,7 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
         .shared_keys()
         .get_or_create("request-state")
         .await?;
-    let stream = filled
-        .raw_events
-        .last()
-        .and_then(|id| id.splitn(3, '-').nth(2))
-        .expect("token-seq-stream");
-    let session = session_key(&filled.raw_session);
-    let log = events_log(stream);
+    let (session, log) = filled.session_and_log();
     let none_log = events_log("none");
     let copy_dest = format!("sqlite:{}", dir.path().join("copy.db").display());
     // A keyring file for `rekey` (owner-only, as the tool requires).

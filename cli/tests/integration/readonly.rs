@@ -124,13 +124,7 @@ async fn real_store_scenario(scheme: &str) -> anyhow::Result<()> {
     };
     (filled.server_store, filled.client_store) = stores;
     sqlite_at_rest(dir.path()).await;
-    let stream = filled
-        .raw_events
-        .last()
-        .and_then(|id| id.splitn(3, '-').nth(2))
-        .expect("an event id is token-seq-stream");
-    let log = events_log(stream);
-    let key = session_key(&filled.raw_session);
+    let (key, log) = filled.session_and_log();
     for store in [&filled.server_store, &filled.client_store] {
         assert_reads_leave_tree_alone(dir.path(), snapshot, store, &key, &log);
     }
@@ -292,13 +286,7 @@ async fn read_only_commands_write_no_redis_key() -> anyhow::Result<()> {
     let prefix = unique("readonly");
     let url = format!("{}?prefix={prefix}", redis.trim_end_matches('/'));
     cli_expect(&["copy", &filled.server_store, &url], 0);
-    let stream = filled
-        .raw_events
-        .last()
-        .and_then(|id| id.splitn(3, '-').nth(2))
-        .expect("an event id is token-seq-stream");
-    let log = events_log(stream);
-    let key = session_key(&filled.raw_session);
+    let (key, log) = filled.session_and_log();
     let empty_prefix = unique("readonly-empty");
     let empty = format!("{}?prefix={empty_prefix}", redis.trim_end_matches('/'));
     for (store, prefix) in [(&url, &prefix), (&empty, &empty_prefix)] {
@@ -441,13 +429,7 @@ async fn read_only_commands_write_no_postgres_row() -> anyhow::Result<()> {
     let filled = fill(dir.path(), "sqlite").await?;
     let (schema, store) = postgres_schema_url(&base, "readonly_rows")?;
     cli_expect(&["copy", &filled.server_store, &store], 0);
-    let stream = filled
-        .raw_events
-        .last()
-        .and_then(|id| id.splitn(3, '-').nth(2))
-        .expect("an event id is token-seq-stream");
-    let log = events_log(stream);
-    let key = session_key(&filled.raw_session);
+    let (key, log) = filled.session_and_log();
     let before = postgres_rows(&base, &schema).await?;
     assert!(
         before.iter().any(|r| r.starts_with("log_records: ")),
@@ -568,13 +550,7 @@ async fn read_only_commands_write_no_dynamodb_item() -> anyhow::Result<()> {
     DynamoStore::create_table(&client, &table).await?;
     let store = format!("dynamodb://{table}?region=us-east-1&endpoint={moto}");
     cli_expect(&["copy", &filled.server_store, &store], 0);
-    let stream = filled
-        .raw_events
-        .last()
-        .and_then(|id| id.splitn(3, '-').nth(2))
-        .expect("an event id is token-seq-stream");
-    let log = events_log(stream);
-    let key = session_key(&filled.raw_session);
+    let (key, log) = filled.session_and_log();
     let before = dynamodb_items(&client, &table).await?;
     assert!(before.len() > 2, "the copy put records in the table");
     for args in read_only_commands(&store, &key, &log) {

@@ -372,6 +372,19 @@ pub struct Filled {
     pub raw_events: Vec<String>,
 }
 
+impl Filled {
+    /// The key of the raw session's record and the log name of the stream
+    /// its last event went to: a record and a log `show` finds.
+    pub fn session_and_log(&self) -> (String, String) {
+        let stream = self
+            .raw_events
+            .last()
+            .and_then(|id| id.splitn(3, '-').nth(2))
+            .expect("an event id is token-seq-stream");
+        (session_key(&self.raw_session), events_log(stream))
+    }
+}
+
 pub async fn open_local(url: &str) -> anyhow::Result<Stores> {
     Ok(if let Some(path) = url.strip_prefix("sqlite:") {
         Stores::new(mcp_persist_store_sqlite::SqliteStore::open(path).await?)
