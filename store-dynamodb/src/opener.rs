@@ -138,6 +138,12 @@ impl Opener for DynamoOpener {
             Err(e) => Err(e),
         }
     }
+
+    /// Checks the URL as `open` does, without a request; whether the table
+    /// is there is `open`'s question.
+    async fn exists(&self, url: &StoreUrl, _options: OpenOptions) -> Result<bool> {
+        parse(url).map(|_| true)
+    }
 }
 
 #[cfg(test)]
@@ -162,8 +168,9 @@ mod tests {
         assert!(!plain.create);
     }
 
-    #[test]
-    fn bad_urls_say_what_to_write() {
+    #[tokio::test]
+    async fn bad_urls_say_what_to_write() {
+        let mut cases = Vec::new();
         for (text, says) in [
             ("dynamodb:mcp-state", "dynamodb://TABLE"),
             ("dynamodb://", "names no table"),
@@ -179,6 +186,10 @@ mod tests {
             let err = parsed(text).expect_err(text);
             assert!(matches!(err, Error::InvalidInput { .. }), "{text}: {err:?}");
             assert!(err.to_string().contains(says), "{text}: {err}");
+            cases.push((text, says));
         }
+        // A dry run and a split store ask `exists` first: refused alike, in
+        // every mode, before any request.
+        mcp_persist_core::conformance::opener::refused_alike(DynamoOpener, &cases).await;
     }
 }

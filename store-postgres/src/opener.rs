@@ -43,4 +43,43 @@ impl Opener for PostgresOpener {
             .await?;
         Ok(OpenedStore::both(store, url))
     }
+
+    /// Checks the URL as `open` does, without connecting; whether the
+    /// schema holds a store is `open`'s question.
+    async fn exists(&self, url: &StoreUrl, _options: OpenOptions) -> Result<bool> {
+        crate::store::check_url(url.as_str()).map(|_| true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dry run and a split store ask `exists` before anything is opened:
+    /// it refuses each URL `open` refuses, with the same words, and neither
+    /// connects (the host does not resolve).
+    #[tokio::test]
+    async fn exists_refuses_what_open_refuses() {
+        mcp_persist_core::conformance::opener::refused_alike(
+            PostgresOpener,
+            &[
+                ("postgres://app:pw@nowhere.invalid/data?bogus=1", "bogus"),
+                (
+                    "postgres://app:pw@nowhere.invalid/data?schema=Bad-Name",
+                    "schema name",
+                ),
+                ("postgres://nowhere.invalid/data", "names no user"),
+                ("postgres:///data", "names no host"),
+            ],
+        )
+        .await;
+        let good =
+            StoreUrl::parse("postgres://app:pw@nowhere.invalid/data?schema=app1").expect("parses");
+        assert!(
+            PostgresOpener
+                .exists(&good, OpenOptions::read_only())
+                .await
+                .expect("a well-formed URL is checked without connecting")
+        );
+    }
 }

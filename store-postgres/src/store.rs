@@ -230,6 +230,25 @@ fn parse_url(url: &str) -> Result<(Config, Option<String>)> {
     Ok((config, schema))
 }
 
+/// A configuration without a user is refused: there is no default login.
+fn check_user(config: &Config) -> Result<()> {
+    match config.get_user() {
+        Some(_) => Ok(()),
+        None => Err(Error::invalid(
+            "Postgres URL",
+            "it names no user: write postgres://USER:PASSWORD@HOST:PORT/DATABASE",
+        )),
+    }
+}
+
+/// Checks a URL as [`PostgresStoreBuilder::connect`] does before it
+/// connects: its form, options, user and schema name.
+pub(crate) fn check_url(url: &str) -> Result<()> {
+    let (config, schema) = parse_url(url)?;
+    schema::check_name(schema.as_deref().unwrap_or(DEFAULT_SCHEMA))?;
+    check_user(&config)
+}
+
 impl PostgresStore {
     /// A builder for the database a URL names:
     /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE`, with `?schema=NAME`
@@ -494,12 +513,7 @@ impl PostgresStoreBuilder {
         let mut config = self.config?;
         let schema = self.schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned());
         schema::check_name(&schema)?;
-        if config.get_user().is_none() {
-            return Err(Error::invalid(
-                "Postgres URL",
-                "it names no user: write postgres://USER:PASSWORD@HOST:PORT/DATABASE",
-            ));
-        }
+        check_user(&config)?;
         if config.get_hosts().is_empty() {
             config.host("localhost");
         }

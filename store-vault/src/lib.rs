@@ -39,7 +39,8 @@
 //!   name would pass 512 characters is cut and followed by `=H` and its
 //!   SHA-256; its full text is kept in the secret's description, and every
 //!   read checks it. Prefixes of two stores must not be prefixes of one
-//!   another.
+//!   another, and none is empty (refused: every secret of the account
+//!   would be the store's).
 //! * **The value is the secret's binary value, whole**: up to 64 KiB
 //!   ([`MAX_VALUE_BYTES`]); one byte more is [`Error::TooLarge`] and writes
 //!   nothing. The record's version, expiry, a digest of key and value, and
@@ -193,7 +194,10 @@ impl SecretsManagerStore {
     pub const HOLDS_LOGS: bool = false;
 
     /// A builder for a store whose secret names start with `prefix`
-    /// (characters `A-Z a-z 0-9 / _ + = . @ -`, at most 256).
+    /// (characters `A-Z a-z 0-9 / _ + = . @ -`, at most 256). An empty
+    /// prefix is refused by [`build`](SecretsManagerStoreBuilder::build) as
+    /// [`Error::InvalidInput`]: it would make every secret of the account
+    /// and region this store's.
     pub fn builder(prefix: impl Into<String>) -> SecretsManagerStoreBuilder {
         SecretsManagerStoreBuilder {
             prefix: prefix.into(),

@@ -21,6 +21,10 @@ use sha2::{Digest, Sha256};
 pub(crate) const MAX_NAME_CHARS: usize = 512;
 /// The longest name prefix this store accepts, leaving room for keys.
 pub(crate) const MAX_PREFIX_CHARS: usize = 256;
+/// Why an empty prefix is refused, and what to name instead.
+pub(crate) const EMPTY_PREFIX: &str = "an empty prefix would make every secret of the account and region this store's, \
+     so that deleting or overwriting a record could replace another application's secret; \
+     name one the application alone writes under, such as `my-agent/`";
 /// Marks a hashed name: `=` followed by a non-hex character.
 const HASH_MARK: &str = "=H";
 /// Characters of a hashed name after the cut escaped key.
@@ -125,6 +129,12 @@ pub(crate) struct Names {
 impl Names {
     /// Checks the prefix: name characters only, at most [`MAX_PREFIX_CHARS`].
     pub(crate) fn new(prefix: String) -> Result<Self> {
+        if prefix.is_empty() {
+            // Every secret name starts with the empty prefix: the store would
+            // list every secret of the account and region as its own, and
+            // `rm` or an overwrite would replace their values.
+            return Err(Error::invalid("secret name prefix", EMPTY_PREFIX));
+        }
         if prefix.len() > MAX_PREFIX_CHARS {
             return Err(Error::TooLarge {
                 what: "secret name prefix",
@@ -268,6 +278,10 @@ mod tests {
             Names::new("p".repeat(MAX_PREFIX_CHARS + 1)),
             Err(Error::TooLarge { .. })
         ));
-        assert!(Names::new(String::new()).is_ok());
+        let empty = Names::new(String::new()).expect_err("an empty prefix claims every secret");
+        assert!(
+            matches!(&empty, Error::InvalidInput { .. }) && empty.to_string().contains("my-agent/"),
+            "{empty}"
+        );
     }
 }

@@ -27,6 +27,71 @@ fn usage(url: &StoreUrl, why: impl std::fmt::Display) -> Error {
     Error::invalid("store URL", format!("`{url}`: {why}"))
 }
 
+/// What a `secretsmanager://` URL says, checked without a request: the
+/// region, the name prefix, and an endpoint with the environment's
+/// credentials for it.
+struct Parsed {
+    region: String,
+    prefix: String,
+    endpoint: Option<(String, (String, String))>,
+}
+
+fn parse(url: &StoreUrl) -> Result<Parsed> {
+    let rest = url
+        .rest()
+        .strip_prefix("//")
+        .ok_or_else(|| usage(url, "write secretsmanager://REGION?prefix=P"))?;
+    let (region, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let region = region.trim_end_matches('/');
+    if region.is_empty() {
+        return Err(usage(
+            url,
+            "names no region; write secretsmanager://REGION?prefix=P",
+        ));
+    }
+    let (mut prefix, mut endpoint) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("prefix", p)) => prefix = Some(p.to_owned()),
+            Some(("endpoint", e)) => endpoint = Some(endpoint_option(e)?),
+            _ => {
+                return Err(usage(
+                    url,
+                    format!("unknown option `{pair}`; known: prefix, endpoint"),
+                ));
+            }
+        }
+    }
+    let prefix = prefix.ok_or_else(|| {
+            usage(
+                url,
+                format!("names no prefix; write secretsmanager://{region}?prefix=P (the prefix the application uses)"),
+            )
+        })?;
+    if prefix.is_empty() {
+        return Err(usage(url, crate::names::EMPTY_PREFIX));
+    }
+    crate::names::Names::new(prefix.clone())?;
+    let endpoint = match endpoint {
+        Some(endpoint) => {
+            let key = std::env::var("AWS_ACCESS_KEY_ID").map_err(|_| {
+                usage(
+                    url,
+                    "with endpoint= it needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment (any value for a local emulator)",
+                )
+            })?;
+            let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default();
+            Some((endpoint, (key, secret)))
+        }
+        None => None,
+    };
+    Ok(Parsed {
+        region: region.to_owned(),
+        prefix,
+        endpoint,
+    })
+}
+
 #[async_trait]
 impl Opener for SecretsManagerOpener {
     fn schemes(&self) -> &'static [&'static str] {
@@ -40,46 +105,13 @@ impl Opener for SecretsManagerOpener {
     }
 
     async fn open(&self, url: &StoreUrl, _options: OpenOptions) -> Result<OpenedStore> {
-        let rest = url
-            .rest()
-            .strip_prefix("//")
-            .ok_or_else(|| usage(url, "write secretsmanager://REGION?prefix=P"))?;
-        let (region, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let region = region.trim_end_matches('/');
-        if region.is_empty() {
-            return Err(usage(
-                url,
-                "names no region; write secretsmanager://REGION?prefix=P",
-            ));
-        }
-        let (mut prefix, mut endpoint) = (None, None);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("prefix", p)) => prefix = Some(p.to_owned()),
-                Some(("endpoint", e)) => endpoint = Some(endpoint_option(e)?),
-                _ => {
-                    return Err(usage(
-                        url,
-                        format!("unknown option `{pair}`; known: prefix, endpoint"),
-                    ));
-                }
-            }
-        }
-        let prefix = prefix.ok_or_else(|| {
-            usage(
-                url,
-                format!("names no prefix; write secretsmanager://{region}?prefix=P (the prefix the application uses)"),
-            )
-        })?;
+        let Parsed {
+            region,
+            prefix,
+            endpoint,
+        } = parse(url)?;
         let client = match endpoint {
-            Some(endpoint) => {
-                let key = std::env::var("AWS_ACCESS_KEY_ID").map_err(|_| {
-                    usage(
-                        url,
-                        "with endpoint= it needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment (any value for a local emulator)",
-                    )
-                })?;
-                let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default();
+            Some((endpoint, (key, secret))) => {
                 let config = Config::builder()
                     .behavior_version(BehaviorVersion::latest())
                     .region(Region::new(region.to_owned()))
@@ -103,6 +135,12 @@ impl Opener for SecretsManagerOpener {
             .await?;
         Ok(OpenedStore::kv_only(store, url))
     }
+
+    /// Checks the URL as `open` does, without a request. A prefix leaves no
+    /// mark of a store in the account, so a well-formed URL is one.
+    async fn exists(&self, url: &StoreUrl, _options: OpenOptions) -> Result<bool> {
+        parse(url).map(|_| true)
+    }
 }
 
 #[cfg(test)]
@@ -111,7 +149,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_urls_say_what_to_write_and_never_panic() {
-        for (text, says) in [
+        let cases = [
             (
                 "secretsmanager:us-east-1?prefix=p",
                 "secretsmanager://REGION",
@@ -130,16 +168,15 @@ mod tests {
                 "secretsmanager://us-east-1?endpoint=&prefix=p",
                 "`endpoint=` has no value",
             ),
-        ] {
-            for options in [OpenOptions::default(), OpenOptions::read_only()] {
-                let url = StoreUrl::parse(text).expect(text);
-                let err = match SecretsManagerOpener.open(&url, options).await {
-                    Ok(_) => panic!("{text} opened"),
-                    Err(e) => e,
-                };
-                assert!(matches!(err, Error::InvalidInput { .. }), "{text}: {err:?}");
-                assert!(err.to_string().contains(says), "{text}: {err}");
-            }
-        }
+            ("secretsmanager://us-east-1?prefix=", "an empty prefix"),
+            ("secretsmanager://us-east-1?prefix=a*b/", "only A-Z"),
+            (
+                "secretsmanager://us-east-1?prefix=&endpoint=http://127.0.0.1:9",
+                "an empty prefix",
+            ),
+        ];
+        // Opened for writing, existing and read-only, and asked by `exists`
+        // (a dry run, a split store): refused alike, before any request.
+        mcp_persist_core::conformance::opener::refused_alike(SecretsManagerOpener, &cases).await;
     }
 }

@@ -13,3 +13,4 @@ mod readonly;
 mod registry_backends;
 mod sealing;
 mod secrets;
+mod shared_account;

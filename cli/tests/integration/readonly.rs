@@ -313,22 +313,10 @@ async fn read_only_commands_write_no_secret() -> anyhow::Result<()> {
     );
     cli_expect(&["copy", &filled.client_store, &split], 0);
     sqlite_at_rest(&rest).await;
-    let secrets = {
-        use mcp_persist_store_vault::aws_sdk_secretsmanager::{
-            Client, Config,
-            config::{BehaviorVersion, Credentials, Region},
-        };
-        let config = Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("testing", "testing", None, None, "test"))
-            .endpoint_url(&moto)
-            .build();
-        mcp_persist_store_vault::SecretsManagerStore::builder(prefix.clone())
-            .client(Client::from_conf(config))
-            .build()
-            .await?
-    };
+    let secrets = mcp_persist_store_vault::SecretsManagerStore::builder(prefix.clone())
+        .client(secrets_client(&moto))
+        .build()
+        .await?;
     let snapshot = || async {
         let mut out = BTreeMap::new();
         for key in secrets.list("").await? {

@@ -75,6 +75,24 @@ pub fn dynamodb_client(moto: &str) -> mcp_persist::dynamodb::aws_sdk_dynamodb::C
     )
 }
 
+/// A Secrets Manager client of the test's moto server.
+pub fn secrets_client(moto: &str) -> mcp_persist_store_vault::aws_sdk_secretsmanager::Client {
+    use mcp_persist_store_vault::aws_sdk_secretsmanager::{
+        Client, Config,
+        config::{BehaviorVersion, Credentials, Region},
+    };
+    Client::from_conf(
+        Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(moto)
+            .credentials_provider(Credentials::new(
+                "testing", "testing", None, None, "cli-test",
+            ))
+            .build(),
+    )
+}
+
 /// Runs the `mcp-persist` binary and returns its output.
 pub fn cli(args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_mcp-persist"))

@@ -118,3 +118,46 @@ pub async fn open_modes(opener: impl Opener, absent: &str, create: &str, expect:
         }
     }
 }
+
+/// Checks that `opener` refuses each of `bad` (a URL and words its error
+/// must hold) as [`Error::InvalidInput`] in every open mode, and that
+/// [`Opener::exists`] refuses it too, with the same error, so that a dry
+/// run or a split store (which ask `exists` of every part before they open
+/// one) refuses it before anything is made. The URLs must be refused
+/// before any request: give hosts that do not answer.
+///
+/// Panics with a message on the first URL that breaks it.
+pub async fn refused_alike(opener: impl Opener, bad: &[(&str, &str)]) {
+    for (text, says) in bad {
+        let url = crate::registry::StoreUrl::parse(text)
+            .unwrap_or_else(|e| panic!("{text} is no store URL at all: {e}"));
+        for options in [
+            OpenOptions::default(),
+            OpenOptions::existing(),
+            OpenOptions::read_only(),
+        ] {
+            let opened = match opener.open(&url, options).await {
+                Ok(store) => panic!("{text}, {options:?}: opened {}", store.label),
+                Err(e) => e,
+            };
+            assert!(
+                matches!(opened, Error::InvalidInput { .. }),
+                "{text}, {options:?}: a bad URL must be InvalidInput, not {opened:?}"
+            );
+            assert!(
+                opened.to_string().contains(says),
+                "{text}, {options:?}: the error must say `{says}`: {opened}"
+            );
+            match opener.exists(&url, options).await {
+                Err(asked) => assert_eq!(
+                    asked.to_string(),
+                    opened.to_string(),
+                    "{text}, {options:?}: `exists` and `open` must refuse alike"
+                ),
+                Ok(found) => panic!(
+                    "{text}, {options:?}: `exists` answered {found} where `open` refuses: {opened}"
+                ),
+            }
+        }
+    }
+}
