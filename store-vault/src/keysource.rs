@@ -24,13 +24,20 @@ const NOT_FOUND: &str = "ResourceNotFoundException";
 /// [reload](mcp_persist_core::seal::Sealing::reload_every) pick it up.
 /// Errors carry the service's code and message, never the secret's text.
 ///
+/// Name the keyring outside the prefix of any [`SecretsManagerStore`](crate::SecretsManagerStore):
+/// every secret under a store's prefix is taken for one of its records, so
+/// `mcp-persist check` would report the keyring as damaged and
+/// `mcp-persist rm --prefix` could replace it with a tombstone. The crate's
+/// example keeps records under `my-agent/`; this keyring is `my-agent-keys`,
+/// outside it.
+///
 /// ```no_run
 /// # async fn run() -> Result<(), mcp_persist_core::Error> {
 /// use std::{sync::Arc, time::Duration};
 /// use mcp_persist_core::{MemoryStore, Stores, seal::{KeySource, Sealing}};
 /// use mcp_persist_store_vault::SecretsManagerKeys;
 ///
-/// let source = SecretsManagerKeys::from_env("my-agent/sealing-keys").await?;
+/// let source = SecretsManagerKeys::from_env("my-agent-keys").await?;
 /// let sealing = Sealing::new(source.load().await?);
 /// // A rotation done in Secrets Manager reaches this process within 5 minutes.
 /// let _reloading = sealing.reload_every(Arc::new(source), Duration::from_secs(300));

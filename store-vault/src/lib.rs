@@ -40,7 +40,10 @@
 //!   SHA-256; its full text is kept in the secret's description, and every
 //!   read checks it. Prefixes of two stores must not be prefixes of one
 //!   another, and none is empty (refused: every secret of the account
-//!   would be the store's).
+//!   would be the store's). Every secret under the prefix is taken for a
+//!   record: one written by anything else reads as
+//!   [`Error::Corrupt`] ("not written by mcp-persist"), so keep other
+//!   secrets, such as the [sealing keyring](SecretsManagerKeys), outside it.
 //! * **The value is the secret's binary value, whole**: up to 64 KiB
 //!   ([`MAX_VALUE_BYTES`]); one byte more is [`Error::TooLarge`] and writes
 //!   nothing. The record's version, expiry, a digest of key and value, and
