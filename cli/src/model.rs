@@ -123,8 +123,18 @@ pub(crate) fn credential_prefixes() -> Vec<&'static str> {
 
 /// A key as the store lists it, for messages of keys typed by an operator.
 pub(crate) fn key(text: &str) -> Result<Key, crate::fail::Failure> {
-    Key::new(text).map_err(|e| crate::fail::usage(format!("`{text}` is not a key: {e}")))
+    Key::new(text).map_err(|e| {
+        // An oversized key is named by its head: the error says its size.
+        let shown = match text.char_indices().nth(SHOWN_KEY_CHARS) {
+            Some((end, _)) => format!("{}…", &text[..end]),
+            None => text.to_owned(),
+        };
+        crate::fail::usage(format!("`{shown}` is not a key: {e}"))
+    })
 }
+
+/// The most characters of a rejected key an error repeats.
+const SHOWN_KEY_CHARS: usize = 80;
 
 /// Reads a timestamp field of a decoded record.
 pub(crate) fn time_at(record: &serde_json::Value, pointer: &str) -> Option<Timestamp> {

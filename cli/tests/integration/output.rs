@@ -286,3 +286,25 @@ async fn json_output_has_the_documented_fields() -> anyhow::Result<()> {
     assert!(undocumented.is_empty(), "not exercised: {undocumented:?}");
     Ok(())
 }
+
+/// A key over the size limit is refused as bad usage, named by its head and
+/// its size, not echoed whole (it was repeated in full: 5,000 bytes of one
+/// error line).
+#[test]
+fn an_oversized_key_is_named_by_its_head() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite:{}", dir.path().join("state.db").display());
+    cli_expect(&["copy", "memory:", &db], 0);
+    let long = "k".repeat(5000);
+    for command in ["show", "rm"] {
+        let out = cli(&[command, &db, &long]);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{command}: {said}");
+        assert!(said.contains("5000 bytes"), "{command}: {said}");
+        assert!(
+            said.contains(&format!("`{}…`", &long[..80])),
+            "{command}: {said}"
+        );
+        assert!(said.len() < 400, "{command}: {} bytes: {said}", said.len());
+    }
+}
