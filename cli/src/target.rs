@@ -277,19 +277,37 @@ impl Store {
     /// Opens every backend the spec names; every location is looked at
     /// before any is opened.
     pub(crate) async fn open(spec: &Spec, access: Access) -> Result<Store, Failure> {
+        let mut rest_made = false;
         if access != Access::Write {
-            spec.exists(access).await?;
+            rest_made = !spec.rest.exists(access).await?;
+            if let Some(c) = &spec.credentials {
+                c.exists(access).await?;
+            }
         }
-        let rest = spec.rest.open(access).await?;
-        let credentials = match &spec.credentials {
-            Some(location) => match location.open(access).await {
-                Ok(backend) => Some(backend),
-                Err(failure) => {
-                    rest.close().await;
-                    return Err(failure);
+        // A part that opening makes is opened last: when the other fails
+        // (an unreachable server), nothing was made.
+        let (rest, credentials) = match &spec.credentials {
+            Some(location) if rest_made => {
+                let credentials = location.open(access).await?;
+                match spec.rest.open(access).await {
+                    Ok(rest) => (rest, Some(credentials)),
+                    Err(failure) => {
+                        credentials.close().await;
+                        return Err(failure);
+                    }
                 }
-            },
-            None => None,
+            }
+            Some(location) => {
+                let rest = spec.rest.open(access).await?;
+                match location.open(access).await {
+                    Ok(credentials) => (rest, Some(credentials)),
+                    Err(failure) => {
+                        rest.close().await;
+                        return Err(failure);
+                    }
+                }
+            }
+            None => (spec.rest.open(access).await?, None),
         };
         let label = match &credentials {
             Some(c) => format!("credentials={};rest={}", c.label, rest.label),

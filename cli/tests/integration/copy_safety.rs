@@ -112,6 +112,52 @@ async fn dry_run_creates_nothing_and_missing_folders_need_create_dirs() -> anyho
 /// destination: every one succeeds, the destination holds every record and
 /// every event exactly once (as one clean copy into an empty store does),
 /// `check` finds it sound, and a fourth copy has nothing left to do.
+/// A split destination whose other part cannot be opened (a malformed URL,
+/// a server that does not answer) is refused before its new part is made:
+/// `copy` left the SQLite file of `rest=` behind, an empty store, when the
+/// `credentials=` part failed. Each is asked twice; the second run finds
+/// what the first left, which is nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_destination_that_fails_makes_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.local_addr()?.port()
+    };
+    let rest = dir.path().join("rest.db");
+    let folder = dir.path().join("rest-folder");
+    for (credentials, code) in [
+        (format!("redis://127.0.0.1:{closed}/0"), 3),
+        (format!("redis://127.0.0.1:{closed}/0?db=2"), 2),
+        (
+            format!("postgres://u:p@127.0.0.1:{closed}/db?schema=Not-A-Name"),
+            2,
+        ),
+    ] {
+        for rest_url in [
+            format!("sqlite:{}", rest.display()),
+            format!("file:{}", folder.display()),
+        ] {
+            let split = format!("credentials={credentials};rest={rest_url}");
+            for run in 1..=2 {
+                let out = cli(&["copy", &filled.client_store, &split]);
+                assert_eq!(
+                    out.status.code(),
+                    Some(code),
+                    "run {run}, {split}: {}",
+                    stderr(&out)
+                );
+                assert!(
+                    !rest.exists() && !folder.exists(),
+                    "run {run}, {split}: the rest= store was made"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn overlapping_copies(dest: &str, clean_dest: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let source = format!("sqlite:{}", at(dir.path(), "src.db"));
