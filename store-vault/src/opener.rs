@@ -27,13 +27,18 @@ fn usage(url: &StoreUrl, why: impl std::fmt::Display) -> Error {
     Error::invalid("store URL", format!("`{url}`: {why}"))
 }
 
-/// What a `secretsmanager://` URL says, checked without a request: the
-/// region, the name prefix, and an endpoint with the environment's
-/// credentials for it.
+/// What a `secretsmanager://` URL says, checked without a request.
 struct Parsed {
     region: String,
     prefix: String,
-    endpoint: Option<(String, (String, String))>,
+    endpoint: Option<Endpoint>,
+}
+
+/// An `endpoint=` and the credentials from the environment that go with it.
+struct Endpoint {
+    url: String,
+    key: String,
+    secret: String,
 }
 
 fn parse(url: &StoreUrl) -> Result<Parsed> {
@@ -81,7 +86,11 @@ fn parse(url: &StoreUrl) -> Result<Parsed> {
                 )
             })?;
             let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default();
-            Some((endpoint, (key, secret)))
+            Some(Endpoint {
+                url: endpoint,
+                key,
+                secret,
+            })
         }
         None => None,
     };
@@ -111,18 +120,18 @@ impl Opener for SecretsManagerOpener {
             endpoint,
         } = parse(url)?;
         let client = match endpoint {
-            Some((endpoint, (key, secret))) => {
+            Some(Endpoint { url, key, secret }) => {
                 let config = Config::builder()
                     .behavior_version(BehaviorVersion::latest())
-                    .region(Region::new(region.to_owned()))
+                    .region(Region::new(region.clone()))
                     .credentials_provider(Credentials::new(key, secret, None, None, "env"))
-                    .endpoint_url(endpoint)
+                    .endpoint_url(url)
                     .build();
                 Client::from_conf(config)
             }
             None => {
                 let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                    .region(Region::new(region.to_owned()))
+                    .region(Region::new(region.clone()))
                     .load()
                     .await;
                 Client::new(&config)
