@@ -506,8 +506,9 @@ fn destination<'a>(
 }
 
 /// `copy` from the opened `source` into `dest`: a dry run never opens a
-/// local destination (opening creates it); a real one locks it while it
-/// copies.
+/// local destination (opening creates it) nor one that opening would make
+/// (a new Postgres schema, a `create=1` DynamoDB table), and opens any
+/// other read-only; a real one locks it while it copies.
 #[allow(clippy::too_many_arguments)]
 async fn copy_into(
     source: &Store,
@@ -522,13 +523,14 @@ async fn copy_into(
 ) -> Result<Option<Code>, Failure> {
     let local = dest.is_local();
     let plan = |store, lock| destination(dest, store, new, lock);
-    if dry_run && local {
+    if dry_run && (local || new) {
         return copy::copy(source, &plan(None, None), kinds, ttl, true, json, out).await;
     }
     if !dry_run {
         interrupt::install();
     }
-    let store = Store::open(dest, access).await?;
+    // A writable open may create or migrate: a dry run reads what is there.
+    let store = Store::open(dest, if dry_run { Access::ReadOnly } else { access }).await?;
     let lock = if dry_run {
         None
     } else {

@@ -102,6 +102,23 @@ impl OpenOptions {
     }
 }
 
+/// Whether a store is at `url`, asked by opening it read-only and closing
+/// it: `false` when the opener answers [`not_a_store`]. For an opener's
+/// [`Opener::exists`] when its `open` would make the store (a Postgres
+/// schema, a DynamoDB table), so that a dry run says it would be made and
+/// a tool opens it after the other parts of a split store. Any other
+/// error is returned as it is.
+pub async fn there_read_only(opener: &(impl Opener + ?Sized), url: &StoreUrl) -> Result<bool> {
+    match opener.open(url, OpenOptions::read_only()).await {
+        Ok(store) => {
+            store.close().await?;
+            Ok(true)
+        }
+        Err(Error::NotFound { what: "store", .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The error of a store that is not there, or not a store: `detail` says
 /// what was found (`"not a store: …"`, `"nothing at …"`).
 pub fn not_a_store(detail: impl Into<String>) -> Error {

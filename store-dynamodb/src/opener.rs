@@ -139,10 +139,17 @@ impl Opener for DynamoOpener {
         }
     }
 
-    /// Checks the URL as `open` does, without a request; whether the table
-    /// is there is `open`'s question.
-    async fn exists(&self, url: &StoreUrl, _options: OpenOptions) -> Result<bool> {
-        parse(url).map(|_| true)
+    /// Checks the URL as `open` does. When opening would make the table
+    /// (`create=1` under [`OpenMode::Create`]), it also asks, read-only,
+    /// whether the table is there (`false`: opening would make it), so
+    /// that a dry run says so and a tool opens what it would make last.
+    /// Otherwise opening makes nothing, and `open` refuses a missing table.
+    async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        let parsed = parse(url)?;
+        if !(parsed.create && options.mode == OpenMode::Create) {
+            return Ok(true);
+        }
+        mcp_persist_core::registry::there_read_only(self, url).await
     }
 }
 

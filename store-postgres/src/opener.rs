@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 use mcp_persist_core::{
-    Result,
-    registry::{OpenOptions, OpenedStore, Opener, StoreUrl},
+    Error, Result,
+    registry::{self, OpenMode, OpenOptions, OpenedStore, Opener, StoreUrl},
 };
 
 use crate::PostgresStore;
@@ -44,10 +44,22 @@ impl Opener for PostgresOpener {
         Ok(OpenedStore::both(store, url))
     }
 
-    /// Checks the URL as `open` does, without connecting; whether the
-    /// schema holds a store is `open`'s question.
-    async fn exists(&self, url: &StoreUrl, _options: OpenOptions) -> Result<bool> {
-        crate::store::check_url(url.as_str()).map(|_| true)
+    /// Checks the URL as `open` does. Under [`OpenMode::Create`], which
+    /// makes the schema's store when it is missing, it also asks the
+    /// server, read-only, whether the store is there (`false`: opening
+    /// would make it), so that a dry run says so and a tool opens what it
+    /// would make last. The other modes make nothing; `open` refuses a
+    /// missing store there.
+    async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
+        crate::store::check_url(url.as_str())?;
+        if options.mode != OpenMode::Create {
+            return Ok(true);
+        }
+        match registry::there_read_only(self, url).await {
+            // An older store: there, and a writable open migrates it.
+            Err(Error::Unsupported { .. }) => Ok(true),
+            found => found,
+        }
     }
 }
 

@@ -121,10 +121,7 @@ async fn dry_run_creates_nothing_and_missing_folders_need_create_dirs() -> anyho
 async fn a_split_destination_that_fails_makes_nothing() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let filled = fill(dir.path(), "sqlite").await?;
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.local_addr()?.port()
-    };
+    let closed = closed_port()?;
     let rest = dir.path().join("rest.db");
     let folder = dir.path().join("rest-folder");
     for (credentials, code) in [
@@ -156,6 +153,117 @@ async fn a_split_destination_that_fails_makes_nothing() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A port on this machine that nothing listens on.
+fn closed_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A name no other run uses: lowercase letters, digits and `_`.
+fn fresh(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{what}_{}_{nanos}", std::process::id())
+}
+
+/// `dest` names a server store that does not exist and that opening for
+/// a copy makes (a Postgres schema, a `create=1` DynamoDB table). A dry run
+/// says it would be created and makes nothing (a dry run opened it
+/// writable, and a Postgres schema was made); a copy into a split store
+/// whose other part's server does not answer makes nothing; each twice.
+/// Then a copy that runs makes it. `made` says whether it is there.
+/// Messages never repeat `dest`, which may hold a password.
+async fn made_only_by_a_copy_that_runs<F, Fut>(
+    source: &str,
+    dest: &str,
+    made: F,
+) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let split = format!(
+        "credentials=redis://127.0.0.1:{}/0;rest={dest}",
+        closed_port()?
+    );
+    for run in 1..=2 {
+        let dry = cli(&["copy", "--dry-run", source, dest]);
+        assert_eq!(dry.status.code(), Some(0), "run {run}: {}", stderr(&dry));
+        assert!(
+            stdout(&dry).contains("would be created"),
+            "run {run}: {}",
+            stdout(&dry)
+        );
+        assert!(!made().await?, "run {run}: the dry run made the store");
+        let failed = cli(&["copy", source, &split]);
+        assert_eq!(
+            failed.status.code(),
+            Some(3),
+            "run {run}: {}",
+            stderr(&failed)
+        );
+        assert!(
+            !made().await?,
+            "run {run}: a split copy whose other part's server is down made the store"
+        );
+    }
+    let copied = cli(&["copy", source, dest]);
+    assert_eq!(copied.status.code(), Some(0), "{}", stderr(&copied));
+    assert!(made().await?, "the copy that ran made the store");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_postgres_schema_is_made_only_by_a_copy_that_runs() -> anyhow::Result<()> {
+    let Some(base) = service_var("MCP_PERSIST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let schema = fresh("dry_copy");
+    let mut dest = url::Url::parse(&base)?;
+    dest.query_pairs_mut().append_pair("schema", &schema);
+    let made = || async {
+        let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
+        let task = tokio::spawn(connection);
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1",
+                &[&schema],
+            )
+            .await?;
+        task.abort();
+        anyhow::Ok(row.get::<_, i64>(0) > 0)
+    };
+    made_only_by_a_copy_that_runs(&filled.client_store, dest.as_str(), made).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_dynamodb_table_is_made_only_by_a_copy_that_runs() -> anyhow::Result<()> {
+    let Some(moto) = service_var(MOTO_VAR) else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let filled = fill(dir.path(), "sqlite").await?;
+    let table = fresh("dry-copy").replace('_', "-");
+    let dest = format!("dynamodb://{table}?region=us-east-1&endpoint={moto}&create=1");
+    let client = dynamodb_client(&moto);
+    let made = || async {
+        match client.describe_table().table_name(&table).send().await {
+            Ok(_) => anyhow::Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    };
+    made_only_by_a_copy_that_runs(&filled.client_store, &dest, made).await
 }
 
 async fn overlapping_copies(dest: &str, clean_dest: &str) -> anyhow::Result<()> {
