@@ -52,7 +52,7 @@ use crate::{
     inventory::Ctx,
     lock::DestLock,
     model::{Kind, TtlPolicy, parse_duration},
-    target::{Access, Spec, Store},
+    target::{Access, Found, Spec, Store},
 };
 
 fn after_help() -> String {
@@ -454,11 +454,11 @@ async fn run(cli: Cli) -> Result<Option<Code>, Failure> {
             let dest = Spec::parse(&dest)?;
             let access = Access::Create { create_dirs };
             // Both are looked at before anything is opened or created.
-            source.exists(Access::ReadOnly).await?;
-            let new = !dest.exists(access).await?;
-            let source = Store::open(&source, Access::ReadOnly).await?;
+            let source_found = source.exists(Access::ReadOnly).await?;
+            let found = dest.exists(access).await?;
+            let source = Store::open_found(&source, Access::ReadOnly, Some(source_found)).await?;
             let copied = copy_into(
-                &source, &dest, access, new, &kinds, ttl, dry_run, json, &mut out,
+                &source, &dest, access, found, &kinds, ttl, dry_run, json, &mut out,
             )
             .await;
             closing(source, copied).await?
@@ -514,7 +514,7 @@ async fn copy_into(
     source: &Store,
     dest: &Spec,
     access: Access,
-    new: bool,
+    found: Found,
     kinds: &[Kind],
     ttl: TtlPolicy,
     dry_run: bool,
@@ -522,6 +522,7 @@ async fn copy_into(
     out: &mut impl Write,
 ) -> Result<Option<Code>, Failure> {
     let local = dest.is_local();
+    let new = !found.all();
     let plan = |store, lock| destination(dest, store, new, lock);
     if dry_run && (local || new) {
         return copy::copy(source, &plan(None, None), kinds, ttl, true, json, out).await;
@@ -530,7 +531,11 @@ async fn copy_into(
         interrupt::install();
     }
     // A writable open may create or migrate: a dry run reads what is there.
-    let store = Store::open(dest, if dry_run { Access::ReadOnly } else { access }).await?;
+    let store = if dry_run {
+        Store::open(dest, Access::ReadOnly).await?
+    } else {
+        Store::open_found(dest, access, Some(found)).await?
+    };
     let lock = if dry_run {
         None
     } else {

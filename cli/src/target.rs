@@ -182,14 +182,15 @@ impl Spec {
         })
     }
 
-    /// Whether every location holds a store already (`false` when opening
-    /// with `access` would create one), opening nothing.
-    pub(crate) async fn exists(&self, access: Access) -> Result<bool, Failure> {
-        let mut all = self.rest.exists(access).await?;
-        if let Some(c) = &self.credentials {
-            all &= c.exists(access).await?;
-        }
-        Ok(all)
+    /// Which locations hold a store already (`false` where opening with
+    /// `access` would create one), writing nothing.
+    pub(crate) async fn exists(&self, access: Access) -> Result<Found, Failure> {
+        let rest = self.rest.exists(access).await?;
+        let credentials = match &self.credentials {
+            Some(c) => c.exists(access).await?,
+            None => true,
+        };
+        Ok(Found { rest, credentials })
     }
 
     /// The store as shown, without opening it.
@@ -273,17 +274,42 @@ pub(crate) struct Store {
     pub(crate) credentials: Option<Backend>,
 }
 
+/// What [`Spec::exists`] found at each location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// A store is at the `rest` location.
+    pub(crate) rest: bool,
+    /// A store is at the credentials location, or there is none.
+    pub(crate) credentials: bool,
+}
+
+impl Found {
+    /// Whether every location holds a store.
+    pub(crate) fn all(self) -> bool {
+        self.rest && self.credentials
+    }
+}
+
 impl Store {
     /// Opens every backend the spec names; every location is looked at
     /// before any is opened.
     pub(crate) async fn open(spec: &Spec, access: Access) -> Result<Store, Failure> {
-        let mut rest_made = false;
-        if access != Access::Write {
-            rest_made = !spec.rest.exists(access).await?;
-            if let Some(c) = &spec.credentials {
-                c.exists(access).await?;
-            }
-        }
+        let found = match access {
+            // An existing store is opened: nothing to look at first.
+            Access::Write => None,
+            _ => Some(spec.exists(access).await?),
+        };
+        Store::open_found(spec, access, found).await
+    }
+
+    /// [`open`](Self::open), with what [`Spec::exists`] found already (a
+    /// look at a server store can be a request).
+    pub(crate) async fn open_found(
+        spec: &Spec,
+        access: Access,
+        found: Option<Found>,
+    ) -> Result<Store, Failure> {
+        let rest_made = found.is_some_and(|f| !f.rest);
         // A part that opening makes is opened last: when the other fails
         // (an unreachable server), nothing was made.
         let (rest, credentials) = match &spec.credentials {

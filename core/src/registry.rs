@@ -368,11 +368,13 @@ pub trait Opener: Send + Sync + 'static {
 
     /// Whether a store is at `url` (`true`), or an open with `options`
     /// would create one there (`false`), refusing what `open` would refuse,
-    /// while opening nothing and writing nothing: what a dry run asks, and
-    /// what a tool asks of every part of a split store before it opens
-    /// one, so that a bad URL in one part leaves the other uncreated. The
-    /// default is `true` without a check; the openers of this workspace's
-    /// server backends check the URL as `open` does, without a request.
+    /// while writing nothing: what a dry run asks, and what a tool asks of
+    /// every part of a split store before it opens one, so that a bad URL
+    /// or an unreachable server in one part leaves the other uncreated. The
+    /// default is `true` without a check. The openers of this workspace's
+    /// server backends check the URL as `open` does; where `open` would
+    /// make the store (a Postgres schema, a `create=1` DynamoDB table) they
+    /// also ask the server, read-only ([`there_read_only`]).
     async fn exists(&self, url: &StoreUrl, options: OpenOptions) -> Result<bool> {
         let _ = (url, options);
         Ok(true)
